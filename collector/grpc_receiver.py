@@ -1,0 +1,90 @@
+"""OTLP/gRPC receiver (:4317): the opentelemetry-proto Trace/Metrics/Logs services on grpcio.
+
+Same Intake as HTTP. Throttling answers UNAVAILABLE with a google.rpc.RetryInfo detail,
+invalid auth UNAUTHENTICATED, as the OTLP spec asks.
+"""
+
+from __future__ import annotations
+
+from concurrent import futures
+from typing import Any
+
+import grpc
+from google.protobuf import duration_pb2
+from google.rpc import code_pb2, error_details_pb2, status_pb2
+from opentelemetry.proto.collector.logs.v1 import logs_service_pb2_grpc
+from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2_grpc
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
+
+from collector.http_receiver import export_response
+from collector.intake import RETRY_AFTER_SECONDS, Busy, Intake
+from collector.writer import WriteFailed
+
+
+def _token(context: grpc.ServicerContext) -> str | None:
+    for key, value in context.invocation_metadata():
+        if key.lower() == "authorization":
+            scheme, _, token = value.partition(" ")
+            return token.strip() if scheme.lower() == "bearer" else None
+    return None
+
+
+def _unavailable(context: grpc.ServicerContext, message: str) -> None:
+    retry = error_details_pb2.RetryInfo(retry_delay=duration_pb2.Duration(seconds=RETRY_AFTER_SECONDS))
+    detail = status_pb2.Status(code=code_pb2.UNAVAILABLE, message=message)
+    detail.details.add().Pack(retry)
+    # What grpcio-status' rpc_status.to_status does, without its protobuf pin.
+    context.set_trailing_metadata((("grpc-status-details-bin", detail.SerializeToString()),))
+    context.abort(grpc.StatusCode.UNAVAILABLE, message)
+
+
+class _Export:
+    def __init__(self, intake: Intake, signal: str) -> None:
+        self._intake = intake
+        self._signal = signal
+
+    def Export(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802 - gRPC name
+        try:
+            tenant = self._intake.tenant_for(_token(context))
+        except PermissionError as exc:
+            self._intake.metrics.refused.labels(self._signal, "grpc", "unauthorized").inc()
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, str(exc))
+        try:
+            result = self._intake.export(self._signal, request, "grpc", tenant)
+        except Busy as exc:
+            _unavailable(context, str(exc))
+        except WriteFailed as exc:
+            _unavailable(context, f"store unavailable: {exc}")
+        return export_response(self._signal, result)
+
+
+class _Trace(_Export, trace_service_pb2_grpc.TraceServiceServicer):
+    pass
+
+
+class _Metrics(_Export, metrics_service_pb2_grpc.MetricsServiceServicer):
+    pass
+
+
+class _Logs(_Export, logs_service_pb2_grpc.LogsServiceServicer):
+    pass
+
+
+class GrpcReceiver:
+    def __init__(self, intake: Intake, host: str, port: int, max_request_bytes: int, workers: int = 8) -> None:
+        self._server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="otlp-grpc"),
+            options=[("grpc.max_receive_message_length", max_request_bytes)],
+        )
+        trace_service_pb2_grpc.add_TraceServiceServicer_to_server(_Trace(intake, "traces"), self._server)
+        metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(_Metrics(intake, "metrics"), self._server)
+        logs_service_pb2_grpc.add_LogsServiceServicer_to_server(_Logs(intake, "logs"), self._server)
+        self.port = self._server.add_insecure_port(f"{host}:{port}")
+        if self.port == 0:
+            raise OSError(f"cannot bind OTLP/gRPC on {host}:{port}")
+
+    def start(self) -> None:
+        self._server.start()
+
+    def shutdown(self, timeout: float = 5.0) -> None:
+        self._server.stop(grace=timeout).wait(timeout)

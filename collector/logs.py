@@ -1,0 +1,41 @@
+"""ExportLogsServiceRequest -> otel_logs rows, pure, spelled as the exporter writes them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from collector.attributes import to_map, to_string
+from collector.spans import Batch
+
+LOG_COLUMNS = (
+    "Timestamp", "TraceId", "SpanId", "TraceFlags", "SeverityText", "SeverityNumber",
+    "ServiceName", "Body", "ResourceSchemaUrl", "ResourceAttributes", "ScopeSchemaUrl",
+    "ScopeName", "ScopeVersion", "ScopeAttributes", "LogAttributes",
+)
+
+
+def logs_to_rows(request: Any) -> Batch:
+    batch = Batch("otel_logs", LOG_COLUMNS, [[] for _ in LOG_COLUMNS])
+    for resource_logs in request.resource_logs:
+        resource = to_map(resource_logs.resource.attributes)
+        service = resource.get("service.name", "")
+        for scope_logs in resource_logs.scope_logs:
+            scope = scope_logs.scope
+            scope_attrs = to_map(scope.attributes)
+            for record in scope_logs.log_records:
+                if len(record.trace_id) not in (0, 16) or len(record.span_id) not in (0, 8):
+                    batch.rejected += 1
+                    if len(batch.errors) < 5:
+                        batch.errors.append("log record: trace_id/span_id has an invalid length")
+                    continue
+                row = [
+                    record.time_unix_nano or record.observed_time_unix_nano,
+                    record.trace_id.hex(), record.span_id.hex(), record.flags & 0xFF,
+                    record.severity_text, record.severity_number & 0xFF, service,
+                    to_string(record.body), resource_logs.schema_url, resource,
+                    scope_logs.schema_url, scope.name, scope.version, scope_attrs,
+                    to_map(record.attributes),
+                ]
+                for column, value in zip(batch.data, row, strict=True):
+                    column.append(value)
+    return batch

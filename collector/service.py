@@ -1,0 +1,47 @@
+"""The collector as one component: writer + intake + OTLP/HTTP and OTLP/gRPC receivers."""
+
+from __future__ import annotations
+
+import logging
+
+from collector.grpc_receiver import GrpcReceiver
+from collector.http_receiver import HttpReceiver, OtlpHttpApp
+from collector.intake import Intake
+from collector.telemetry import SelfMetrics
+from collector.writer import Writer, WriterSettings
+from servelens.config import Settings
+from servelens.store import Store
+
+log = logging.getLogger(__name__)
+
+
+class Collector:
+    def __init__(self, settings: Settings, store: Store) -> None:
+        c = settings.collector
+        self.metrics = SelfMetrics()
+        self.writer = Writer(store, WriterSettings(
+            queue_size=c.queue_size, batch_size=c.batch_size,
+            flush_interval=c.flush_interval.total_seconds(), write_timeout=c.write_timeout.total_seconds(),
+        ), self.metrics)
+        self.intake = Intake(self.writer, self.metrics, tuple(settings.attributes.tenant), c.tokens,
+                             write_timeout=c.write_timeout.total_seconds())
+        app = OtlpHttpApp(self.intake, c.max_request_bytes,
+                          extra_routes={"/metrics": lambda: ("text/plain; version=0.0.4", self.metrics.exposition())})
+        self.http = HttpReceiver(app, settings.host, settings.otlp_http_port)
+        self.grpc = GrpcReceiver(self.intake, settings.host, settings.otlp_grpc_port, c.max_request_bytes)
+
+    @property
+    def ports(self) -> dict[str, int]:
+        return {"otlp-grpc": self.grpc.port, "otlp-http": self.http.port}
+
+    def start(self) -> None:
+        self.writer.start()
+        self.http.start()
+        self.grpc.start()
+        log.info("collector listening: otlp-grpc=%d otlp-http=%d", self.grpc.port, self.http.port)
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        """Receivers first (in-flight requests finish), then the writer flushes what was accepted."""
+        self.http.shutdown(timeout)
+        self.grpc.shutdown(timeout)
+        self.writer.shutdown(timeout)

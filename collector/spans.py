@@ -1,0 +1,119 @@
+"""ExportTraceServiceRequest -> otel_traces rows (column-oriented), pure and server-free.
+
+Rows are spelled as the OpenTelemetry Collector's ClickHouse exporter writes them: ids
+lowercase hex, `SPAN_KIND_*` and `STATUS_CODE_*` strings, Duration in nanoseconds,
+attributes flattened to strings. A span with an invalid id is rejected on its own (the
+request gets a partial success); the rest are kept.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from collector.attributes import SPAN_ID_BYTES, TRACE_ID_BYTES, to_map
+
+TRACE_COLUMNS = (
+    "Timestamp", "TraceId", "SpanId", "ParentSpanId", "TraceState", "SpanName", "SpanKind",
+    "ServiceName", "ResourceAttributes", "ScopeName", "ScopeVersion", "SpanAttributes",
+    "Duration", "StatusCode", "StatusMessage",
+    "Events.Timestamp", "Events.Name", "Events.Attributes",
+    "Links.TraceId", "Links.SpanId", "Links.TraceState", "Links.Attributes",
+)
+
+_SPAN_KINDS = ("SPAN_KIND_UNSPECIFIED", "SPAN_KIND_INTERNAL", "SPAN_KIND_SERVER",
+               "SPAN_KIND_CLIENT", "SPAN_KIND_PRODUCER", "SPAN_KIND_CONSUMER")
+_STATUS_CODES = ("STATUS_CODE_UNSET", "STATUS_CODE_OK", "STATUS_CODE_ERROR")
+
+# The attribute a token's tenant is written to; any other tenant spelling is removed so
+# the stamped tenant is the only one the mapping can read (one tenant cannot write as another).
+TENANT_ATTRIBUTE = "app.tenant"
+
+
+@dataclass
+class Batch:
+    """Column-oriented rows for one table, plus what was rejected and why."""
+
+    table: str
+    columns: tuple[str, ...]
+    data: list[list[Any]]
+    rejected: int = 0
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def rows(self) -> int:
+        return len(self.data[0]) if self.data else 0
+
+
+def _enum(names: tuple[str, ...], value: int) -> str:
+    return names[value] if 0 <= value < len(names) else names[0]
+
+
+def spans_to_rows(request: Any, tenant: str | None = None, tenant_keys: tuple[str, ...] = ()) -> Batch:
+    """Map every span of `request`; `tenant` (from an auth token) overrides `tenant_keys`."""
+    cols: list[list[Any]] = [[] for _ in TRACE_COLUMNS]
+    (ts, trace_id, span_id, parent, state, name, kind, service, res_attrs, scope_name,
+     scope_version, span_attrs, duration, status, status_msg, ev_ts, ev_name, ev_attrs,
+     ln_trace, ln_span, ln_state, ln_attrs) = cols
+    batch = Batch("otel_traces", TRACE_COLUMNS, cols)
+    for resource_spans in request.resource_spans:
+        resource = to_map(resource_spans.resource.attributes)
+        service_name = resource.get("service.name", "")
+        if tenant is not None:
+            resource = _stamp(resource, tenant, tenant_keys, set_key=False)
+        for scope_spans in resource_spans.scope_spans:
+            scope = scope_spans.scope
+            for span in scope_spans.spans:
+                problem = _invalid(span)
+                if problem:
+                    batch.rejected += 1
+                    if len(batch.errors) < 5:
+                        batch.errors.append(problem)
+                    continue
+                attrs = to_map(span.attributes)
+                if tenant is not None:
+                    attrs = _stamp(attrs, tenant, tenant_keys, set_key=True)
+                start, end = span.start_time_unix_nano, span.end_time_unix_nano
+                ts.append(start)
+                trace_id.append(span.trace_id.hex())
+                span_id.append(span.span_id.hex())
+                parent.append(span.parent_span_id.hex())
+                state.append(span.trace_state)
+                name.append(span.name)
+                kind.append(_enum(_SPAN_KINDS, span.kind))
+                service.append(service_name)
+                res_attrs.append(resource)
+                scope_name.append(scope.name)
+                scope_version.append(scope.version)
+                span_attrs.append(attrs)
+                duration.append(end - start if end > start else 0)
+                status.append(_enum(_STATUS_CODES, span.status.code))
+                status_msg.append(span.status.message)
+                ev_ts.append([e.time_unix_nano for e in span.events])
+                ev_name.append([e.name for e in span.events])
+                ev_attrs.append([to_map(e.attributes) for e in span.events])
+                ln_trace.append([link.trace_id.hex() for link in span.links])
+                ln_span.append([link.span_id.hex() for link in span.links])
+                ln_state.append([link.trace_state for link in span.links])
+                ln_attrs.append([to_map(link.attributes) for link in span.links])
+    return batch
+
+
+def _invalid(span: Any) -> str | None:
+    if len(span.trace_id) != TRACE_ID_BYTES or not any(span.trace_id):
+        return f"span {span.name!r}: trace_id must be {TRACE_ID_BYTES} non-zero bytes, got {len(span.trace_id)}"
+    if len(span.span_id) != SPAN_ID_BYTES or not any(span.span_id):
+        return f"span {span.name!r}: span_id must be {SPAN_ID_BYTES} non-zero bytes, got {len(span.span_id)}"
+    if len(span.parent_span_id) not in (0, SPAN_ID_BYTES):
+        return f"span {span.name!r}: parent_span_id must be empty or {SPAN_ID_BYTES} bytes"
+    for link in span.links:
+        if len(link.trace_id) != TRACE_ID_BYTES or len(link.span_id) != SPAN_ID_BYTES:
+            return f"span {span.name!r}: a link has an invalid trace_id/span_id length"
+    return None
+
+
+def _stamp(attrs: dict[str, str], tenant: str, tenant_keys: tuple[str, ...], set_key: bool) -> dict[str, str]:
+    stamped = {k: v for k, v in attrs.items() if k not in tenant_keys and k != TENANT_ATTRIBUTE}
+    if set_key:
+        stamped[TENANT_ATTRIBUTE] = tenant
+    return stamped

@@ -1,0 +1,274 @@
+"""Typed configuration: servelens.yaml + SERVELENS_* env vars + CLI flags (SPEC 1a).
+
+Precedence, highest first: CLI flag > env var > file > default. pydantic-settings does
+the merging and validation; a bad key or value fails at start with its dotted name.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from datetime import date, datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, YamlConfigSettingsSource
+
+DEFAULT_CONFIG_FILE = "servelens.yaml"
+DEFAULT_DATA_DIR = ".servelens/data"
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)\s*$")
+BUDGET_STAGES = frozenset({"queue", "prefill", "decode", "retrieval", "tool", "embedding", "network", "postprocess", "other", "total"})
+_UNIT_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_duration(value: Any) -> timedelta:
+    """'200ms', '15s', '1h', '7d' (or a number of seconds) -> timedelta."""
+    if isinstance(value, timedelta):
+        return value
+    if isinstance(value, (int, float)):
+        return timedelta(seconds=value)
+    match = _DURATION.match(str(value))
+    if not match:
+        raise ValueError(f"not a duration: {value!r} (use e.g. 200ms, 15s, 5m, 1h, 7d)")
+    return timedelta(seconds=float(match.group(1)) * _UNIT_SECONDS[match.group(2)])
+
+
+class _Strict(BaseModel):
+    # Unknown keys are typos until proven otherwise: reject them by name.
+    model_config = ConfigDict(extra="forbid")
+
+
+class StoreConfig(_Strict):
+    clickhouse_url: str | None = None  # None: chdb://<data_dir>
+    database: str = "otel"
+    retention_days: int = Field(30, ge=1)
+
+    @field_validator("clickhouse_url")
+    @classmethod
+    def _scheme(cls, v: str | None) -> str | None:
+        if v is not None and not re.match(r"^(chdb|https?)://", v):
+            raise ValueError("must start with chdb://, http:// or https://")
+        return v
+
+
+class CollectorConfig(_Strict):
+    max_request_bytes: int = Field(16 * 1024 * 1024, ge=1024)
+    tokens: dict[str, str] = {}
+    queue_size: int = Field(256, ge=1, description="batches waiting for the writer")
+    batch_size: int = Field(8192, ge=1, description="rows per insert")
+    flush_interval: timedelta = timedelta(milliseconds=50)
+    write_timeout: timedelta = timedelta(seconds=30)
+
+    _dur = field_validator("flush_interval", "write_timeout", mode="before")(parse_duration)
+
+
+class ScrapeTarget(_Strict):
+    url: str
+    interval: timedelta = timedelta(seconds=15)
+    _dur = field_validator("interval", mode="before")(parse_duration)
+
+
+class ScrapeConfig(_Strict):
+    targets: list[ScrapeTarget] = []
+
+
+class AttributesConfig(_Strict):
+    tenant: list[str] = ["app.tenant", "tenant.id"]
+    feature: list[str] = ["app.feature"]
+    team: list[str] = ["app.team"]
+
+
+class ModelPrice(_Strict):
+    model: str
+    match: str | None = None
+    input_per_mtok: float = Field(ge=0)
+    output_per_mtok: float = Field(ge=0)
+    cached_input_per_mtok: float | None = Field(None, ge=0)
+    effective_from: datetime | None = None
+
+    @field_validator("match")
+    @classmethod
+    def _regex(cls, v: str | None) -> str | None:
+        if v is not None:
+            try:
+                re.compile(v)
+            except re.error as exc:
+                raise ValueError(f"invalid regex: {exc}") from exc
+        return v
+
+    @field_validator("effective_from", mode="before")
+    @classmethod
+    def _date(cls, v: Any) -> Any:
+        if isinstance(v, date) and not isinstance(v, datetime):
+            return datetime(v.year, v.month, v.day, tzinfo=timezone.utc)
+        return v
+
+    @field_validator("effective_from")
+    @classmethod
+    def _utc(cls, v: datetime | None) -> datetime | None:
+        if v is not None and v.tzinfo is None:
+            v = v.replace(tzinfo=timezone.utc)
+        return v
+
+
+class PricingConfig(_Strict):
+    models: list[ModelPrice] = []
+
+
+class GpuSelector(_Strict):
+    hosts: list[str] | None = None
+    count: int | None = Field(None, ge=1)
+
+    @model_validator(mode="after")
+    def _one(self) -> GpuSelector:
+        if (self.hosts is None) == (self.count is None):
+            raise ValueError("give exactly one of hosts or count")
+        return self
+
+
+class DeploymentConfig(_Strict):
+    name: str
+    gpus: GpuSelector
+    gpu_hourly_usd: float = Field(ge=0)
+    primary_model: str | None = None
+    budgets: dict[str, timedelta] = {}
+
+    @field_validator("budgets", mode="before")
+    @classmethod
+    def _budgets(cls, v: Any) -> Any:
+        if not isinstance(v, dict):
+            return v
+        unknown = sorted(set(v) - BUDGET_STAGES)
+        if unknown:
+            raise ValueError(f"unknown budget stage(s) {unknown}; known: {sorted(BUDGET_STAGES)}")
+        return {k: parse_duration(d) for k, d in v.items()}
+
+
+class EvaluationConfig(_Strict):
+    pass_threshold: float = 0.5
+
+
+class QualityConfig(_Strict):
+    evaluations: dict[str, EvaluationConfig] = {}
+    length_classes: list[int] = [1000, 8000]
+
+
+class TriggersConfig(_Strict):
+    window: timedelta = timedelta(hours=1)
+    baseline: timedelta = timedelta(days=7)
+    low_utilization: float = Field(0.30, ge=0, le=1)
+    _dur = field_validator("window", "baseline", mode="before")(parse_duration)
+
+
+class AlertSink(_Strict):
+    type: str
+    url: str | None = None
+    to: str | None = None
+    min_severity: str = "warning"
+
+
+class AlertsConfig(_Strict):
+    sinks: list[AlertSink] = []
+
+
+class AnalyticsConfig(_Strict):
+    interval: timedelta = timedelta(seconds=60)
+    _dur = field_validator("interval", mode="before")(parse_duration)
+
+
+class Settings(BaseSettings):
+    """The whole configuration. Top-level fields are the common CLI options."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="SERVELENS_",
+        env_nested_delimiter="__",
+        extra="forbid",
+        validate_default=True,
+    )
+
+    host: str = "127.0.0.1"
+    otlp_grpc_port: int = Field(4317, ge=0, le=65535)
+    otlp_http_port: int = Field(4318, ge=0, le=65535)
+    ui_port: int = Field(8050, ge=0, le=65535)
+    data_dir: Path = Path(DEFAULT_DATA_DIR)
+    clickhouse_url: str | None = None  # shorthand for store.clickhouse_url (--clickhouse-url)
+
+    store: StoreConfig = StoreConfig()
+    collector: CollectorConfig = CollectorConfig()
+    scrape: ScrapeConfig = ScrapeConfig()
+    attributes: AttributesConfig = AttributesConfig()
+    pricing: PricingConfig = PricingConfig()
+    deployments: list[DeploymentConfig] = []
+    quality: QualityConfig = QualityConfig()
+    triggers: TriggersConfig = TriggersConfig()
+    alerts: AlertsConfig = AlertsConfig()
+    analytics: AnalyticsConfig = AnalyticsConfig()
+
+    # Set by load(); the YAML source reads it.
+    _yaml_file: str | None = None
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        yaml_file = os.environ.get("_SERVELENS_CONFIG_FILE")
+        if yaml_file:
+            sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=yaml_file))
+        return tuple(sources)
+
+    @property
+    def store_url(self) -> str:
+        """The ClickHouse URL in force: --clickhouse-url, else store.clickhouse_url, else chdb://<data-dir>."""
+        return self.clickhouse_url or self.store.clickhouse_url or f"chdb://{self.data_dir}"
+
+    @property
+    def spool_dir(self) -> Path:
+        return self.data_dir / "spool"
+
+    def deployment(self, name: str) -> DeploymentConfig | None:
+        return next((d for d in self.deployments if d.name == name), None)
+
+
+class ConfigError(Exception):
+    """A configuration that cannot start; the message names every bad key."""
+
+
+def load(config_file: str | os.PathLike[str] | None = None, **overrides: Any) -> Settings:
+    """Build Settings from file (explicit, else ./servelens.yaml if present), env and overrides.
+
+    `overrides` are CLI flags; None values mean "not given" and are ignored.
+    """
+    path = Path(config_file) if config_file else Path(DEFAULT_CONFIG_FILE)
+    if config_file and not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    flags = {k: v for k, v in overrides.items() if v is not None}
+    previous = os.environ.get("_SERVELENS_CONFIG_FILE")
+    os.environ["_SERVELENS_CONFIG_FILE"] = str(path) if path.is_file() else ""
+    try:
+        return Settings(**flags)
+    except ValidationError as exc:
+        raise ConfigError(_describe(exc, path if path.is_file() else None)) from None
+    except Exception as exc:  # YAML syntax errors surface here
+        raise ConfigError(f"cannot read config {path}: {exc}") from None
+    finally:
+        if previous is None:
+            os.environ.pop("_SERVELENS_CONFIG_FILE", None)
+        else:
+            os.environ["_SERVELENS_CONFIG_FILE"] = previous
+
+
+def _describe(exc: ValidationError, path: Path | None) -> str:
+    where = f" in {path}" if path else ""
+    lines = [f"invalid configuration{where}:"]
+    for err in exc.errors():
+        key = ".".join(str(p) for p in err["loc"])
+        lines.append(f"  {key}: {err['msg']}")
+    return "\n".join(lines)
