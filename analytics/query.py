@@ -1,0 +1,119 @@
+"""Report parameters (window, filters, grouping) and their SQL fragments.
+
+Every value reaches ClickHouse through server-side parameter binding ({name:Type});
+only identifiers from the fixed tables below are spliced into SQL text.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from typing import Any, Mapping
+
+from servelens.config import AttributesConfig
+
+DEFAULT_WINDOW = timedelta(hours=24)
+
+# Group/filter keys that are plain llm_requests columns.
+COLUMN_KEYS = {
+    "service": "ServiceName",
+    "deployment": "Deployment",
+    "model": "Model",
+    "provider": "Provider",
+    "operation": "Operation",
+    "region": "Region",
+    "task_type": "TaskType",
+    "language": "Language",
+    "mode": "Mode",
+}
+# Business units: resolved from the keys configured under `attributes:`.
+UNIT_KEYS = ("tenant", "feature", "team")
+_UNIT_COLUMNS = {"tenant": "Tenant", "feature": "Feature", "team": "Team"}
+_UNIT_DEFAULTS = AttributesConfig()
+FILTER_KEYS = ("service", "deployment", "model", "tenant", "feature")
+
+
+class QueryError(ValueError):
+    """A bad report parameter: the API answers 400 with this message."""
+
+
+def parse_time(value: str | datetime | None, name: str) -> datetime | None:
+    if value is None or value == "":
+        return None
+    if isinstance(value, datetime):
+        dt = value
+    else:
+        text = value.strip()
+        try:
+            dt = datetime.fromisoformat(text.replace("Z", "+00:00"))
+        except ValueError:
+            raise QueryError(f"{name}: not an ISO-8601 time: {value!r}") from None
+    return dt if dt.tzinfo else dt.replace(tzinfo=timezone.utc)
+
+
+def iso(dt: datetime) -> str:
+    return dt.astimezone(timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+def unit_expr(unit: str, attributes: AttributesConfig) -> tuple[str, dict[str, Any]]:
+    """SQL for a business unit: the typed column when the keys are the defaults, else the
+    first configured key present in the request's Labels."""
+    keys = list(getattr(attributes, unit))
+    if keys == list(getattr(_UNIT_DEFAULTS, unit)):
+        return _UNIT_COLUMNS[unit], {}
+    name = f"{unit}_keys"
+    return (f"arrayFirst(v -> v != '', arrayMap(k -> Labels[k], {{{name}:Array(String)}}))", {name: keys})
+
+
+def key_expr(key: str, attributes: AttributesConfig) -> tuple[str, dict[str, Any]]:
+    if key in COLUMN_KEYS:
+        return COLUMN_KEYS[key], {}
+    if key in UNIT_KEYS:
+        return unit_expr(key, attributes)
+    raise QueryError(f"unknown key {key!r}; use one of {sorted([*COLUMN_KEYS, *UNIT_KEYS])}")
+
+
+@dataclass(frozen=True)
+class ReportQuery:
+    """What a report is asked for: window, filters and an optional grouping key."""
+
+    since: datetime
+    until: datetime
+    by: str | None = None
+    filters: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def from_params(cls, params: Mapping[str, Any], default_by: str | None = None,
+                    now: datetime | None = None) -> ReportQuery:
+        now = now or datetime.now(timezone.utc)
+        until = parse_time(params.get("until"), "until") or now
+        since = parse_time(params.get("since"), "since") or (until - DEFAULT_WINDOW)
+        if since >= until:
+            raise QueryError("since must be before until")
+        filters = {k: str(params[k]) for k in FILTER_KEYS if params.get(k) not in (None, "")}
+        by = params.get("by") or default_by
+        return cls(since=since, until=until, by=by, filters=filters)
+
+    def where(self, attributes: AttributesConfig, time_column: str = "Timestamp") -> tuple[str, dict[str, Any]]:
+        """WHERE clause (window + filters) for llm_requests, with its parameters."""
+        clauses = [f"{time_column} >= fromUnixTimestamp64Nano({{since_ns:Int64}})",
+                   f"{time_column} < fromUnixTimestamp64Nano({{until_ns:Int64}})"]
+        params: dict[str, Any] = self.bounds()
+        for key, value in sorted(self.filters.items()):
+            expr, extra = key_expr(key, attributes)
+            params.update(extra)
+            clauses.append(f"{expr} = {{f_{key}:String}}")
+            params[f"f_{key}"] = value
+        return " AND ".join(clauses), params
+
+    def bounds(self) -> dict[str, int]:
+        """The window as the {since_ns:Int64} / {until_ns:Int64} query parameters."""
+        return {"since_ns": _ns(self.since), "until_ns": _ns(self.until)}
+
+    def window_params(self) -> dict[str, Any]:
+        return {"since": iso(self.since), "until": iso(self.until)}
+
+
+def _ns(dt: datetime) -> int:
+    delta = dt.astimezone(timezone.utc) - datetime(1970, 1, 1, tzinfo=timezone.utc)
+    return (delta.days * 86400 + delta.seconds) * 1_000_000_000 + delta.microseconds * 1000
