@@ -1,0 +1,137 @@
+"""The `servelens` command (SPEC 1): up, migrate, collector, analytics, dashboard, report."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import logging
+import sys
+from typing import Any, Sequence
+
+from servelens import __version__
+from servelens.config import ConfigError, Settings, load
+
+REPORT_FORMATS = ("table", "json", "csv")
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("common options")
+    g.add_argument("--config", metavar="FILE", help="YAML config (default ./servelens.yaml if present)")
+    g.add_argument("--clickhouse-url", metavar="URL", help="chdb://DIR (default chdb://<data-dir>) or http(s)://…")
+    g.add_argument("--data-dir", metavar="DIR", help="where the embedded store and the spool live")
+    g.add_argument("--host", help="address to listen on (default 127.0.0.1)")
+    g.add_argument("--otlp-grpc-port", type=int, metavar="PORT", help="OTLP/gRPC port (default 4317, 0 = any)")
+    g.add_argument("--otlp-http-port", type=int, metavar="PORT", help="OTLP/HTTP port (default 4318, 0 = any)")
+    g.add_argument("--ui-port", type=int, metavar="PORT", help="dashboard + API port (default 8050, 0 = any)")
+    g.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="servelens", description="Observability and FinOps analytics for AI serving.")
+    parser.add_argument("--version", action="version", version=f"servelens {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    up = sub.add_parser("up", help="all-in-one: migrate, receivers, analytics, dashboard")
+    up.add_argument("--demo", action="store_true", help="also send realistic demo traffic to the receivers")
+    _common(up)
+    for name, text in (("migrate", "apply migrations/ (safe to re-run)"),
+                       ("collector", "OTLP receivers only"),
+                       ("dashboard", "dashboard + JSON API only")):
+        _common(sub.add_parser(name, help=text))
+    analytics = sub.add_parser("analytics", help="run the analytics jobs on a schedule")
+    analytics.add_argument("--once", action="store_true", help="run every job once and exit")
+    _common(analytics)
+    report = sub.add_parser("report", help="print one report")
+    report.add_argument("name", help="overview, latency, cost, …")
+    report.add_argument("--since", help="ISO-8601 start (default: until - 24h)")
+    report.add_argument("--until", help="ISO-8601 end (default: now)")
+    report.add_argument("--by", help="grouping key (model, service, deployment, tenant, feature, team, …)")
+    for key in ("service", "deployment", "model", "tenant", "feature"):
+        report.add_argument(f"--{key}", help=f"only this {key}")
+    report.add_argument("--format", choices=REPORT_FORMATS, default="table")
+    _common(report)
+    return parser
+
+
+def settings_from(args: argparse.Namespace) -> Settings:
+    return load(args.config, clickhouse_url=args.clickhouse_url, data_dir=args.data_dir, host=args.host,
+                otlp_grpc_port=args.otlp_grpc_port, otlp_http_port=args.otlp_http_port, ui_port=args.ui_port)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        settings = settings_from(args)
+        if args.command == "report":
+            return _report(args, settings)
+        from servelens import runtime
+
+        return runtime.run(args.command, settings, demo=getattr(args, "demo", False), once=getattr(args, "once", False))
+    except ConfigError as exc:
+        print(f"servelens: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+def _report(args: argparse.Namespace, settings: Settings) -> int:
+    from analytics import reports
+    from analytics.query import QueryError
+    from servelens.runtime import open_store
+
+    params = {k: getattr(args, k) for k in ("since", "until", "by", "service", "deployment", "model", "tenant", "feature")}
+    store = open_store(settings, migrate_schema=False)
+    try:
+        document = reports.run(args.name, store, settings, params)
+    except QueryError as exc:
+        print(f"servelens: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        store.close()
+    print(format_report(document, args.format))
+    return 0
+
+
+def format_report(document: dict[str, Any], fmt: str) -> str:
+    rows = document["rows"]
+    if fmt == "json":
+        return json.dumps(document, indent=2)
+    columns = list(rows[0]) if rows else []
+    if fmt == "csv":
+        out = io.StringIO()
+        writer = csv.DictWriter(out, fieldnames=columns, lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)
+        return out.getvalue().rstrip("\n")
+    header = f"{document['report']}  {document['since']} .. {document['until']}"
+    if not rows:
+        return f"{header}\n(no rows)"
+    cells = [[_cell(row[c]) for c in columns] for row in rows]
+    widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(columns)]
+    lines = [header, "  ".join(c.ljust(w) for c, w in zip(columns, widths)),
+             "  ".join("-" * w for w in widths)]
+    lines += ["  ".join(v.rjust(w) if _numeric(v) else v.ljust(w) for v, w in zip(r, widths)) for r in cells]
+    return "\n".join(lines)
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "—"
+    if isinstance(value, float):
+        return f"{value:.6g}" if abs(value) < 1e6 else f"{value:,.0f}"
+    return str(value)
+
+
+def _numeric(text: str) -> bool:
+    try:
+        float(text.replace(",", ""))
+    except ValueError:
+        return False
+    return True
+
+
+if __name__ == "__main__":
+    sys.exit(main())

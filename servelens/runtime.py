@@ -1,0 +1,122 @@
+"""Process assembly: which components each command runs, in what order they start and stop.
+
+Start order follows the data (store -> writer/receivers -> analytics -> dashboard -> demo
+traffic); stop order is the reverse, so the collector flushes everything it acknowledged
+before the process exits.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from typing import Any
+
+from servelens.config import ConfigError, Settings
+from servelens.migrate import migrate
+from servelens.store import Store, is_embedded
+
+log = logging.getLogger(__name__)
+
+
+def open_store(settings: Settings, migrate_schema: bool = True) -> Store:
+    try:
+        store = Store(settings.store_url, settings.store.database)
+        if migrate_schema:
+            for m in migrate(store.client()):
+                log.info("migrated %04d_%s", m.version, m.name)
+    except Exception as exc:
+        hint = ""
+        if is_embedded(settings.store_url):
+            hint = (" (the embedded store admits one process per data directory: is `servelens up` "
+                    "already running on it? Use its API, or point --clickhouse-url at a ClickHouse server)")
+        raise ConfigError(f"cannot open the store {settings.store_url}: {exc}{hint}") from exc
+    return store
+
+
+def with_demo_defaults(settings: Settings) -> Settings:
+    """--demo: price the demo's models and declare its GPU deployment unless configured."""
+    from servelens.config import DeploymentConfig, PricingConfig
+    from servelens.demo import DEMO_CONFIG
+
+    update: dict[str, Any] = {}
+    if not settings.pricing.models:
+        update["pricing"] = PricingConfig.model_validate(DEMO_CONFIG["pricing"])
+    if not settings.deployments:
+        update["deployments"] = [DeploymentConfig.model_validate(d) for d in DEMO_CONFIG["deployments"]]
+    return settings.model_copy(update=update)
+
+
+def _wait_for_signal() -> None:
+    stop = threading.Event()
+
+    def handler(signum: int, _frame: Any) -> None:
+        log.info("received %s, shutting down", signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGINT, handler)
+    signal.signal(signal.SIGTERM, handler)
+    while not stop.wait(0.5):
+        pass
+
+
+def run(command: str, settings: Settings, demo: bool = False, once: bool = False) -> int:
+    if demo:
+        settings = with_demo_defaults(settings)
+    store = open_store(settings)
+    if command == "migrate":
+        print(f"store {store.describe()} is up to date")
+        return 0
+    if command == "analytics" and once:
+        from analytics.runner import run_all
+
+        result = run_all(store, settings)
+        for name, job in result["jobs"].items():
+            print(f"{name}: {job['rows']} rows in {job['seconds']:.3f}s")
+        return 0
+
+    components: list[Any] = []  # started in order, stopped in reverse
+    ports: dict[str, int] = {}
+    try:
+        if command in ("up", "collector"):
+            from collector.service import Collector
+
+            collector = Collector(settings, store)
+            collector.start()
+            components.append(collector)
+            ports.update(collector.ports)
+        if command in ("up", "analytics"):
+            from analytics.runner import Scheduler
+
+            scheduler = Scheduler(store, settings)
+            scheduler.start()
+            components.append(scheduler)
+        if command in ("up", "dashboard"):
+            from dashboard.app import create_app
+            from dashboard.server import DashboardServer
+
+            server = DashboardServer(create_app(settings, store), settings.host, settings.ui_port)
+            server.start()
+            components.append(server)
+            ports["ui"] = server.port
+        print(" ".join(f"{k}={v}" for k, v in ports.items()), flush=True)
+        if "ui" in ports:
+            print(f"servelens dashboard: http://{settings.host}:{ports['ui']}/", flush=True)
+        if demo and command == "up":
+            from servelens.demo import DemoTraffic
+
+            traffic = DemoTraffic(f"http://127.0.0.1:{ports['otlp-http']}")
+            components.append(traffic)
+            traffic.backfill(minutes=120)  # two hours of history, so every chart has a shape
+            traffic.start()
+            print("demo traffic: sending to the OTLP/HTTP receiver (Ctrl-C to stop)", flush=True)
+        _wait_for_signal()
+    finally:
+        for component in reversed(components):
+            try:
+                component.shutdown(10.0)
+            except Exception:  # noqa: BLE001 - keep stopping the rest
+                log.exception("error stopping %s", type(component).__name__)
+        store.close()
+    return 0
+
