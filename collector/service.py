@@ -1,4 +1,4 @@
-"""The collector as one component: writer + intake + OTLP/HTTP and OTLP/gRPC receivers."""
+"""The collector as one component: writer + intake + OTLP/HTTP and OTLP/gRPC receivers + scrapers."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ import logging
 from collector.grpc_receiver import GrpcReceiver
 from collector.http_receiver import HttpReceiver, OtlpHttpApp
 from collector.intake import Intake
+from collector.scrape import Scrapers
+from collector.spool import Spool
 from collector.telemetry import SelfMetrics
 from collector.writer import Writer, WriterSettings
 from servelens.config import Settings
@@ -19,16 +21,18 @@ class Collector:
     def __init__(self, settings: Settings, store: Store) -> None:
         c = settings.collector
         self.metrics = SelfMetrics()
+        spool = Spool(settings.spool_dir, c.spool_max_bytes) if c.spool_max_bytes else None
         self.writer = Writer(store, WriterSettings(
             queue_size=c.queue_size, batch_size=c.batch_size,
-            flush_interval=c.flush_interval.total_seconds(), write_timeout=c.write_timeout.total_seconds(),
-        ), self.metrics)
+            flush_interval=c.flush_interval.total_seconds(), store_retry=c.store_retry.total_seconds(),
+        ), self.metrics, spool)
         self.intake = Intake(self.writer, self.metrics, tuple(settings.attributes.tenant), c.tokens,
                              write_timeout=c.write_timeout.total_seconds())
         app = OtlpHttpApp(self.intake, c.max_request_bytes,
                           extra_routes={"/metrics": lambda: ("text/plain; version=0.0.4", self.metrics.exposition())})
         self.http = HttpReceiver(app, settings.host, settings.otlp_http_port)
         self.grpc = GrpcReceiver(self.intake, settings.host, settings.otlp_grpc_port, c.max_request_bytes)
+        self.scrapers = Scrapers(settings.scrape.targets, self.writer, self.metrics)
 
     @property
     def ports(self) -> dict[str, int]:
@@ -38,10 +42,12 @@ class Collector:
         self.writer.start()
         self.http.start()
         self.grpc.start()
+        self.scrapers.start()
         log.info("collector listening: otlp-grpc=%d otlp-http=%d", self.grpc.port, self.http.port)
 
     def shutdown(self, timeout: float = 10.0) -> None:
         """Receivers first (in-flight requests finish), then the writer flushes what was accepted."""
+        self.scrapers.shutdown(timeout)
         self.http.shutdown(timeout)
         self.grpc.shutdown(timeout)
         self.writer.shutdown(timeout)

@@ -24,6 +24,17 @@ class SelfMetrics:
                                        registry=self.registry,
                                        buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
 
+        self.spool_bytes = Gauge("servelens_spool_bytes", "Bytes of acknowledged batches waiting in the spool",
+                                 registry=self.registry)
+        self.spool_batches = Gauge("servelens_spool_batches", "Batches waiting in the spool", registry=self.registry)
+        self.spool_full = Counter("servelens_spool_full", "Times a batch was refused because the spool was full",
+                                  registry=self.registry)
+        self.replayed = Counter("servelens_spool_replayed_batches", "Spooled batches replayed into the store",
+                                registry=self.registry)
+
+        self.scrapes = Counter("servelens_scrapes", "Scrapes of Prometheus targets by result", ["target", "result"],
+                               registry=self.registry)
+
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
 

@@ -1,10 +1,16 @@
 """The writer: the only component that inserts into ClickHouse.
 
-Receivers submit decoded batches and wait for the returned Ticket; the writer groups
+Receivers submit decoded batches and wait for the returned Ticket. The writer groups
 whatever is queued into one insert per table (whichever comes first: `batch_size` rows
-or `flush_interval` since the oldest waiting request), and resolves every ticket only
-after its rows are committed. The queue is bounded: when full, `submit` raises QueueFull
-and the receiver answers 429/503 with Retry-After, so nothing is accepted and then lost.
+or `flush_interval` since the oldest waiting request) and resolves every ticket only once
+its rows are durable: committed in the store, or, when the store is down or refusing,
+fsynced in the on-disk spool, from which a replayer inserts them in order when the store
+returns. Every group carries an insert-deduplication token that a replay reuses, so a
+batch the store took just before failing is not doubled.
+
+The queue is bounded: when full, `submit` raises QueueFull and the receiver answers
+429/503 with Retry-After. When the spool is full too, tickets fail and the receiver
+answers 503: the client keeps the data and retries; nothing acknowledged is dropped.
 """
 
 from __future__ import annotations
@@ -15,16 +21,19 @@ import queue
 import random
 import threading
 import time
+import uuid
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
 from collector.spans import Batch
+from collector.spool import Spool, SpooledBatch, Tables
 from collector.telemetry import SelfMetrics
 
 log = logging.getLogger(__name__)
 
 _STOP = object()
+MAX_BACKOFF_SECONDS = 30.0
 
 
 class QueueFull(Exception):
@@ -32,7 +41,7 @@ class QueueFull(Exception):
 
 
 class WriteFailed(Exception):
-    """The store did not take the rows before the deadline; nothing was acknowledged."""
+    """The rows are neither in the store nor in the spool; nothing was acknowledged."""
 
 
 @dataclass(frozen=True)
@@ -40,11 +49,12 @@ class WriterSettings:
     queue_size: int = 256
     batch_size: int = 8192
     flush_interval: float = 0.05
-    write_timeout: float = 30.0
+    # How long to retry the store before spooling (or failing, without a spool).
+    store_retry: float = 2.0
 
 
 class Ticket:
-    """Resolved once the submitted rows are committed (or definitively failed)."""
+    """Resolved once the submitted rows are durable (or definitively not)."""
 
     __slots__ = ("_done", "error")
 
@@ -57,7 +67,7 @@ class Ticket:
         self._done.set()
 
     def wait(self, timeout: float | None = None) -> bool:
-        """True when committed; raises WriteFailed when the write failed; False on timeout."""
+        """True when durable; raises WriteFailed when not; False on timeout."""
         if not self._done.wait(timeout):
             return False
         if self.error is not None:
@@ -66,27 +76,48 @@ class Ticket:
 
 
 class Writer:
-    def __init__(self, store: Any, settings: WriterSettings, metrics: SelfMetrics | None = None) -> None:
+    def __init__(self, store: Any, settings: WriterSettings, metrics: SelfMetrics | None = None,
+                 spool: Spool | None = None) -> None:
         self._store = store
         self._settings = settings
         self._metrics = metrics or SelfMetrics()
+        self._spool = spool
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=settings.queue_size)
         self._thread = threading.Thread(target=self._run, name="servelens-writer", daemon=True)
+        self._replayer = threading.Thread(target=self._replay, name="servelens-replay", daemon=True)
+        self._stopping = threading.Event()
+        self._spooled = threading.Event()
 
     # lifecycle -------------------------------------------------------------------
     def start(self) -> None:
         self._thread.start()
+        if self._spool is not None:
+            self._update_spool_metrics()
+            self._replayer.start()
 
     def shutdown(self, timeout: float = 30.0) -> None:
-        """Write everything already accepted, then stop."""
-        if not self._thread.is_alive():
-            return
-        self._queue.put(_STOP)  # after every accepted request: FIFO
-        self._thread.join(timeout)
+        """Make everything already accepted durable, then stop (the spool replays next start)."""
+        if self._thread.is_alive():
+            self._queue.put(_STOP)  # after every accepted request: FIFO
+            self._thread.join(timeout)
+        self._stopping.set()
+        self._spooled.set()
+        if self._replayer.is_alive():
+            self._replayer.join(timeout)
 
     def force_flush(self, timeout: float = 30.0) -> bool:
-        ticket = self.submit([])
-        return ticket.wait(timeout)
+        """Wait until everything submitted so far is durable."""
+        return self.submit([]).wait(timeout)
+
+    def drain_spool(self, timeout: float = 30.0) -> bool:
+        """Wait until the spool is empty (replayed into the store); False on timeout."""
+        deadline = time.monotonic() + timeout
+        while self._spool is not None and self._spool.count:
+            if time.monotonic() > deadline:
+                return False
+            self._spooled.set()
+            time.sleep(0.02)
+        return True
 
     # receivers' side -------------------------------------------------------------
     def submit(self, batches: list[Batch]) -> Ticket:
@@ -126,41 +157,101 @@ class Writer:
                 pending.append(nxt)
                 rows += sum(b.rows for b in nxt[0])
             self._metrics.queue_depth.set(self._queue.qsize())
-            self._commit(pending)
+            error = self._commit(_merge(pending))
+            for _, ticket in pending:
+                ticket.resolve(error)
 
-    def _commit(self, pending: list[tuple[list[Batch], Ticket]]) -> None:
-        merged: dict[tuple[str, tuple[str, ...]], list[list[Any]]] = defaultdict(list)
-        for batches, _ in pending:
-            for batch in batches:
-                if batch.rows:
-                    merged[(batch.table, batch.columns)].append(batch.data)
-        error: BaseException | None = None
-        for (table, columns), parts in merged.items():
-            data = parts[0] if len(parts) == 1 else [
-                list(itertools.chain.from_iterable(p[i] for p in parts)) for i in range(len(columns))]
+    def _commit(self, tables: Tables) -> BaseException | None:
+        """Make `tables` durable; returns the error when they are not."""
+        if not tables:
+            return None
+        token = uuid.uuid4().hex
+        # While the spool holds batches the store is known to be failing: queue behind them.
+        if self._spool is None or not self._spool.count:
             try:
-                self._insert(table, columns, data)
-            except Exception as exc:  # noqa: BLE001 - reported to every waiting request
-                log.error("insert into %s failed after retries: %s", table, exc)
-                error = exc
-        for _, ticket in pending:
-            ticket.resolve(error)
+                self._insert_all(token, tables, time.monotonic() + self._settings.store_retry)
+                return None
+            except Exception as exc:  # noqa: BLE001 - falls back to the spool
+                if self._spool is None:
+                    log.error("insert failed and no spool is configured: %s", exc)
+                    return exc
+                log.warning("store unavailable (%s); spooling to %s", exc, self._spool.directory)
+        if self._spool.append(token, tables):
+            self._update_spool_metrics()
+            self._spooled.set()
+            return None
+        self._metrics.spool_full.inc()
+        log.error("spool full (%d bytes, limit %d): refusing writes until the store returns",
+                  self._spool.size_bytes, self._spool.max_bytes)
+        return WriteFailed("store unavailable and spool full")
 
-    def _insert(self, table: str, columns: tuple[str, ...], data: list[list[Any]]) -> None:
-        deadline = time.monotonic() + self._settings.write_timeout
+    def _insert_all(self, token: str, tables: Tables, deadline: float) -> None:
+        for table, columns, data in tables:
+            self._insert(table, columns, data, token, deadline)
+
+    def _insert(self, table: str, columns: tuple[str, ...], data: list[list[Any]], token: str,
+                deadline: float) -> None:
+        settings = {"insert_deduplication_token": f"{token}:{table}",
+                    "deduplicate_blocks_in_dependent_materialized_views": 1}
         delay = 0.05
         while True:
             started = time.perf_counter()
             try:
-                self._store.client().insert(table, data, column_names=list(columns), column_oriented=True)
+                self._store.client().insert(table, data, column_names=list(columns), column_oriented=True,
+                                            settings=settings)
             except Exception:
                 self._metrics.write_errors.labels(table).inc()
                 if time.monotonic() + delay > deadline:
                     raise
-                log.warning("insert into %s failed; retrying in %.2fs", table, delay, exc_info=True)
                 time.sleep(delay * (0.5 + random.random()))
-                delay = min(delay * 2, 2.0)
+                delay = min(delay * 2, 1.0)
                 continue
             self._metrics.write_seconds.labels(table).observe(time.perf_counter() - started)
             self._metrics.written.labels(table).inc(len(data[0]))
             return
+
+    # replayer thread -------------------------------------------------------------
+    def _replay(self) -> None:
+        assert self._spool is not None
+        backoff = 0.1
+        while True:
+            batch: SpooledBatch | None = self._spool.oldest()
+            if batch is None:
+                if self._stopping.is_set():
+                    return
+                self._spooled.wait(1.0)
+                self._spooled.clear()
+                continue
+            try:
+                self._insert_all(batch.token, batch.tables, time.monotonic())
+            except Exception as exc:  # noqa: BLE001 - the store is still down: wait and retry
+                if self._stopping.is_set():
+                    return
+                log.info("spool replay waiting for the store (%s); retry in %.1fs", exc, backoff)
+                self._stopping.wait(backoff)
+                backoff = min(backoff * 2, MAX_BACKOFF_SECONDS)
+                continue
+            self._spool.remove(batch)
+            self._metrics.replayed.inc()
+            self._update_spool_metrics()
+            backoff = 0.1
+
+    def _update_spool_metrics(self) -> None:
+        if self._spool is not None:
+            self._metrics.spool_bytes.set(self._spool.size_bytes)
+            self._metrics.spool_batches.set(self._spool.count)
+
+
+def _merge(pending: list[tuple[list[Batch], Ticket]]) -> Tables:
+    """Concatenate the pending requests' rows into one column-oriented block per table."""
+    parts: dict[tuple[str, tuple[str, ...]], list[list[list[Any]]]] = defaultdict(list)
+    for batches, _ in pending:
+        for batch in batches:
+            if batch.rows:
+                parts[(batch.table, batch.columns)].append(batch.data)
+    merged: Tables = []
+    for (table, columns), blocks in parts.items():
+        data = blocks[0] if len(blocks) == 1 else [
+            list(itertools.chain.from_iterable(b[i] for b in blocks)) for i in range(len(columns))]
+        merged.append((table, columns, data))
+    return merged

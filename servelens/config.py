@@ -59,14 +59,17 @@ class CollectorConfig(_Strict):
     queue_size: int = Field(256, ge=1, description="batches waiting for the writer")
     batch_size: int = Field(8192, ge=1, description="rows per insert")
     flush_interval: timedelta = timedelta(milliseconds=50)
-    write_timeout: timedelta = timedelta(seconds=30)
+    store_retry: timedelta = timedelta(seconds=2)  # retry the store this long, then spool
+    write_timeout: timedelta = timedelta(seconds=30)  # a request waits at most this long
+    spool_max_bytes: int = Field(1024**3, ge=0, description="0 disables the spool")
 
-    _dur = field_validator("flush_interval", "write_timeout", mode="before")(parse_duration)
+    _dur = field_validator("flush_interval", "store_retry", "write_timeout", mode="before")(parse_duration)
 
 
 class ScrapeTarget(_Strict):
     url: str
     interval: timedelta = timedelta(seconds=15)
+    job: str | None = None  # the series' service.name (default "prometheus")
     _dur = field_validator("interval", mode="before")(parse_duration)
 
 

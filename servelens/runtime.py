@@ -14,6 +14,7 @@ from typing import Any
 
 from servelens.config import ConfigError, Settings
 from servelens.migrate import migrate
+from servelens.retention import apply_retention
 from servelens.store import Store, is_embedded
 
 log = logging.getLogger(__name__)
@@ -25,6 +26,9 @@ def open_store(settings: Settings, migrate_schema: bool = True) -> Store:
         if migrate_schema:
             for m in migrate(store.client()):
                 log.info("migrated %04d_%s", m.version, m.name)
+            changed = apply_retention(store.client(), settings.store.retention_days)
+            if changed:
+                log.info("retention %d days set on %s", settings.store.retention_days, ", ".join(changed))
     except Exception as exc:
         hint = ""
         if is_embedded(settings.store_url):

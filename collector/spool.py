@@ -1,0 +1,128 @@
+"""The ingest spool: acknowledged batches the store could not take yet, on disk, in order.
+
+One file per batch, written to a temporary name, fsynced, then renamed (and the directory
+fsynced), so a file either exists whole or not at all: a crash or `kill -9` after the
+writer acknowledged a batch cannot lose it. Files are replayed oldest first with the
+batch's insert-deduplication token, so a replay of a batch the store did take is a no-op.
+
+Spool files are only ever read back by servelens from its own data directory; the
+payload is a pickle of plain lists, dicts, strings and numbers, framed with a length and
+CRC32 so a damaged file is detected and set aside instead of replayed.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import struct
+import threading
+import time
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+_MAGIC = b"SLSPOOL1"
+_HEADER = struct.Struct(">8sIQ")  # magic, crc32, payload length
+_SUFFIX = ".batch"
+
+# [(table, columns, column-oriented data), ...]
+Tables = list[tuple[str, tuple[str, ...], list[list[Any]]]]
+
+
+@dataclass(frozen=True)
+class SpooledBatch:
+    path: Path
+    token: str
+    tables: Tables
+
+
+class Spool:
+    def __init__(self, directory: Path, max_bytes: int) -> None:
+        self.directory = Path(directory)
+        self.max_bytes = max_bytes
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        self._seq = time.time_ns()
+        for leftover in self.directory.glob("*.tmp"):
+            # never renamed, so never acknowledged: the client was told to retry
+            leftover.unlink(missing_ok=True)
+        self._bytes = 0
+        self._count = 0
+        self._recount()
+
+    def _files(self) -> list[Path]:
+        return sorted(self.directory.glob(f"*{_SUFFIX}"))
+
+    @property
+    def size_bytes(self) -> int:
+        return self._bytes
+
+    @property
+    def count(self) -> int:
+        return self._count
+
+    def append(self, token: str, tables: Tables) -> bool:
+        """Durably store a batch; False (nothing written) when it would exceed max_bytes."""
+        payload = pickle.dumps((token, tables), protocol=pickle.HIGHEST_PROTOCOL)
+        blob = _HEADER.pack(_MAGIC, zlib.crc32(payload), len(payload)) + payload
+        with self._lock:
+            if self._bytes + len(blob) > self.max_bytes:
+                return False
+            self._seq = max(self._seq + 1, time.time_ns())
+            final = self.directory / f"{self._seq:020d}-{token}{_SUFFIX}"
+            tmp = final.with_suffix(".tmp")
+            with open(tmp, "wb") as fh:
+                fh.write(blob)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, final)
+            _fsync_dir(self.directory)
+            self._bytes += len(blob)
+            self._count += 1
+        return True
+
+    def oldest(self) -> SpooledBatch | None:
+        """The oldest readable batch; damaged files are moved to corrupt/ and skipped."""
+        for path in self._files():
+            try:
+                blob = path.read_bytes()
+                magic, crc, length = _HEADER.unpack_from(blob)
+                payload = blob[_HEADER.size:]
+                if magic != _MAGIC or len(payload) != length or zlib.crc32(payload) != crc:
+                    raise ValueError("bad frame")
+                token, tables = pickle.loads(payload)  # noqa: S301 - our own fsynced file
+            except (OSError, ValueError, struct.error, pickle.UnpicklingError, EOFError) as exc:
+                log.error("spool file %s is damaged (%s); moved to corrupt/", path.name, exc)
+                corrupt = self.directory / "corrupt"
+                corrupt.mkdir(exist_ok=True)
+                os.replace(path, corrupt / path.name)
+                self._recount()
+                continue
+            return SpooledBatch(path, token, tables)
+        return None
+
+    def remove(self, batch: SpooledBatch) -> None:
+        with self._lock:
+            size = batch.path.stat().st_size if batch.path.exists() else 0
+            if batch.path.exists():
+                batch.path.unlink()
+                self._count -= 1
+            self._bytes = max(0, self._bytes - size)
+
+    def _recount(self) -> None:
+        with self._lock:
+            files = self._files()
+            self._bytes = sum(p.stat().st_size for p in files)
+            self._count = len(files)
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
