@@ -1,0 +1,186 @@
+"""Fault tests: the store goes away, the queue fills, the process is killed -9.
+
+Faults are real: the store is made to refuse inserts by detaching the table the writer
+inserts into (DETACH/ATTACH TABLE on the real engine); the process is a real
+`servelens collector` killed with SIGKILL. Every loop is bounded and talks to 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from collector.spool import Spool
+from collector.writer import Writer, WriterSettings
+from servelens.store import Store
+from tests.collector.otlp_payloads import llm_request
+
+pytestmark = pytest.mark.integration
+PROTOBUF = {"Content-Type": "application/x-protobuf"}
+
+
+def post(url: str, body: bytes, timeout: float = 30.0) -> tuple[int, dict[str, str]]:
+    req = urllib.request.Request(url, data=body, headers=PROTOBUF, method="POST")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return resp.status, dict(resp.headers)
+    except urllib.error.HTTPError as err:
+        return err.code, dict(err.headers)
+
+
+def count(store: Store, table: str = "otel_traces") -> int:
+    return store.client().query(f"SELECT count() FROM {table}").first_row[0]
+
+
+def test_store_outage_spools_then_replays_exactly_once(make_settings):
+    settings = make_settings(collector={"store_retry": "200ms"})
+    from collector.service import Collector
+    from servelens.migrate import migrate
+
+    store = Store(settings.store_url, settings.store.database)
+    migrate(store.client())
+    collector = Collector(settings, store)
+    collector.start()
+    url = f"http://127.0.0.1:{collector.http.port}/v1/traces"
+    try:
+        assert post(url, llm_request(5).SerializeToString())[0] == 200
+        store.client().command("DETACH TABLE otel_traces")  # the store now refuses every insert
+        statuses = [post(url, llm_request(10).SerializeToString())[0] for _ in range(6)]
+        assert statuses == [200] * 6  # acknowledged: durable in the spool
+        assert collector.writer._spool.count >= 1
+        assert collector.metrics.snapshot()["servelens_spool_batches"] >= 1
+        store.client().command("ATTACH TABLE otel_traces")  # the store returns
+        assert collector.writer.drain_spool(timeout=30)
+        assert count(store) == 5 + 60
+        assert count(store, "llm_requests") == 5 + 60  # the view saw each block once
+    finally:
+        collector.shutdown()
+        store.client().command(f"DROP DATABASE IF EXISTS `{settings.store.database}`")
+
+
+def test_replay_of_a_batch_the_store_already_took_is_not_doubled(settings, store, tmp_path: Path):
+    """The store commits, the writer times out anyway and spools: replay must be a no-op."""
+    from collector.spans import spans_to_rows
+
+    batch = spans_to_rows(llm_request(7))
+    tables = [(batch.table, batch.columns, batch.data)]
+    token = "0123456789abcdef"
+    writer = Writer(store, WriterSettings())
+    writer._insert_all(token, tables, time.monotonic() + 5)  # the store took it
+    assert count(store) == 7
+    spool = Spool(tmp_path / "spool", 10 * 1024 * 1024)
+    assert spool.append(token, tables)  # ... but the writer believed it failed
+    writer = Writer(store, WriterSettings(), spool=spool)
+    writer.start()
+    try:
+        assert writer.drain_spool(timeout=30)
+    finally:
+        writer.shutdown()
+    assert count(store) == 7
+    assert count(store, "llm_requests") == 7
+
+
+def test_full_queue_refuses_with_retry_after_and_client_retries_land(make_settings):
+    settings = make_settings(collector={"queue_size": 1, "store_retry": "5s", "spool_max_bytes": 0})
+    from collector.service import Collector
+    from servelens.migrate import migrate
+
+    store = Store(settings.store_url, settings.store.database)
+    migrate(store.client())
+    collector = Collector(settings, store)
+    collector.start()
+    url = f"http://127.0.0.1:{collector.http.port}/v1/traces"
+    refusals: list[dict[str, str]] = []
+    accepted = []
+    lock = threading.Lock()
+
+    def client(n_requests: int) -> None:
+        for _ in range(n_requests):
+            body = llm_request(3).SerializeToString()
+            for _attempt in range(60):  # bounded retries, as an OTLP exporter does
+                status, headers = post(url, body)
+                if status == 200:
+                    with lock:
+                        accepted.append(3)
+                    break
+                assert status in (429, 503)
+                with lock:
+                    refusals.append(headers)
+                time.sleep(float(headers.get("Retry-After", "1")) / 10)
+    try:
+        store.client().command("DETACH TABLE otel_traces")  # the writer stalls, the queue fills
+        threads = [threading.Thread(target=client, args=(4,)) for _ in range(6)]
+        for t in threads:
+            t.start()
+        time.sleep(1.0)
+        store.client().command("ATTACH TABLE otel_traces")
+        for t in threads:
+            t.join(120)
+        assert refusals, "the queue never filled"
+        assert all("Retry-After" in h for h in refusals)
+        assert len(accepted) == 24
+        assert count(store) == 3 * 24  # every acknowledged span, once
+    finally:
+        collector.shutdown()
+        store.client().command(f"DROP DATABASE IF EXISTS `{settings.store.database}`")
+
+
+def _start_collector(data_dir: Path) -> tuple[subprocess.Popen, int]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "servelens.cli", "collector", "--data-dir", str(data_dir),
+         "--otlp-http-port", "0", "--otlp-grpc-port", "0", "--log-level", "WARNING"],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if "otlp-http=" in line:
+            ports = dict(part.split("=") for part in line.split())
+            return proc, int(ports["otlp-http"])
+    proc.kill()
+    raise AssertionError("collector did not start")
+
+
+def test_sigkill_mid_stream_loses_nothing_acknowledged(tmp_path: Path):
+    data_dir = tmp_path / "killed"
+    proc, port = _start_collector(data_dir)
+    acked = 0
+    stop = threading.Event()
+
+    def killer() -> None:
+        time.sleep(1.5)
+        os.kill(proc.pid, signal.SIGKILL)
+        stop.set()
+
+    threading.Thread(target=killer, daemon=True).start()
+    url = f"http://127.0.0.1:{port}/v1/traces"
+    sent = 0
+    for _ in range(2000):  # bounded: stops at the kill at the latest
+        if stop.is_set():
+            break
+        sent += 1
+        try:
+            status, _ = post(url, llm_request(5).SerializeToString(), timeout=5)
+        except OSError:
+            break
+        if status == 200:
+            acked += 1
+    proc.wait(10)
+    assert acked >= 5, "the stream was barely underway when the process died"
+    # restart (replays any spool), stop cleanly, then read the store from a fresh process
+    proc, _ = _start_collector(data_dir)
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(30)
+    out = subprocess.run([sys.executable, "-m", "servelens.cli", "report", "overview", "--format", "json",
+                          "--data-dir", str(data_dir)], capture_output=True, text=True, timeout=120, check=True)
+    stored = json.loads(out.stdout)["rows"][0]["requests"]
+    assert acked * 5 <= stored <= sent * 5
