@@ -62,7 +62,18 @@ def to_string(value: Any) -> str:
 
 
 def to_map(key_values: Any) -> dict[str, str]:
-    return {kv.key: to_string(kv.value) for kv in key_values}
+    # The hot loop of ingest: strings and ints (most GenAI attributes) take the inline path.
+    out = {}
+    for kv in key_values:
+        value = kv.value
+        kind = value.WhichOneof("value")
+        if kind == "string_value":
+            out[kv.key] = value.string_value
+        elif kind == "int_value":
+            out[kv.key] = str(value.int_value)
+        else:
+            out[kv.key] = to_string(value)
+    return out
 
 
 def hex_id(raw: bytes) -> str:

@@ -150,7 +150,8 @@ class HttpReceiver:
     def __init__(self, app: OtlpHttpApp, host: str, port: int, threads: int = 8) -> None:
         self._server = create_server(app, host=host, port=port, threads=threads,
                                      max_request_body_size=app.max_request_bytes + 1,
-                                     ident="servelens", clear_untrusted_proxy_headers=True)
+                                     ident="servelens", clear_untrusted_proxy_headers=True,
+                                     asyncore_loop_timeout=0.1)  # notice shutdown promptly
         self.port = int(self._server.effective_port)
         self._thread: Any = None
 

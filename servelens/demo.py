@@ -274,7 +274,8 @@ class _Planner:
         spans.append(retrieval)
         at = retrieval.end
         if rng.random() < 0.6:
-            tool = _Span("execute_tool search_tickets", SpanKind.INTERNAL, at, at + _lognormal(rng, 0.2, 0.6, 0.02, 5.0),
+            took = _lognormal(rng, 0.2, 0.6, 0.02, 5.0)
+            tool = _Span("execute_tool search_tickets", SpanKind.INTERNAL, at, at + took,
                          {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "search_tickets"}, parent=0)
             spans.append(tool)
             at = tool.end
@@ -353,7 +354,7 @@ class DemoTraffic:
         planner = _Planner(rng)
         now = time.time()
         window = minutes * 60.0
-        count = min(MAX_BACKFILL_TRACES, int(self.rate_per_s * window))
+        count = max(0, min(MAX_BACKFILL_TRACES, int(self.rate_per_s * window)))
         starts: list[float] = []
         while len(starts) < count:  # rejection sampling against the diurnal curve
             t = now - window * rng.random()
