@@ -13,7 +13,7 @@ from typing import Any
 
 import polars as pl
 
-from analytics import loader
+from analytics.sources import requests as loader
 from analytics.pricing import Catalog
 from analytics.query import ReportQuery
 from servelens.config import Settings

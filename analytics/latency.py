@@ -6,7 +6,7 @@ from typing import Any
 
 import polars as pl
 
-from analytics import loader
+from analytics.sources import requests as loader
 from analytics.query import ReportQuery
 from servelens.config import Settings
 

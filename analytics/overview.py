@@ -6,7 +6,8 @@ from typing import Any
 
 import polars as pl
 
-from analytics import cost, loader
+from analytics import cost
+from analytics.sources import requests as loader
 from analytics.query import ReportQuery
 from servelens.config import Settings
 

@@ -1,5 +1,4 @@
-"""Sources for the report jobs: the heavy aggregation runs in ClickHouse, Polars gets
-small pre-aggregated frames (one row per group, never one per request)."""
+"""Aggregates of llm_requests (one typed row per LLM request)."""
 
 from __future__ import annotations
 
@@ -9,16 +8,13 @@ from typing import Any
 import polars as pl
 
 from analytics.query import ReportQuery, key_expr
+from analytics.sources import frame
 from servelens.config import Settings
 
 QUANTILES = (0.5, 0.95, 0.99)
 # quantilesExactInclusive interpolates linearly between closest ranks (numpy's default
 # "linear" method): exact, and cheap at these sizes since ClickHouse sorts per group.
 _Q = "quantilesExactInclusive(0.5, 0.95, 0.99)"
-
-
-def _frame(store: Any, sql: str, params: dict[str, Any]) -> pl.DataFrame:
-    return pl.from_arrow(store.client().query_arrow(sql, parameters=params))  # type: ignore[return-value]
 
 
 def latency_groups(store: Any, settings: Settings, q: ReportQuery) -> pl.DataFrame:
@@ -37,7 +33,7 @@ def latency_groups(store: Any, settings: Settings, q: ReportQuery) -> pl.DataFra
         WHERE {where}
         GROUP BY key
         ORDER BY requests DESC, key"""
-    return _frame(store, sql, params)
+    return frame(store, sql, params)
 
 
 def cost_groups(store: Any, settings: Settings, q: ReportQuery, boundaries: list[datetime]) -> pl.DataFrame:
@@ -64,7 +60,7 @@ def cost_groups(store: Any, settings: Settings, q: ReportQuery, boundaries: list
         FROM llm_requests
         WHERE {where}
         GROUP BY key, model, deployment, period, retry, error"""
-    return _frame(store, sql, params)
+    return frame(store, sql, params)
 
 
 def overview_totals(store: Any, settings: Settings, q: ReportQuery) -> pl.DataFrame:
@@ -77,7 +73,7 @@ def overview_totals(store: Any, settings: Settings, q: ReportQuery) -> pl.DataFr
                countIf(RetryAttempt > 0) AS retries
         FROM llm_requests
         WHERE {where}"""
-    return _frame(store, sql, params)
+    return frame(store, sql, params)
 
 
 def stage_p99(store: Any, settings: Settings, q: ReportQuery) -> pl.DataFrame:
@@ -92,7 +88,7 @@ def stage_p99(store: Any, settings: Settings, q: ReportQuery) -> pl.DataFrame:
         FROM llm_requests
         WHERE {where}
         GROUP BY deployment"""
-    return _frame(store, sql, params)
+    return frame(store, sql, params)
 
 
 def gpu_utilization(store: Any, q: ReportQuery) -> float | None:
