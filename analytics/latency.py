@@ -30,5 +30,5 @@ def shape(groups: pl.LazyFrame, by: str) -> pl.LazyFrame:
 
 def report(store: Any, settings: Settings, q: ReportQuery) -> pl.DataFrame:
     by = q.by or DEFAULT_BY
-    groups = loader.latency_groups(store, settings, ReportQuery(q.since, q.until, by, q.filters))
+    groups = loader.latency_groups(store, settings, q.with_by(by))
     return shape(groups.lazy(), by).collect()

@@ -6,7 +6,7 @@ only identifiers from the fixed tables below are spliced into SQL text.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, timezone
 from typing import Any, Mapping
 
@@ -31,6 +31,7 @@ UNIT_KEYS = ("tenant", "feature", "team")
 _UNIT_COLUMNS = {"tenant": "Tenant", "feature": "Feature", "team": "Team"}
 _UNIT_DEFAULTS = AttributesConfig()
 FILTER_KEYS = ("service", "deployment", "model", "tenant", "feature")
+VIEWS = frozenset({"busy", "fully_loaded"})
 
 
 class QueryError(ValueError):
@@ -81,6 +82,7 @@ class ReportQuery:
     until: datetime
     by: str | None = None
     filters: dict[str, str] = field(default_factory=dict)
+    view: str = "busy"  # cost: "busy" (default) or "fully_loaded" (idle GPU cost spread too)
 
     @classmethod
     def from_params(cls, params: Mapping[str, Any], default_by: str | None = None,
@@ -92,7 +94,13 @@ class ReportQuery:
             raise QueryError("since must be before until")
         filters = {k: str(params[k]) for k in FILTER_KEYS if params.get(k) not in (None, "")}
         by = params.get("by") or default_by
-        return cls(since=since, until=until, by=by, filters=filters)
+        view = params.get("view") or "busy"
+        if view not in VIEWS:
+            raise QueryError(f"view: use one of {sorted(VIEWS)}")
+        return cls(since=since, until=until, by=by, filters=filters, view=view)
+
+    def with_by(self, by: str | None) -> ReportQuery:
+        return replace(self, by=by)
 
     def where(self, attributes: AttributesConfig, time_column: str = "Timestamp") -> tuple[str, dict[str, Any]]:
         """WHERE clause (window + filters) for llm_requests, with its parameters."""

@@ -8,7 +8,7 @@ from typing import Any, Callable, Mapping
 
 import polars as pl
 
-from analytics import cost, latency, overview
+from analytics import cost, latency, overview, stages, utilization
 from analytics.query import QueryError, ReportQuery, iso
 from servelens.config import Settings
 
@@ -18,6 +18,8 @@ REPORTS: dict[str, tuple[Job, str | None]] = {
     "overview": (overview.report, None),
     "latency": (latency.report, latency.DEFAULT_BY),
     "cost": (cost.report, cost.DEFAULT_BY),
+    "stages": (stages.report, stages.DEFAULT_BY),
+    "utilization": (utilization.report, utilization.DEFAULT_BY),
 }
 
 
@@ -25,7 +27,7 @@ def compute(name: str, store: Any, settings: Settings, q: ReportQuery) -> pl.Dat
     if name not in REPORTS:
         raise QueryError(f"unknown report {name!r}; available: {sorted(REPORTS)}")
     job, default_by = REPORTS[name]
-    return job(store, settings, q if q.by or not default_by else ReportQuery(q.since, q.until, default_by, q.filters))
+    return job(store, settings, q if q.by or not default_by else q.with_by(default_by))
 
 
 def run(name: str, store: Any, settings: Settings, params: Mapping[str, Any]) -> dict[str, Any]:

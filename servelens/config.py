@@ -131,12 +131,19 @@ class GpuSelector(_Strict):
         return self
 
 
+class CostWeights(_Strict):
+    input: float = Field(1.0, ge=0)
+    output: float = Field(1.0, ge=0)
+
+
 class DeploymentConfig(_Strict):
     name: str
     gpus: GpuSelector
     gpu_hourly_usd: float = Field(ge=0)
     primary_model: str | None = None
     budgets: dict[str, timedelta] = {}
+    # Busy GPU cost is shared among the deployment's requests by weighted tokens.
+    cost_weights: CostWeights = CostWeights()
 
     @field_validator("budgets", mode="before")
     @classmethod

@@ -19,6 +19,7 @@ TTL_COLUMNS = {
     "llm_requests": "toDateTime(Timestamp)",
     "trace_outcomes": "toDateTime(Timestamp)",
     "gpu_samples": "toDateTime(Timestamp)",
+    "stage_spans": "toDateTime(Timestamp)",
 }
 
 

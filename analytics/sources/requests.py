@@ -36,16 +36,37 @@ def latency_groups(store: Any, settings: Settings, q: ReportQuery) -> pl.DataFra
     return frame(store, sql, params)
 
 
+# A trace's outcome (latest span carrying app.outcome wins), for by=outcome.
+_OUTCOMES = """
+    LEFT JOIN (
+        SELECT TraceId, argMax(Outcome, Timestamp) AS Outcome
+        FROM trace_outcomes
+        WHERE TraceId IN (SELECT TraceId FROM llm_requests WHERE {where})
+        GROUP BY TraceId
+    ) AS o USING (TraceId)"""
+
+
+def _key(q: ReportQuery, settings: Settings) -> tuple[str, str, dict[str, Any]]:
+    """(key SQL, extra FROM clause, params) for the grouping key, outcome included."""
+    if q.by == "outcome":
+        return "ifNull(o.Outcome, '')", _OUTCOMES, {}
+    if q.by:
+        key_sql, params = key_expr(q.by, settings.attributes)
+        return key_sql, "", params
+    return "''", "", {}
+
+
 def cost_groups(store: Any, settings: Settings, q: ReportQuery, boundaries: list[datetime]) -> pl.DataFrame:
-    """Token sums per (key, model, price period, retry?, error?, outcome?).
+    """Token sums per (key, model, deployment, price period, retry?, error?).
 
     `period` counts the catalog's effective_from boundaries at or before the request, so
     no price changes inside a group and pricing it in Polars is exact.
     """
     where, params = q.where(settings.attributes)
-    key_sql, key_params = key_expr(q.by, settings.attributes) if q.by else ("''", {})
+    key_sql, join, key_params = _key(q, settings)
     params.update(key_params)
     params["bounds"] = [int(b.timestamp() * 1e9) for b in boundaries]
+    join = join.replace("{where}", where)
     sql = f"""
         SELECT {key_sql} AS key,
                Model AS model,
@@ -57,10 +78,35 @@ def cost_groups(store: Any, settings: Settings, q: ReportQuery, boundaries: list
                sum(InputTokens) AS input_tokens,
                sum(OutputTokens) AS output_tokens,
                sum(least(CachedInputTokens, InputTokens)) AS cached_tokens
-        FROM llm_requests
+        FROM llm_requests {join}
         WHERE {where}
         GROUP BY key, model, deployment, period, retry, error"""
     return frame(store, sql, params)
+
+
+def outcome_counts(store: Any, settings: Settings, q: ReportQuery) -> pl.DataFrame:
+    """Distinct traces per outcome among the window's requests (cost per completed task)."""
+    where, params = q.where(settings.attributes)
+    join = _OUTCOMES.replace("{where}", where)
+    sql = f"""
+        SELECT ifNull(o.Outcome, '') AS key, uniqExact(TraceId) AS outcomes
+        FROM llm_requests {join}
+        WHERE {where}
+        GROUP BY key"""
+    return frame(store, sql, params)
+
+
+def deployment_tokens(store: Any, q: ReportQuery, deployments: list[str]) -> pl.DataFrame:
+    """All input/output tokens per self-hosted deployment in the window, unfiltered: the
+    denominator of busy-cost allocation does not change with the report's filters."""
+    sql = """
+        SELECT Deployment AS deployment, sum(InputTokens) AS all_input, sum(OutputTokens) AS all_output
+        FROM llm_requests
+        WHERE Timestamp >= fromUnixTimestamp64Nano({since_ns:Int64})
+          AND Timestamp < fromUnixTimestamp64Nano({until_ns:Int64})
+          AND Deployment IN {deployments:Array(String)}
+        GROUP BY deployment"""
+    return frame(store, sql, {**q.bounds(), "deployments": deployments})
 
 
 def overview_totals(store: Any, settings: Settings, q: ReportQuery) -> pl.DataFrame:
@@ -74,30 +120,3 @@ def overview_totals(store: Any, settings: Settings, q: ReportQuery) -> pl.DataFr
         FROM llm_requests
         WHERE {where}"""
     return frame(store, sql, params)
-
-
-def stage_p99(store: Any, settings: Settings, q: ReportQuery) -> pl.DataFrame:
-    """Per deployment: p99 of the LLM span's queue, prefill and decode times (seconds)."""
-    where, params = q.where(settings.attributes)
-    sql = f"""
-        SELECT Deployment AS deployment,
-               quantileExactInclusive(0.99)(QueueSeconds) AS queue,
-               quantileExactInclusive(0.99)(PrefillSeconds) AS prefill,
-               quantileExactInclusive(0.99)(DecodeSeconds) AS decode,
-               quantileExactInclusive(0.99)(LatencySeconds) AS total
-        FROM llm_requests
-        WHERE {where}
-        GROUP BY deployment"""
-    return frame(store, sql, params)
-
-
-def gpu_utilization(store: Any, q: ReportQuery) -> float | None:
-    """Mean of DCGM_FI_DEV_GPU_UTIL / 100 over the window (OpenLIT's gpu.utilization too)."""
-    sql = """
-        SELECT avg(Value) / 100 AS util, count() AS samples
-        FROM otel_metrics_gauge
-        WHERE MetricName IN ('DCGM_FI_DEV_GPU_UTIL', 'gpu.utilization')
-          AND TimeUnix >= fromUnixTimestamp64Nano({since_ns:Int64})
-          AND TimeUnix < fromUnixTimestamp64Nano({until_ns:Int64})"""
-    row = store.client().query(sql, parameters=q.bounds()).first_row
-    return float(row[0]) if row and row[1] else None

@@ -1,0 +1,260 @@
+"""The `cost-change` report: why spend moved between the window and the one before it.
+
+The identity
+------------
+A window's spend factors exactly, per cell (m, k) with m a (model, deployment) and k the
+ok/error class of the attempt:
+
+    C = Σ_{m,k} N0 · amp · mix_m · q_{m,k} · (I_{m,k} · pin_{m,k} + O_{m,k} · pout_{m,k})
+
+    volume         N0        original requests (attempts that are not retries)
+    retries        amp       attempts per original request
+    model_mix      mix_m     share of attempts on m
+    errors         q_{m,k}   share of m's attempts in class k
+    input_length   I_{m,k}   mean input tokens per attempt
+    output_length  O_{m,k}   mean output tokens per attempt
+    price          pin, pout effective USD per input / output token: the cell's input-side
+                             (output-side) cost over its tokens, so a step at an
+                             effective_from and a change in the cached-token share land here
+
+Every factor is a ratio of window sums, so the product telescopes back to the window's
+cost. Only priced requests count: unpriced ones (cost_usd null) are left out of both
+windows, as the `cost` report leaves them out of spend.
+
+Why Shapley, not LMDI
+---------------------
+LMDI (log-mean Divisia) splits a change by the log-ratios of the factors. It cannot take a
+zero: a model that appears or disappears, a window without errors, an empty window — each
+needs an epsilon substitute, and with it the split is no longer exact. With seven factors
+that interact multiplicatively it is also only additive per term of the sum, and the
+per-term weights make a driver's share depend on how the cells are cut. The Shapley value
+averages each driver's marginal effect over every order of switching the seven groups
+from previous to current values: it needs no logarithm, so zeros are ordinary values; the
+drivers sum to C_current − C_previous exactly (interactions are shared out, never left
+as a residual); a group that did not change gets exactly 0 (every marginal difference is
+between two identical evaluations). The price is 2^7 = 128 evaluations of a closed form
+over a handful of cells per group, which is nothing.
+
+Undefined factors (a model absent from a window, a class without attempts, a cell without
+tokens) are taken from the other window, so such a model moves only model_mix and a new
+error class moves only errors; an empty window takes every factor but volume from the
+other one, so appearing or vanishing traffic is all volume.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from itertools import combinations
+from typing import Any, Callable, Hashable, Sequence
+
+import polars as pl
+
+from analytics import cost
+from analytics.pricing import Catalog
+from analytics.query import ReportQuery
+from servelens.config import Settings
+
+DRIVERS = ("volume", "retries", "model_mix", "input_length", "output_length", "errors", "price")
+PREVIOUS, CURRENT = 0, 1
+# Ratios of sums carry float noise (cost/tokens differs in the last bit between windows of
+# the same price); below this relative difference a factor counts as unchanged, so its
+# driver gets exactly 0 rather than 1e-17.
+SNAP_RTOL = 1e-12
+_GROUP_COLUMNS = ("key", "model", "deployment", "period", "retry", "error",
+                  "requests", "input_tokens", "output_tokens", "cached_tokens", "cost_usd")
+
+Cell = tuple[str, str, bool]  # (model, deployment, error)
+Factors = dict[str, dict[Hashable, float]]  # driver -> factor entries (scalars under ())
+
+
+# --- Polars: both windows' priced groups -> totals per cell --------------------------------
+
+def previous_window(q: ReportQuery) -> ReportQuery:
+    """The window of equal length just before q's."""
+    return ReportQuery(q.since - (q.until - q.since), q.since, q.by, q.filters)
+
+
+def split_cost(groups: pl.LazyFrame, prices: pl.LazyFrame, self_hosted: list[str]) -> pl.LazyFrame:
+    """input_cost_usd + output_cost_usd = cost_usd for every priced group.
+
+    API-priced groups split by the catalog (the same formula as cost.priced); self-hosted
+    groups, costed from GPUs and allocated by tokens, split in proportion to their tokens.
+    Splitting cost_usd rather than repricing keeps the totals equal to the `cost` report's.
+    """
+    tokens = pl.col("input_tokens") + pl.col("output_tokens")
+    catalog_in = ((pl.col("input_tokens") - pl.col("cached_tokens")) * pl.col("in_price")
+                  + pl.col("cached_tokens") * pl.col("cached_price"))
+    catalog_total = catalog_in + pl.col("output_tokens") * pl.col("out_price")
+    input_share = (
+        pl.when(~pl.col("deployment").is_in(self_hosted) & (catalog_total > 0)).then(catalog_in / catalog_total)
+        .when(tokens > 0).then(pl.col("input_tokens") / tokens)
+        .otherwise(0.0))
+    return (
+        groups.filter(pl.col("cost_usd").is_not_null())
+        .join(prices, on=["model", "period"], how="left")
+        .with_columns((pl.col("cost_usd") * input_share).alias("input_cost_usd"))
+        .with_columns((pl.col("cost_usd") - pl.col("input_cost_usd")).alias("output_cost_usd"))
+    )
+
+
+def cell_totals(groups: pl.LazyFrame, prices: pl.LazyFrame, self_hosted: list[str]) -> pl.LazyFrame:
+    """Priced attempts, originals, tokens and split cost per (key, window, model, deployment, error)."""
+    return (
+        groups.pipe(split_cost, prices, self_hosted)
+        .group_by("key", "window", "model", "deployment", "error")
+        .agg(
+            pl.col("requests").sum().cast(pl.Int64).alias("attempts"),
+            pl.col("requests").filter(~pl.col("retry")).sum().cast(pl.Int64).alias("originals"),
+            pl.col("input_tokens").sum().cast(pl.Int64).alias("input_tokens"),
+            pl.col("output_tokens").sum().cast(pl.Int64).alias("output_tokens"),
+            pl.col("input_cost_usd").sum().alias("input_cost_usd"),
+            pl.col("output_cost_usd").sum().alias("output_cost_usd"),
+            pl.col("cost_usd").sum().alias("cost_usd"),
+        )
+        .sort("key", "window", "model", "deployment", "error")
+    )
+
+
+# --- The identity and its Shapley decomposition (pure Python) ------------------------------
+
+@dataclass(frozen=True)
+class CellTotals:
+    attempts: int
+    originals: int
+    input_tokens: int
+    output_tokens: int
+    input_cost_usd: float
+    output_cost_usd: float
+
+
+def _ratio(num: float, den: float) -> float | None:
+    return num / den if den else None
+
+
+def raw_factors(totals: dict[Cell, CellTotals], cells: Sequence[Cell]) -> dict[str, dict[Hashable, float | None]]:
+    """One window's factors over the union of both windows' cells; None where undefined."""
+    empty = CellTotals(0, 0, 0, 0, 0.0, 0.0)
+    t = {c: totals.get(c, empty) for c in cells}
+    models = sorted({c[:2] for c in cells})
+    attempts = sum(x.attempts for x in t.values())
+    per_model = {m: sum(x.attempts for c, x in t.items() if c[:2] == m) for m in models}
+    # A window whose originals all fell before it (only retries in it) counts its
+    # attempts as originals: amp stays finite and N0 · amp is still the attempts.
+    originals = sum(x.originals for x in t.values()) or attempts
+    return {
+        "volume": {(): float(originals)},
+        "retries": {(): _ratio(attempts, originals)},
+        "model_mix": {m: _ratio(per_model[m], attempts) for m in models},
+        "errors": {c: _ratio(t[c].attempts, per_model[c[:2]]) for c in cells},
+        "input_length": {c: _ratio(t[c].input_tokens, t[c].attempts) for c in cells},
+        "output_length": {c: _ratio(t[c].output_tokens, t[c].attempts) for c in cells},
+        "price": {**{(c, "in"): _ratio(t[c].input_cost_usd, t[c].input_tokens) for c in cells},
+                  **{(c, "out"): _ratio(t[c].output_cost_usd, t[c].output_tokens) for c in cells}},
+    }
+
+
+def _fill(own: dict[str, dict[Hashable, float | None]],
+          other: dict[str, dict[Hashable, float | None]]) -> Factors:
+    """Undefined entries take the other window's value (0 when undefined there too)."""
+    def pick(a: float | None, b: float | None) -> float:
+        return a if a is not None else (b if b is not None else 0.0)
+    return {g: {k: pick(v, other[g][k]) for k, v in entries.items()} for g, entries in own.items()}
+
+
+def _snap(previous: Factors, current: Factors) -> Factors:
+    """current with float-noise-only differences from previous removed."""
+    def same(a: float, b: float) -> bool:
+        return math.isclose(a, b, rel_tol=SNAP_RTOL, abs_tol=0.0)
+    return {g: {k: previous[g][k] if same(previous[g][k], v) else v for k, v in entries.items()}
+            for g, entries in current.items()}
+
+
+def window_factors(previous: dict[Cell, CellTotals], current: dict[Cell, CellTotals]) -> tuple[Factors, Factors, list[Cell]]:
+    """Both windows' factors on a common cell list, filled and snapped."""
+    cells = sorted(set(previous) | set(current))
+    raw_prev, raw_cur = raw_factors(previous, cells), raw_factors(current, cells)
+    prev, cur = _fill(raw_prev, raw_cur), _fill(raw_cur, raw_prev)
+    return prev, _snap(prev, cur), cells
+
+
+def identity(f: Factors, cells: Sequence[Cell]) -> float:
+    """C = N0 · amp · Σ mix_m · q_mk · (I_mk · pin_mk + O_mk · pout_mk)."""
+    per_original = 0.0
+    for c in cells:  # a fixed order, so equal inputs give bit-equal sums
+        per_attempt = (f["input_length"][c] * f["price"][(c, "in")]
+                       + f["output_length"][c] * f["price"][(c, "out")])
+        per_original += f["model_mix"][c[:2]] * f["errors"][c] * per_attempt
+    return f["volume"][()] * f["retries"][()] * per_original
+
+
+def shapley(value: Callable[[frozenset[str]], float], players: Sequence[str]) -> dict[str, float]:
+    """Exact Shapley values of the game `value` (a coalition -> worth), 2^n evaluations.
+
+    φ_i = Σ_{S ⊆ N∖{i}} |S|! (n−|S|−1)! / n! · (v(S ∪ {i}) − v(S))
+    """
+    n = len(players)
+    worth = {frozenset(s): value(frozenset(s)) for r in range(n + 1) for s in combinations(players, r)}
+    weight = [math.factorial(s) * math.factorial(n - s - 1) / math.factorial(n) for s in range(n)]
+    return {
+        p: sum(weight[len(s)] * (worth[s | {p}] - worth[s]) for s in worth if p not in s)
+        for p in players
+    }
+
+
+def decompose(previous: dict[Cell, CellTotals], current: dict[Cell, CellTotals]) -> dict[str, float]:
+    """delta_usd per driver: the Shapley value of switching each factor group to current."""
+    prev, cur, cells = window_factors(previous, current)
+
+    def value(switched: frozenset[str]) -> float:
+        return identity({g: (cur if g in switched else prev)[g] for g in DRIVERS}, cells)
+
+    return shapley(value, DRIVERS)
+
+
+# --- The report ----------------------------------------------------------------------------
+
+def _totals_by_window(frame: pl.DataFrame) -> dict[int, dict[Cell, CellTotals]]:
+    out: dict[int, dict[Cell, CellTotals]] = {PREVIOUS: {}, CURRENT: {}}
+    for r in frame.iter_rows(named=True):
+        out[r["window"]][(r["model"], r["deployment"], r["error"])] = CellTotals(
+            r["attempts"], r["originals"], r["input_tokens"], r["output_tokens"],
+            r["input_cost_usd"], r["output_cost_usd"])
+    return out
+
+
+def driver_rows(totals: pl.DataFrame, by: str | None) -> pl.DataFrame:
+    """Seven rows per key (DRIVERS order), the key with the largest change first."""
+    rows: list[dict[str, Any]] = []
+    keys = totals.partition_by("key", as_dict=True, maintain_order=True)
+    if not keys and by is None:  # no priced traffic at all: seven zeros, not no answer
+        keys = {("",): totals}
+    for (key,), frame in keys.items():
+        spend = {w: frame.filter(pl.col("window") == w).get_column("cost_usd").sum() for w in (PREVIOUS, CURRENT)}
+        windows = _totals_by_window(frame)
+        deltas = decompose(windows[PREVIOUS], windows[CURRENT])
+        for driver in DRIVERS:
+            rows.append({"key": key, "driver": driver, "delta_usd": deltas[driver],
+                         "previous_cost_usd": spend[PREVIOUS], "current_cost_usd": spend[CURRENT],
+                         "total_delta_usd": spend[CURRENT] - spend[PREVIOUS]})
+    schema = {"key": pl.String, "driver": pl.String, "delta_usd": pl.Float64, "previous_cost_usd": pl.Float64,
+              "current_cost_usd": pl.Float64, "total_delta_usd": pl.Float64}
+    order = pl.col("total_delta_usd").abs()
+    result = pl.DataFrame(rows, schema=schema).sort([order, "key"], descending=[True, False], maintain_order=True)
+    return result.rename({"key": by}) if by else result.drop("key")
+
+
+def load(store: Any, settings: Settings, q: ReportQuery) -> tuple[pl.LazyFrame, pl.LazyFrame]:
+    """Both windows' costed groups (tagged 0 previous, 1 current) and their catalog prices."""
+    windows = [cost.costed_groups(store, settings, w).select(_GROUP_COLUMNS).with_columns(pl.lit(i).alias("window"))
+               for i, w in ((PREVIOUS, previous_window(q)), (CURRENT, q))]
+    groups = pl.concat(windows).collect()
+    catalog = Catalog(settings.pricing.models)
+    prices = cost.price_table(catalog, groups.get_column("model").unique().sort().to_list(), catalog.boundaries())
+    return groups.lazy(), prices.lazy()
+
+
+def report(store: Any, settings: Settings, q: ReportQuery) -> pl.DataFrame:
+    groups, prices = load(store, settings, q)
+    self_hosted = [d.name for d in settings.deployments]
+    return driver_rows(cell_totals(groups, prices, self_hosted).collect(), q.by)
