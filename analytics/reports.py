@@ -8,7 +8,7 @@ from typing import Any, Callable, Mapping
 
 import polars as pl
 
-from analytics import cost, latency, overview, stages, utilization
+from analytics import cost, latency, overview, reliability, stages, utilization, workload
 from analytics.query import QueryError, ReportQuery, iso
 from servelens.config import Settings
 
@@ -20,6 +20,8 @@ REPORTS: dict[str, tuple[Job, str | None]] = {
     "cost": (cost.report, cost.DEFAULT_BY),
     "stages": (stages.report, stages.DEFAULT_BY),
     "utilization": (utilization.report, utilization.DEFAULT_BY),
+    "workload": (workload.report, workload.DEFAULT_BY),
+    "reliability": (reliability.report, reliability.DEFAULT_BY),
 }
 
 

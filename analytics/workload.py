@@ -23,17 +23,16 @@ def _share(part: str) -> pl.Expr:
     return pl.col(part) / pl.col("requests")
 
 
-def shape(groups: pl.LazyFrame, arrivals: pl.LazyFrame, window_ns: int, by: str) -> pl.LazyFrame:
-    """Per-group request stats + arrival sums -> the report's columns."""
+def shape(groups: pl.LazyFrame, window_ns: int, by: str) -> pl.LazyFrame:
+    """Per-group request stats and arrival sums -> the report's columns."""
     window_seconds = window_ns / loader.NS
     n_seconds = -(-window_ns // loader.NS)  # integer ceil: a partial last second is a bucket too
     s1, s2 = pl.col("arrivals").cast(pl.Float64), pl.col("arrivals_sq").cast(pl.Float64)
     rps_mean = pl.col("requests") / window_seconds
-    # var/mean with mean = S1/n and var = S2/n - (S1/n)^2, simplified to avoid a division by n twice.
+    # mean = S1/n, var = S2/n - mean^2, so var/mean = S2/S1 - S1/n: exact from the sums.
     dispersion = s2 / s1 - s1 / n_seconds
     return (
-        groups.join(arrivals, on="key", how="left")
-        .select(
+        groups.select(
             pl.col("key").alias(by),
             pl.col("requests").cast(pl.Int64).alias("requests"),
             rps_mean.alias("arrival_rps_mean"),
@@ -60,6 +59,4 @@ def report(store: Any, settings: Settings, q: ReportQuery) -> pl.DataFrame:
     q = ReportQuery(q.since, q.until, q.by or DEFAULT_BY, q.filters)
     bounds = q.bounds()
     window_ns = bounds["until_ns"] - bounds["since_ns"]
-    groups = loader.workload_groups(store, settings, q)
-    arrivals = loader.arrival_groups(store, settings, q)
-    return shape(groups.lazy(), arrivals.lazy(), window_ns, q.by).collect()
+    return shape(loader.workload_groups(store, settings, q).lazy(), window_ns, q.by).collect()

@@ -10,7 +10,6 @@ content type or encoding, 503 + Retry-After when the write queue is full.
 from __future__ import annotations
 
 import logging
-import threading
 from typing import Any, Callable, Iterable
 
 from google.protobuf.message import Message
@@ -18,11 +17,11 @@ from google.rpc import status_pb2
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceResponse
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceResponse
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
-from waitress.server import create_server
 
 from collector.decode import JSON, PayloadError, decode, encode_response, gunzip, media_type
 from collector.intake import RETRY_AFTER_SECONDS, Busy, ExportResult, Intake
 from collector.writer import WriteFailed
+from servelens.serving import WaitressServer
 
 log = logging.getLogger(__name__)
 
@@ -144,27 +143,9 @@ def _reply(start_response: Callable, code: int, content_type: str, body: bytes,
     return [body]
 
 
-class HttpReceiver:
-    """Serves an OtlpHttpApp on host:port with waitress (port 0 picks a free port)."""
+class HttpReceiver(WaitressServer):
+    """Serves an OtlpHttpApp on host:port (port 0 picks a free port)."""
 
     def __init__(self, app: OtlpHttpApp, host: str, port: int, threads: int = 8) -> None:
-        self._server = create_server(app, host=host, port=port, threads=threads,
-                                     max_request_body_size=app.max_request_bytes + 1,
-                                     ident="servelens", clear_untrusted_proxy_headers=True,
-                                     asyncore_loop_timeout=0.1)  # notice shutdown promptly
-        self.port = int(self._server.effective_port)
-        self._thread: Any = None
-
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._server.run, name="otlp-http", daemon=True)
-        self._thread.start()
-
-    def shutdown(self, timeout: float = 5.0) -> None:
-        """Stop accepting, let in-flight requests finish (their rows reach the writer), stop."""
-        self._server.close()
-        self._server.task_dispatcher.shutdown(cancel_pending=False, timeout=timeout)
-        # waitress' loop runs while its socket map is non-empty: close what is left.
-        for channel in list(self._server._map.values()):
-            channel.close()
-        if self._thread is not None:
-            self._thread.join(timeout)
+        super().__init__(app, host, port, threads=threads, name="otlp-http",
+                         max_request_body_size=app.max_request_bytes + 1)

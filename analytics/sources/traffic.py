@@ -29,49 +29,18 @@ def _scoped(settings: Settings, q: ReportQuery) -> tuple[str, str, dict[str, Any
     return key_sql, where, params
 
 
-def workload_groups(store: Any, settings: Settings, q: ReportQuery) -> pl.DataFrame:
-    """Per group: requests, token p50/p99 and sums, reused-prefix and batch counts.
-
-    A prefix counts as reused when its hash occurs on more than one request anywhere in
-    the (filtered) window, not only inside the group: a shared system prompt is cache-hot
-    for every service that sends it to the same server.
-    """
-    key_sql, where, params = _scoped(settings, q)
-    sql = f"""
-        SELECT {key_sql} AS key,
-               count() AS requests,
-               {_Q}(InputTokens) AS input_q,
-               {_Q}(OutputTokens) AS output_q,
-               sum(InputTokens) AS input_tokens,
-               sum(OutputTokens) AS output_tokens,
-               countIf(CachedInputTokens > 0 OR PrefixHash IN (
-                   SELECT PrefixHash FROM llm_requests
-                   WHERE {where} AND PrefixHash != ''
-                   GROUP BY PrefixHash HAVING count() > 1)) AS reused,
-               countIf(Mode = 'batch') AS batch
-        FROM llm_requests
-        WHERE {where}
-        GROUP BY key"""
-    return frame(store, sql, params)
-
-
-def arrival_groups(store: Any, settings: Settings, q: ReportQuery) -> pl.DataFrame:
+def _arrivals_sql(key_sql: str, where: str) -> str:
     """Per group, from per-second arrival counts c (seconds counted from `since`):
     arrivals = Σc, arrivals_sq = Σc², peak_second = max c, peak_minute = max per 60 s.
 
-    Only seconds with arrivals come back; the report adds the empty ones exactly from
+    Only seconds with arrivals exist here; the report adds the empty ones exactly from
     the window length, so ClickHouse never materialises a row per empty second.
     """
-    key_sql, where, params = _scoped(settings, q)
-    sql = f"""
-        SELECT key,
-               sum(n) AS arrivals,
-               sum(n_sq) AS arrivals_sq,
-               max(peak) AS peak_second,
-               max(n) AS peak_minute
+    return f"""
+        SELECT key, sum(n) AS arrivals, sum(n_sq) AS arrivals_sq,
+               max(peak) AS peak_second, max(n) AS peak_minute
         FROM (
-            SELECT key, intDiv(second, 60) AS minute,
-                   sum(c) AS n, sum(c * c) AS n_sq, max(c) AS peak
+            SELECT key, intDiv(second, 60) AS minute, sum(c) AS n, sum(c * c) AS n_sq, max(c) AS peak
             FROM (
                 SELECT {key_sql} AS key,
                        intDiv(toUnixTimestamp64Nano(Timestamp) - {{since_ns:Int64}}, {NS}) AS second,
@@ -81,6 +50,35 @@ def arrival_groups(store: Any, settings: Settings, q: ReportQuery) -> pl.DataFra
                 GROUP BY key, second)
             GROUP BY key, minute)
         GROUP BY key"""
+
+
+def workload_groups(store: Any, settings: Settings, q: ReportQuery) -> pl.DataFrame:
+    """Per group: requests, token p50/p99 and sums, reused-prefix and batch counts, and the
+    per-second arrival sums (`_arrivals_sql`), in one round trip.
+
+    A prefix counts as reused when its hash occurs on more than one request anywhere in
+    the (filtered) window, not only inside the group: a shared system prompt is cache-hot
+    for every service that sends it to the same server.
+    """
+    key_sql, where, params = _scoped(settings, q)
+    sql = f"""
+        SELECT *
+        FROM (
+            SELECT {key_sql} AS key,
+                   count() AS requests,
+                   {_Q}(InputTokens) AS input_q,
+                   {_Q}(OutputTokens) AS output_q,
+                   sum(InputTokens) AS input_tokens,
+                   sum(OutputTokens) AS output_tokens,
+                   countIf(CachedInputTokens > 0 OR PrefixHash IN (
+                       SELECT PrefixHash FROM llm_requests
+                       WHERE {where} AND PrefixHash != ''
+                       GROUP BY PrefixHash HAVING count() > 1)) AS reused,
+                   countIf(Mode = 'batch') AS batch
+            FROM llm_requests
+            WHERE {where}
+            GROUP BY key) AS r
+        LEFT JOIN ({_arrivals_sql(key_sql, where)}) AS a USING (key)"""
     return frame(store, sql, params)
 
 

@@ -1,0 +1,82 @@
+"""The JSON API (SPEC 5) on the dashboard's Flask server.
+
+Every answer under /api/ is JSON, errors included: Dash owns a catch-all route that
+would otherwise answer unknown API paths with the dashboard's HTML and a 200.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from flask import Blueprint, Response, current_app, request
+from werkzeug.exceptions import HTTPException
+
+import servelens
+from analytics import reports, runner
+from analytics.query import QueryError
+from servelens.config import Settings
+
+log = logging.getLogger(__name__)
+_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE"]
+
+
+def _json(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    # json.dumps keeps the rows' field order (jsonify would sort keys); strict JSON, no NaN.
+    return Response(json.dumps(body, allow_nan=False), status=status, headers=headers,
+                    mimetype="application/json")
+
+
+def _error(status: int, message: str, headers: dict[str, str] | None = None) -> Response:
+    return _json({"error": message}, status, headers)
+
+
+def blueprint(settings: Settings, store: Any) -> Blueprint:
+    """A fresh blueprint bound to settings and store (one per app, so tests build many)."""
+    api = Blueprint("servelens_api", __name__, url_prefix="/api")
+
+    @api.get("/v1/health")
+    def health() -> Any:
+        body = {"status": "ok", "store": store.describe(), "version": servelens.__version__}
+        try:
+            store.client().command("SELECT 1")
+        except Exception as exc:  # noqa: BLE001 - any store failure means degraded
+            log.warning("health check: store unreachable: %s", exc)
+            return _json({**body, "status": "degraded", "error": str(exc)}, 503)
+        return _json(body)
+
+    @api.post("/v1/analytics/run")
+    def analytics_run() -> Any:
+        return _json(runner.run_all(store, settings))
+
+    @api.get("/v1/reports/<name>")
+    def report(name: str) -> Any:
+        if name not in reports.REPORTS:
+            return _error(404, f"unknown report {name!r}; available: {sorted(reports.REPORTS)}")
+        try:
+            return _json(reports.run(name, store, settings, request.args))
+        except QueryError as exc:
+            return _error(400, str(exc))
+
+    @api.route("/<path:rest>", methods=_METHODS)
+    def not_found(rest: str) -> Any:
+        # This route also catches a known path with the wrong method: answer 405 then.
+        adapter = current_app.url_map.bind_to_environ(request.environ)
+        allowed = [m for m in _METHODS
+                   if adapter.match(request.path, method=m, return_rule=True)[0].endpoint != request.endpoint]
+        if allowed:
+            return _error(405, f"{request.method} not allowed on {request.path}; use {', '.join(allowed)}",
+                          {"Allow": ", ".join(allowed)})
+        return _error(404, f"no API endpoint {request.method} {request.path}")
+
+    @api.errorhandler(HTTPException)
+    def http_error(exc: HTTPException) -> Any:
+        return _error(exc.code or 500, exc.description or exc.name)
+
+    @api.errorhandler(Exception)
+    def internal_error(exc: Exception) -> Any:
+        log.exception("API request %s %s failed", request.method, request.path)
+        return _error(500, f"internal error: {type(exc).__name__}")
+
+    return api
