@@ -15,25 +15,31 @@ ok/error class of the attempt:
     output_length  O_{m,k}   mean output tokens per attempt
     price          pin, pout effective USD per input / output token: the cell's input-side
                              (output-side) cost over its tokens, so a step at an
-                             effective_from and a change in the cached-token share land here
+                             effective_from, a change in the cached-token share and, for
+                             self-hosted deployments, a GPU bill spread over more or fewer
+                             tokens land here
 
 Every factor is a ratio of window sums, so the product telescopes back to the window's
-cost. Only priced requests count: unpriced ones (cost_usd null) are left out of both
-windows, as the `cost` report leaves them out of spend.
+cost. The input/output cost split is cost.costed_groups' own (catalog prices for API
+models, weighted token shares of GPU cost for self-hosted ones; the query's `view` picks
+busy or fully loaded), so both windows' totals are the `cost` report's. Only priced
+requests count: unpriced ones (cost_usd null) are left out of both windows, as the
+`cost` report leaves them out of spend.
 
 Why Shapley, not LMDI
 ---------------------
-LMDI (log-mean Divisia) splits a change by the log-ratios of the factors. It cannot take a
-zero: a model that appears or disappears, a window without errors, an empty window — each
-needs an epsilon substitute, and with it the split is no longer exact. With seven factors
-that interact multiplicatively it is also only additive per term of the sum, and the
-per-term weights make a driver's share depend on how the cells are cut. The Shapley value
-averages each driver's marginal effect over every order of switching the seven groups
-from previous to current values: it needs no logarithm, so zeros are ordinary values; the
-drivers sum to C_current − C_previous exactly (interactions are shared out, never left
-as a residual); a group that did not change gets exactly 0 (every marginal difference is
-between two identical evaluations). The price is 2^7 = 128 evaluations of a closed form
-over a handful of cells per group, which is nothing.
+LMDI (log-mean Divisia) weights each factor's log-ratio by the log-mean of each term's two
+values. It is exact in theory, but only for strictly positive factors: a model that
+appears or disappears, a model with no errors in one window, an empty window are zeros
+here, not rarities, and each needs the small-value substitution and a limit argument
+(and logs of ratios near 1 add rounding). The Shapley value averages each driver's
+marginal effect over every order of switching the seven groups from previous to current
+values. It takes no logarithm, so zeros are ordinary values; the drivers sum to
+C_current − C_previous exactly by construction (the marginal effects telescope, and the
+interactions of seven multiplying factors are shared equally among the factors that
+make them instead of being left as a residual); a group that did not change gets exactly 0
+(each of its marginal differences compares two identical evaluations). The cost is
+2^7 = 128 evaluations of the closed form over a few cells per group: nothing.
 
 Undefined factors (a model absent from a window, a class without attempts, a cell without
 tokens) are taken from the other window, so such a model moves only model_mix and a new
@@ -44,14 +50,13 @@ other one, so appearing or vanishing traffic is all volume.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import combinations
 from typing import Any, Callable, Hashable, Sequence
 
 import polars as pl
 
 from analytics import cost
-from analytics.pricing import Catalog
 from analytics.query import ReportQuery
 from servelens.config import Settings
 
@@ -61,47 +66,30 @@ PREVIOUS, CURRENT = 0, 1
 # the same price); below this relative difference a factor counts as unchanged, so its
 # driver gets exactly 0 rather than 1e-17.
 SNAP_RTOL = 1e-12
-_GROUP_COLUMNS = ("key", "model", "deployment", "period", "retry", "error",
-                  "requests", "input_tokens", "output_tokens", "cached_tokens", "cost_usd")
+_GROUP_COLUMNS = ("key", "model", "deployment", "retry", "error", "requests", "input_tokens",
+                  "output_tokens", "input_cost_usd", "output_cost_usd", "cost_usd")
 
 Cell = tuple[str, str, bool]  # (model, deployment, error)
 Factors = dict[str, dict[Hashable, float]]  # driver -> factor entries (scalars under ())
+RawFactors = dict[str, dict[Hashable, float | None]]  # None: undefined in that window
 
 
 # --- Polars: both windows' priced groups -> totals per cell --------------------------------
 
 def previous_window(q: ReportQuery) -> ReportQuery:
-    """The window of equal length just before q's."""
-    return ReportQuery(q.since - (q.until - q.since), q.since, q.by, q.filters)
+    """The window of equal length just before q's (same grouping, filters and view)."""
+    return replace(q, since=q.since - (q.until - q.since), until=q.since)
 
 
-def split_cost(groups: pl.LazyFrame, prices: pl.LazyFrame, self_hosted: list[str]) -> pl.LazyFrame:
-    """input_cost_usd + output_cost_usd = cost_usd for every priced group.
+def cell_totals(groups: pl.LazyFrame) -> pl.LazyFrame:
+    """Priced attempts, originals, tokens and cost per (key, window, model, deployment, error).
 
-    API-priced groups split by the catalog (the same formula as cost.priced); self-hosted
-    groups, costed from GPUs and allocated by tokens, split in proportion to their tokens.
-    Splitting cost_usd rather than repricing keeps the totals equal to the `cost` report's.
+    cost.costed_groups splits every group's cost into its input and output side (catalog
+    prices for API models, weighted token shares of GPU cost for self-hosted ones), which
+    is what the effective per-token prices need; unpriced groups (cost null) drop out.
     """
-    tokens = pl.col("input_tokens") + pl.col("output_tokens")
-    catalog_in = ((pl.col("input_tokens") - pl.col("cached_tokens")) * pl.col("in_price")
-                  + pl.col("cached_tokens") * pl.col("cached_price"))
-    catalog_total = catalog_in + pl.col("output_tokens") * pl.col("out_price")
-    input_share = (
-        pl.when(~pl.col("deployment").is_in(self_hosted) & (catalog_total > 0)).then(catalog_in / catalog_total)
-        .when(tokens > 0).then(pl.col("input_tokens") / tokens)
-        .otherwise(0.0))
     return (
         groups.filter(pl.col("cost_usd").is_not_null())
-        .join(prices, on=["model", "period"], how="left")
-        .with_columns((pl.col("cost_usd") * input_share).alias("input_cost_usd"))
-        .with_columns((pl.col("cost_usd") - pl.col("input_cost_usd")).alias("output_cost_usd"))
-    )
-
-
-def cell_totals(groups: pl.LazyFrame, prices: pl.LazyFrame, self_hosted: list[str]) -> pl.LazyFrame:
-    """Priced attempts, originals, tokens and split cost per (key, window, model, deployment, error)."""
-    return (
-        groups.pipe(split_cost, prices, self_hosted)
         .group_by("key", "window", "model", "deployment", "error")
         .agg(
             pl.col("requests").sum().cast(pl.Int64).alias("attempts"),
@@ -132,7 +120,7 @@ def _ratio(num: float, den: float) -> float | None:
     return num / den if den else None
 
 
-def raw_factors(totals: dict[Cell, CellTotals], cells: Sequence[Cell]) -> dict[str, dict[Hashable, float | None]]:
+def raw_factors(totals: dict[Cell, CellTotals], cells: Sequence[Cell]) -> RawFactors:
     """One window's factors over the union of both windows' cells; None where undefined."""
     empty = CellTotals(0, 0, 0, 0, 0.0, 0.0)
     t = {c: totals.get(c, empty) for c in cells}
@@ -154,8 +142,7 @@ def raw_factors(totals: dict[Cell, CellTotals], cells: Sequence[Cell]) -> dict[s
     }
 
 
-def _fill(own: dict[str, dict[Hashable, float | None]],
-          other: dict[str, dict[Hashable, float | None]]) -> Factors:
+def _fill(own: RawFactors, other: RawFactors) -> Factors:
     """Undefined entries take the other window's value (0 when undefined there too)."""
     def pick(a: float | None, b: float | None) -> float:
         return a if a is not None else (b if b is not None else 0.0)
@@ -170,7 +157,8 @@ def _snap(previous: Factors, current: Factors) -> Factors:
             for g, entries in current.items()}
 
 
-def window_factors(previous: dict[Cell, CellTotals], current: dict[Cell, CellTotals]) -> tuple[Factors, Factors, list[Cell]]:
+def window_factors(previous: dict[Cell, CellTotals],
+                   current: dict[Cell, CellTotals]) -> tuple[Factors, Factors, list[Cell]]:
     """Both windows' factors on a common cell list, filled and snapped."""
     cells = sorted(set(previous) | set(current))
     raw_prev, raw_cur = raw_factors(previous, cells), raw_factors(current, cells)
@@ -230,31 +218,27 @@ def driver_rows(totals: pl.DataFrame, by: str | None) -> pl.DataFrame:
     if not keys and by is None:  # no priced traffic at all: seven zeros, not no answer
         keys = {("",): totals}
     for (key,), frame in keys.items():
-        spend = {w: frame.filter(pl.col("window") == w).get_column("cost_usd").sum() for w in (PREVIOUS, CURRENT)}
+        spend = {w: frame.filter(pl.col("window") == w).get_column("cost_usd").sum()
+                 for w in (PREVIOUS, CURRENT)}
         windows = _totals_by_window(frame)
         deltas = decompose(windows[PREVIOUS], windows[CURRENT])
         for driver in DRIVERS:
             rows.append({"key": key, "driver": driver, "delta_usd": deltas[driver],
                          "previous_cost_usd": spend[PREVIOUS], "current_cost_usd": spend[CURRENT],
                          "total_delta_usd": spend[CURRENT] - spend[PREVIOUS]})
-    schema = {"key": pl.String, "driver": pl.String, "delta_usd": pl.Float64, "previous_cost_usd": pl.Float64,
-              "current_cost_usd": pl.Float64, "total_delta_usd": pl.Float64}
-    order = pl.col("total_delta_usd").abs()
-    result = pl.DataFrame(rows, schema=schema).sort([order, "key"], descending=[True, False], maintain_order=True)
+    schema = {"key": pl.String, "driver": pl.String, "delta_usd": pl.Float64,
+              "previous_cost_usd": pl.Float64, "current_cost_usd": pl.Float64, "total_delta_usd": pl.Float64}
+    result = pl.DataFrame(rows, schema=schema).sort(
+        [pl.col("total_delta_usd").abs(), "key"], descending=[True, False], maintain_order=True)
     return result.rename({"key": by}) if by else result.drop("key")
 
 
-def load(store: Any, settings: Settings, q: ReportQuery) -> tuple[pl.LazyFrame, pl.LazyFrame]:
-    """Both windows' costed groups (tagged 0 previous, 1 current) and their catalog prices."""
+def load(store: Any, settings: Settings, q: ReportQuery) -> pl.LazyFrame:
+    """Both windows' costed groups, tagged 0 (previous) and 1 (current)."""
     windows = [cost.costed_groups(store, settings, w).select(_GROUP_COLUMNS).with_columns(pl.lit(i).alias("window"))
                for i, w in ((PREVIOUS, previous_window(q)), (CURRENT, q))]
-    groups = pl.concat(windows).collect()
-    catalog = Catalog(settings.pricing.models)
-    prices = cost.price_table(catalog, groups.get_column("model").unique().sort().to_list(), catalog.boundaries())
-    return groups.lazy(), prices.lazy()
+    return pl.concat(windows)
 
 
 def report(store: Any, settings: Settings, q: ReportQuery) -> pl.DataFrame:
-    groups, prices = load(store, settings, q)
-    self_hosted = [d.name for d in settings.deployments]
-    return driver_rows(cell_totals(groups, prices, self_hosted).collect(), q.by)
+    return driver_rows(load(store, settings, q).pipe(cell_totals).collect(), q.by)

@@ -8,7 +8,7 @@ from typing import Any, Callable, Mapping
 
 import polars as pl
 
-from analytics import cost, latency, overview, reliability, stages, utilization, workload
+from analytics import cost, cost_change, latency, overview, reliability, stages, utilization, workload
 from analytics.query import QueryError, ReportQuery, iso
 from servelens.config import Settings
 
@@ -18,6 +18,7 @@ REPORTS: dict[str, tuple[Job, str | None]] = {
     "overview": (overview.report, None),
     "latency": (latency.report, latency.DEFAULT_BY),
     "cost": (cost.report, cost.DEFAULT_BY),
+    "cost-change": (cost_change.report, None),
     "stages": (stages.report, stages.DEFAULT_BY),
     "utilization": (utilization.report, utilization.DEFAULT_BY),
     "workload": (workload.report, workload.DEFAULT_BY),
