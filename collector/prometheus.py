@@ -24,9 +24,17 @@ CUMULATIVE = 2  # AggregationTemporality.AGGREGATION_TEMPORALITY_CUMULATIVE
 def parse(text: str) -> list[Any]:
     """Metric families of an exposition; raises ValueError on malformed text."""
     try:
-        return list(text_string_to_metric_families(text))
+        families = list(text_string_to_metric_families(text))
     except Exception as exc:  # the parser raises ValueError/IndexError/etc. on bad lines
         raise ValueError(f"invalid Prometheus exposition: {exc}") from exc
+    # prometheus_client names every counter sample `<family>_total`; a counter exposed
+    # without the suffix (DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION) keeps its exposed name,
+    # as an OTel Collector forwards it.
+    declared = {line.split()[2] for line in text.splitlines()
+                if line.startswith("# TYPE ") and len(line.split()) >= 4 and line.split()[3] == "counter"}
+    for family in families:
+        family.exposed_as = family.name if family.type == "counter" and family.name in declared else None
+    return families
 
 
 def families_to_rows(families: Iterable[Any], resource: dict[str, str], now_ns: int,
@@ -47,7 +55,7 @@ def families_to_rows(families: Iterable[Any], resource: dict[str, str], now_ns: 
             for s in family.samples:
                 if s.name.endswith("_created"):
                     continue
-                _add(sums, head + [s.name, family.documentation, family.unit or "", dict(s.labels),
+                _add(sums, head + [getattr(family, "exposed_as", None) or s.name, family.documentation, family.unit or "", dict(s.labels),
                                    start_ns, _ts(s, now_ns), float(s.value), 0] + _NO_EXEMPLARS + [CUMULATIVE, True])
         elif family.type in ("histogram", "gaugehistogram"):
             for labels, point in _histograms(family, now_ns).items():

@@ -9,6 +9,9 @@ receivers see exactly what instrumented applications send:
 - `rag-service`: a request trace with retrieval and execute_tool stages around an LLM call;
 - `support-bot`: OpenLLMetry's legacy names (`llm.request.type`, `gen_ai.system`, …).
 
+Next to the traces, the eight GPUs serving `llama-70b-prod` report DCGM samples every 15 s
+as OTLP metrics (`servelens.demo_gpus`), busy as the vLLM requests above keep them.
+
 A trace is first planned as plain `_Span`s (offsets in seconds from its start), then sent
 at a chosen start time: live traffic ends "now", `backfill()` places history in the past.
 Every random draw comes from one `random.Random` per stream, so a seed fixes the content.
@@ -33,6 +36,8 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
+from servelens.demo_gpus import HOSTS as GPU_HOSTS, GpuFleet
+
 log = logging.getLogger(__name__)
 
 LLAMA = "meta-llama/Llama-3.1-70B-Instruct"
@@ -50,7 +55,7 @@ DEMO_CONFIG: dict[str, Any] = {
          "input_per_mtok": 3.00, "output_per_mtok": 15.00, "cached_input_per_mtok": 0.30},
     ]},
     "deployments": [{
-        "name": "llama-70b-prod", "gpus": {"count": 8}, "gpu_hourly_usd": 2.50, "primary_model": LLAMA,
+        "name": "llama-70b-prod", "gpus": {"hosts": list(GPU_HOSTS)}, "gpu_hourly_usd": 2.50, "primary_model": LLAMA,
         "budgets": {"queue": "250ms", "prefill": "1200ms", "decode": "25s",
                     "retrieval": "400ms", "tool": "800ms", "total": "30s"},
     }],
@@ -83,6 +88,7 @@ API_MODELS = {
     "claude-sonnet-4": ("anthropic", "claude-sonnet-4-20250514", 15, 0.65, 0.022),
 }
 SERVERS = {"openai": "api.openai.com", "anthropic": "api.anthropic.com"}
+VLLM_SERVICE = "vllm-llama-70b"  # its requests keep the demo GPUs busy
 
 
 @dataclass
@@ -306,13 +312,15 @@ class _Planner:
 
 
 class DemoTraffic:
-    """Sends demo traces to an OTLP/HTTP endpoint: `backfill()` history, `start()` live traffic."""
+    """Sends demo traces and GPU samples to an OTLP/HTTP endpoint: `backfill()` history,
+    `start()` live traffic."""
 
     def __init__(self, endpoint: str, rate_per_s: float = 20.0, seed: int | None = None) -> None:
         if rate_per_s <= 0:
             raise ValueError("rate_per_s must be positive")
         url = endpoint.rstrip("/")
-        self.endpoint = url if url.endswith("/v1/traces") else f"{url}/v1/traces"
+        base = url.removesuffix("/v1/traces")
+        self.endpoint = f"{base}/v1/traces"
         self.rate_per_s = rate_per_s
         self.seed = seed
         self._providers: dict[str, TracerProvider] = {}
@@ -328,6 +336,7 @@ class DemoTraffic:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.sent_traces = 0
+        self.gpus = GpuFleet(base, _diurnal, self._rng)
 
     def _rng(self, stream: str) -> random.Random:
         return random.Random(f"{self.seed}-{stream}") if self.seed is not None else random.Random()
@@ -349,7 +358,8 @@ class DemoTraffic:
 
     def backfill(self, minutes: int) -> int:
         """Emit history over the last `minutes` (diurnal shape, at most MAX_BACKFILL_TRACES
-        traces), flush it, and return how many traces were sent."""
+        traces) with the GPUs' samples over the same window, flush it, and return how many
+        traces were sent."""
         rng = self._rng(f"backfill-{minutes}")
         planner = _Planner(rng)
         now = time.time()
@@ -360,10 +370,18 @@ class DemoTraffic:
             t = now - window * rng.random()
             if rng.random() < _diurnal(t):
                 starts.append(t)
+        vllm_requests: list[tuple[float, float]] = []  # (start, end): what keeps the GPUs busy
         for t in sorted(starts):
             service, spans = planner.trace()
             duration = max(s.end for s in spans)
-            self._send(service, spans, int(min(t, now - duration) * 1e9))
+            start = min(t, now - duration)
+            self._send(service, spans, int(start * 1e9))
+            if service == VLLM_SERVICE:
+                vllm_requests.append((start, start + duration))
+        try:
+            self.gpus.backfill(now - window, now, vllm_requests, stream=f"gpus-backfill-{minutes}")
+        except OSError:  # the receiver refused or is gone: the traces still go out
+            log.exception("demo traffic: could not backfill GPU samples")
         self.force_flush()
         return count
 
@@ -374,14 +392,27 @@ class DemoTraffic:
         self._thread.start()
 
     def _loop(self) -> None:
+        """Poisson trace arrivals, and a GPU sample every 15 s, until stopped."""
         rng = self._rng("live")
         planner = _Planner(rng)
-        while not self._stop.wait(rng.expovariate(self.rate_per_s)):  # Poisson arrivals
+        next_trace = time.time() + rng.expovariate(self.rate_per_s)
+        while not self._stop.wait(max(0.0, min(next_trace, self.gpus.next_sample_at) - time.time())):
+            now = time.time()
+            if now >= self.gpus.next_sample_at:
+                try:
+                    self.gpus.sample(now)
+                except Exception:  # noqa: BLE001 - demo traffic must never take the process down
+                    log.exception("demo traffic: could not emit GPU samples")
+            if now < next_trace:
+                continue
+            next_trace += rng.expovariate(self.rate_per_s)
             try:
                 service, spans = planner.trace()
                 # The trace has just finished: it ends now.
                 duration = max(s.end for s in spans)
                 self._send(service, spans, time.time_ns() - int(duration * 1e9))
+                if service == VLLM_SERVICE:
+                    self.gpus.observe(now - duration, now)
             except Exception:  # noqa: BLE001 - demo traffic must never take the process down
                 log.exception("demo traffic: could not emit a trace")
 
