@@ -120,8 +120,10 @@ def rollup(costed: pl.LazyFrame, by: str) -> pl.LazyFrame:
             pl.col("input_tokens").sum().cast(pl.Int64),
             pl.col("output_tokens").sum().cast(pl.Int64),
             pl.when(unpriced.all()).then(None).otherwise(pl.col("cost_usd").sum()).alias("cost_usd"),
-            pl.col("cost_usd").filter(pl.col("retry")).sum().alias("retry_cost_usd"),
-            pl.col("cost_usd").filter(pl.col("error")).sum().alias("error_cost_usd"),
+            pl.when(unpriced.all()).then(None).otherwise(pl.col("cost_usd").filter(pl.col("retry")).sum())
+            .alias("retry_cost_usd"),
+            pl.when(unpriced.all()).then(None).otherwise(pl.col("cost_usd").filter(pl.col("error")).sum())
+            .alias("error_cost_usd"),
             pl.col("cost_usd").filter(wasted).sum().alias("_wasted"),
             pl.col("requests").filter(unpriced).sum().cast(pl.Int64).alias("unpriced_requests"),
             priced_requests.alias("_priced_requests"),

@@ -15,6 +15,8 @@ from typing import Any
 # The id lengths OTLP allows; anything else is an invalid item (partial success).
 TRACE_ID_BYTES = 16
 SPAN_ID_BYTES = 8
+# DateTime64(9) holds times up to 2262-04-11; an OTLP fixed64 can say more.
+MAX_TIME_NS = 2**63 - 1
 
 
 def format_double(value: float) -> str:

@@ -18,7 +18,7 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
 
 from collector.http_receiver import export_response
 from collector.intake import RETRY_AFTER_SECONDS, Busy, Intake
-from collector.writer import WriteFailed
+from collector.writer import DataRejected, WriteFailed
 
 
 def _token(context: grpc.ServicerContext) -> str | None:
@@ -53,6 +53,8 @@ class _Export:
             result = self._intake.export(self._signal, request, "grpc", tenant)
         except Busy as exc:
             _unavailable(context, str(exc))
+        except DataRejected as exc:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"rows rejected by the store: {exc}")
         except WriteFailed as exc:
             _unavailable(context, f"store unavailable: {exc}")
         return export_response(self._signal, result)

@@ -20,7 +20,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from collector.decode import JSON, PayloadError, decode, encode_response, gunzip, media_type
 from collector.intake import RETRY_AFTER_SECONDS, Busy, ExportResult, Intake
-from collector.writer import WriteFailed
+from collector.writer import DataRejected, WriteFailed
 from servelens.serving import WaitressServer
 
 log = logging.getLogger(__name__)
@@ -79,6 +79,8 @@ class OtlpHttpApp:
             return _status(start_response, 401, str(exc), reply_type, [("WWW-Authenticate", "Bearer")])
         except Busy as exc:
             return _status(start_response, 503, str(exc), reply_type, [("Retry-After", str(RETRY_AFTER_SECONDS))])
+        except DataRejected as exc:
+            return _status(start_response, 400, f"rows rejected by the store: {exc}", reply_type)
         except WriteFailed as exc:
             return _status(start_response, 503, f"store unavailable: {exc}", reply_type,
                            [("Retry-After", str(RETRY_AFTER_SECONDS))])

@@ -13,7 +13,7 @@ from collector.logs import logs_to_rows
 from collector.metrics import metrics_to_rows
 from collector.spans import Batch, spans_to_rows
 from collector.telemetry import SelfMetrics
-from collector.writer import QueueFull, WriteFailed, Writer
+from collector.writer import DataRejected, QueueFull, WriteFailed, Writer
 
 RETRY_AFTER_SECONDS = 1
 
@@ -63,6 +63,9 @@ class Intake:
                 raise Busy("write queue is full") from None
             try:
                 committed = ticket.wait(self.write_timeout)
+            except DataRejected:
+                self.metrics.refused.labels(signal, transport, "rejected_by_store").inc()
+                raise
             except WriteFailed:
                 self.metrics.refused.labels(signal, transport, "store_unavailable").inc()
                 raise

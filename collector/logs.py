@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from collector.attributes import to_map, to_string
+from collector.attributes import MAX_TIME_NS, to_map, to_string
 from collector.spans import Batch
 
 LOG_COLUMNS = (
     "Timestamp", "TraceId", "SpanId", "TraceFlags", "SeverityText", "SeverityNumber",
     "ServiceName", "Body", "ResourceSchemaUrl", "ResourceAttributes", "ScopeSchemaUrl",
-    "ScopeName", "ScopeVersion", "ScopeAttributes", "LogAttributes",
+    "ScopeName", "ScopeVersion", "ScopeAttributes", "LogAttributes", "EventName",
 )
 
 
@@ -23,6 +23,11 @@ def logs_to_rows(request: Any) -> Batch:
             scope = scope_logs.scope
             scope_attrs = to_map(scope.attributes)
             for record in scope_logs.log_records:
+                if max(record.time_unix_nano, record.observed_time_unix_nano) > MAX_TIME_NS:
+                    batch.rejected += 1
+                    if len(batch.errors) < 5:
+                        batch.errors.append("log record: timestamp beyond 2262 (not storable)")
+                    continue
                 if len(record.trace_id) not in (0, 16) or len(record.span_id) not in (0, 8):
                     batch.rejected += 1
                     if len(batch.errors) < 5:
@@ -34,7 +39,7 @@ def logs_to_rows(request: Any) -> Batch:
                     record.severity_text, record.severity_number & 0xFF, service,
                     to_string(record.body), resource_logs.schema_url, resource,
                     scope_logs.schema_url, scope.name, scope.version, scope_attrs,
-                    to_map(record.attributes),
+                    to_map(record.attributes), record.event_name,
                 ]
                 for column, value in zip(batch.data, row, strict=True):
                     column.append(value)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from collector.attributes import to_map
+from collector.attributes import MAX_TIME_NS, to_map
 from collector.spans import Batch
 
 _COMMON = (
@@ -58,15 +58,24 @@ def metrics_to_rows(request: Any) -> list[Batch]:
                 ident = [metric.name, metric.description, metric.unit]
                 if kind == "gauge":
                     for p in metric.gauge.data_points:
+                        if not _storable(p):
+                            rejected += 1
+                            continue
                         _append(gauge, head + ident + _times(p) + [_number(p), p.flags] + _exemplars(p))
                 elif kind == "sum":
                     s = metric.sum
                     for p in s.data_points:
+                        if not _storable(p):
+                            rejected += 1
+                            continue
                         _append(sums, head + ident + _times(p) + [_number(p), p.flags] + _exemplars(p)
                                 + [s.aggregation_temporality, s.is_monotonic])
                 elif kind == "histogram":
                     h = metric.histogram
                     for p in h.data_points:
+                        if not _storable(p):
+                            rejected += 1
+                            continue
                         _append(hist, head + ident + _times(p) + [
                             p.count, p.sum, list(p.bucket_counts), list(p.explicit_bounds)]
                             + _exemplars(p) + [p.flags, p.min, p.max, h.aggregation_temporality])
@@ -82,6 +91,10 @@ def metrics_to_rows(request: Any) -> list[Batch]:
 
 def _times(point: Any) -> list[Any]:
     return [to_map(point.attributes), point.start_time_unix_nano, point.time_unix_nano]
+
+
+def _storable(point: Any) -> bool:
+    return max(point.time_unix_nano, point.start_time_unix_nano) <= MAX_TIME_NS
 
 
 def _append(batch: Batch, row: list[Any]) -> None:

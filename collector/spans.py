@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from collector.attributes import SPAN_ID_BYTES, TRACE_ID_BYTES, to_map
+from collector.attributes import MAX_TIME_NS, SPAN_ID_BYTES, TRACE_ID_BYTES, to_map
 
 TRACE_COLUMNS = (
     "Timestamp", "TraceId", "SpanId", "ParentSpanId", "TraceState", "SpanName", "SpanKind",
@@ -109,11 +109,17 @@ def _invalid(span: Any) -> str | None:
     for link in span.links:
         if len(link.trace_id) != TRACE_ID_BYTES or len(link.span_id) != SPAN_ID_BYTES:
             return f"span {span.name!r}: a link has an invalid trace_id/span_id length"
+    if max(span.start_time_unix_nano, span.end_time_unix_nano,
+           *(e.time_unix_nano for e in span.events)) > MAX_TIME_NS:
+        return f"span {span.name!r}: a timestamp is beyond 2262 (not storable in DateTime64(9))"
     return None
 
 
 def _stamp(attrs: dict[str, str], tenant: str, tenant_keys: tuple[str, ...], set_key: bool) -> dict[str, str]:
     stamped = {k: v for k, v in attrs.items() if k not in tenant_keys and k != TENANT_ATTRIBUTE}
     if set_key:
+        # app.tenant for the default mapping, and the first configured key for custom ones
         stamped[TENANT_ATTRIBUTE] = tenant
+        if tenant_keys:
+            stamped[tenant_keys[0]] = tenant
     return stamped

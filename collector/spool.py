@@ -96,14 +96,21 @@ class Spool:
                     raise ValueError("bad frame")
                 token, tables = pickle.loads(payload)  # noqa: S301 - our own fsynced file
             except (OSError, ValueError, struct.error, pickle.UnpicklingError, EOFError) as exc:
-                log.error("spool file %s is damaged (%s); moved to corrupt/", path.name, exc)
-                corrupt = self.directory / "corrupt"
-                corrupt.mkdir(exist_ok=True)
-                os.replace(path, corrupt / path.name)
-                self._recount()
+                self._set_aside(path, f"damaged ({exc})")
                 continue
             return SpooledBatch(path, token, tables)
         return None
+
+    def quarantine(self, batch: SpooledBatch, reason: str) -> None:
+        """Set aside a batch the store will never take, so the ones behind it can go."""
+        self._set_aside(batch.path, f"rejected by the store: {reason}")
+
+    def _set_aside(self, path: Path, reason: str) -> None:
+        log.error("spool file %s %s; moved to %s", path.name, reason, self.directory / "corrupt")
+        corrupt = self.directory / "corrupt"
+        corrupt.mkdir(exist_ok=True)
+        os.replace(path, corrupt / path.name)
+        self._recount()
 
     def remove(self, batch: SpooledBatch) -> None:
         with self._lock:

@@ -29,6 +29,9 @@ class SelfMetrics:
         self.spool_batches = Gauge("servelens_spool_batches", "Batches waiting in the spool", registry=self.registry)
         self.spool_full = Counter("servelens_spool_full", "Times a batch was refused because the spool was full",
                                   registry=self.registry)
+        self.quarantined = Counter("servelens_spool_quarantined_batches",
+                                   "Spooled batches the store rejected as data, set aside in spool/corrupt",
+                                   registry=self.registry)
         self.replayed = Counter("servelens_spool_replayed_batches", "Spooled batches replayed into the store",
                                 registry=self.registry)
 

@@ -19,12 +19,15 @@ import itertools
 import logging
 import queue
 import random
+import struct
 import threading
 import time
 import uuid
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
+
+from clickhouse_connect.driver.exceptions import DataError, ProgrammingError
 
 from collector.spans import Batch
 from collector.spool import Spool, SpooledBatch, Tables
@@ -42,6 +45,16 @@ class QueueFull(Exception):
 
 class WriteFailed(Exception):
     """The rows are neither in the store nor in the spool; nothing was acknowledged."""
+
+
+class DataRejected(WriteFailed):
+    """The store cannot take these rows whatever the retries (a data error): answer 400."""
+
+
+# Raised while serializing or by the store for the data itself, not for its availability:
+# retrying or spooling such a batch would block every batch behind it forever.
+PERMANENT_ERRORS: tuple[type[BaseException], ...] = (
+    DataError, ProgrammingError, TypeError, ValueError, OverflowError, struct.error)
 
 
 @dataclass(frozen=True)
@@ -70,6 +83,8 @@ class Ticket:
         """True when durable; raises WriteFailed when not; False on timeout."""
         if not self._done.wait(timeout):
             return False
+        if isinstance(self.error, PERMANENT_ERRORS + (DataRejected,)):
+            raise DataRejected(str(self.error)) from self.error
         if self.error is not None:
             raise WriteFailed(str(self.error)) from self.error
         return True
@@ -158,6 +173,11 @@ class Writer:
                 rows += sum(b.rows for b in nxt[0])
             self._metrics.queue_depth.set(self._queue.qsize())
             error = self._commit(_merge(pending))
+            if isinstance(error, PERMANENT_ERRORS) and len(pending) > 1:
+                # one request's bad rows must not fail its neighbours: write them one by one
+                for item in pending:
+                    item[1].resolve(self._commit(_merge([item])))
+                continue
             for _, ticket in pending:
                 ticket.resolve(error)
 
@@ -171,6 +191,9 @@ class Writer:
             try:
                 self._insert_all(token, tables, time.monotonic() + self._settings.store_retry)
                 return None
+            except PERMANENT_ERRORS as exc:
+                log.error("the store rejected a batch as data (%s: %s); not retried", type(exc).__name__, exc)
+                return exc
             except Exception as exc:  # noqa: BLE001 - falls back to the spool
                 if self._spool is None:
                     log.error("insert failed and no spool is configured: %s", exc)
@@ -199,9 +222,9 @@ class Writer:
             try:
                 self._store.client().insert(table, data, column_names=list(columns), column_oriented=True,
                                             settings=settings)
-            except Exception:
+            except Exception as exc:
                 self._metrics.write_errors.labels(table).inc()
-                if time.monotonic() + delay > deadline:
+                if isinstance(exc, PERMANENT_ERRORS) or time.monotonic() + delay > deadline:
                     raise
                 time.sleep(delay * (0.5 + random.random()))
                 delay = min(delay * 2, 1.0)
@@ -224,6 +247,12 @@ class Writer:
                 continue
             try:
                 self._insert_all(batch.token, batch.tables, time.monotonic())
+            except PERMANENT_ERRORS as exc:
+                # never storable: set aside (kept on disk, logged, counted), not retried forever
+                self._spool.quarantine(batch, f"{type(exc).__name__}: {exc}")
+                self._metrics.quarantined.inc()
+                self._update_spool_metrics()
+                continue
             except Exception as exc:  # noqa: BLE001 - the store is still down: wait and retry
                 if self._stopping.is_set():
                     return

@@ -190,24 +190,21 @@ def test_partially_applied_database_gets_only_the_missing_files(fresh: Store, tm
 
 # --- the exporter's schema ---------------------------------------------------------------
 
-@pytest.mark.parametrize("table", sorted(EXPORTER_TABLES))
-def test_exporter_table_columns_and_types(migrated: Store, table: str) -> None:
-    actual = [c for c in _columns(migrated, table) if c[0] != "EventName"]
-    assert actual == EXPORTER_TABLES[table]
+def test_exporter_tables_columns_types_partitioning_and_order(migrated: Store) -> None:
+    # one database for every table: migrating is the slow part
+    for table, expected in EXPORTER_TABLES.items():
+        actual = [c for c in _columns(migrated, table) if c[0] != "EventName"]
+        assert actual == expected, table
+    for table, sorting_key in EXPORTER_SORTING_KEYS.items():
+        engine, partition, sorting = migrated.client().query(
+            "SELECT engine, partition_key, sorting_key FROM system.tables "
+            "WHERE database = currentDatabase() AND name = {t:String}", parameters={"t": table}).first_row
+        assert engine == "MergeTree", table
+        assert partition == ("toDate(TimestampTime)" if table == "otel_logs"
+                             else "toDate(Timestamp)" if table == "otel_traces" else "toDate(TimeUnix)"), table
+        assert sorting == sorting_key, table
 
 
-@pytest.mark.parametrize("table", sorted(EXPORTER_SORTING_KEYS))
-def test_exporter_table_partitioning_and_order(migrated: Store, table: str) -> None:
-    engine, partition, sorting = migrated.client().query(
-        "SELECT engine, partition_key, sorting_key FROM system.tables "
-        "WHERE database = currentDatabase() AND name = {t:String}", parameters={"t": table}).first_row
-    assert engine == "MergeTree"
-    assert partition == ("toDate(TimestampTime)" if table == "otel_logs"
-                         else "toDate(Timestamp)" if table == "otel_traces" else "toDate(TimeUnix)")
-    assert sorting == EXPORTER_SORTING_KEYS[table]
-
-
-@pytest.mark.xfail(strict=True, reason="migrations/0003_otel_logs.sql lacks the exporter's EventName String column")
 def test_logs_table_has_exporter_event_name(migrated: Store) -> None:
     assert ("EventName", "String") in _columns(migrated, "otel_logs")
 
@@ -254,4 +251,4 @@ def test_every_migration_file_splits_into_statements_without_comments() -> None:
         for statement in statements:
             assert statement == statement.strip() and not statement.endswith(";")
             assert not any(line.strip().startswith("--") for line in statement.splitlines())
-            assert statement.split(None, 1)[0].upper() == "CREATE"
+            assert not any(line.rstrip().endswith(";") for line in statement.splitlines())  # one statement each
