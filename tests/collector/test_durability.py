@@ -184,3 +184,27 @@ def test_sigkill_mid_stream_loses_nothing_acknowledged(tmp_path: Path):
                           "--data-dir", str(data_dir)], capture_output=True, text=True, timeout=120, check=True)
     stored = json.loads(out.stdout)["rows"][0]["requests"]
     assert acked * 5 <= stored <= sent * 5
+
+
+def test_a_batch_the_store_cannot_take_fails_alone_and_is_never_spooled(settings, store, tmp_path: Path):
+    """A data error (here: text in the UInt64 Duration column) is permanent: the request
+    that carried it gets DataRejected, the request merged with it still lands, and nothing
+    is spooled to block the batches behind it."""
+    from collector.spans import spans_to_rows
+    from collector.writer import DataRejected
+
+    good = spans_to_rows(llm_request(4))
+    bad = spans_to_rows(llm_request(2))
+    bad.data[bad.columns.index("Duration")] = ["not a number"] * 2
+    spool = Spool(tmp_path / "spool", 10 * 1024 * 1024)
+    writer = Writer(store, WriterSettings(flush_interval=0.5), spool=spool)
+    writer.start()
+    try:
+        good_ticket, bad_ticket = writer.submit([good]), writer.submit([bad])  # merged into one insert
+        assert good_ticket.wait(30)
+        with pytest.raises(DataRejected):
+            bad_ticket.wait(30)
+    finally:
+        writer.shutdown()
+    assert count(store) == 4
+    assert spool.count == 0
