@@ -1,0 +1,1 @@
+"""Re-evaluation triggers (SPEC 6): statistical detectors, episodes and their delivery."""
