@@ -24,6 +24,8 @@ PAGES_DIR = Path(__file__).parent / "pages"
 ASSETS_DIR = Path(__file__).parent / "assets"
 PRODUCT = "servelens"
 _OPTIONS_REFRESH_MS = 60_000  # new services/models appear without a reload
+# The navigation in SPEC 8's order, by page path; pages not listed follow in registry order.
+NAV_ORDER = ("/", "/latency", "/cost", "/gpus", "/quality", "/workload", "/reliability", "/triggers")
 _PLACEHOLDERS = {"service": "All services", "deployment": "All deployments",
                  "model": "All models", "tenant": "All tenants"}
 
@@ -54,7 +56,7 @@ def _layout() -> html.Div:
                 html.Nav(className="nav", children=[
                     dcc.Link(page["name"], href=page["relative_path"], className="nav-link",
                              id={"type": "nav-link", "path": page["relative_path"]})
-                    for page in dash.page_registry.values()
+                    for page in _nav_pages()
                 ]),
             ]),
             html.Div(className="filters", children=[
@@ -73,6 +75,12 @@ def _layout() -> html.Div:
         dcc.Interval(id="filter-options-refresh", interval=_OPTIONS_REFRESH_MS),
         html.Main(dash.page_container, className="content"),
     ])
+
+
+def _nav_pages() -> list[dict[str, Any]]:
+    pages = list(dash.page_registry.values())
+    rank = {path: i for i, path in enumerate(NAV_ORDER)}
+    return sorted(pages, key=lambda p: rank.get(p["path"], len(NAV_ORDER)))  # stable: registry order after
 
 
 def _register_callbacks(app: dash.Dash) -> None:

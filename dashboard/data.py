@@ -72,6 +72,15 @@ class DataSource:
         """analytics.reports.run for the filters' window (extra: e.g. by="model")."""
         return reports.run(name, self.store, self.settings, {**filters.params(), **extra})
 
+    def rows(self, name: str, filters: Filters, **extra: Any) -> list[dict[str, Any]]:
+        """Just the rows of report(...)."""
+        return self.report(name, filters, **extra)["rows"]
+
+    @staticmethod
+    def has_report(name: str) -> bool:
+        """Whether this build serves report `name` (pages degrade to a note without it)."""
+        return name in reports.REPORTS
+
     def filter_options(self, range_key: str, now: datetime | None = None) -> dict[str, list[str]]:
         """Distinct non-empty values of each filter key over the window, sorted."""
         until = now or datetime.now(timezone.utc)

@@ -1,0 +1,235 @@
+"""Every page past the overview in a real headless Chromium against the real collector and
+store: each waits for a number computed here from the traffic it sent, then checks the
+console is clean and leaves a screenshot at /tmp/servelens_<page>.png."""
+
+from __future__ import annotations
+
+import math
+import shutil
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor
+from opentelemetry.trace import SpanKind
+from selenium.common.exceptions import StaleElementReferenceException
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support.ui import WebDriverWait
+
+from analytics.reports import REPORTS
+from tests.dashboard.conftest import PRICES, PRICING, SERVICE, Request, make_traffic, send
+from tests.dashboard.test_browser import CHROMEDRIVER, CHROMIUM, _text, browser  # noqa: F401 - the fixture
+
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.integration,
+    pytest.mark.skipif(not (shutil.which(CHROMIUM) and shutil.which(CHROMEDRIVER)),
+                       reason="needs Debian's chromium and chromium-driver"),
+]
+
+TRAFFIC = make_traffic(40, seed=21, ago=(60, 20 * 3600))
+PREVIOUS = make_traffic(25, seed=22, ago=(26 * 3600, 46 * 3600))  # the window before the default 24 h
+GPU_HOST, GPU_RATE = "gpu-a", 6.0
+# Two GPUs sampled every 15 s for 40 samples (10 min): utilization alternates 10/30 % and
+# 30/50 %, so the means are 20 % and 40 % and each GPU counts 40 x 15 s = 1/6 h.
+GPU_UTILS = {"GPU-0000-a": (10, 30), "GPU-0001-a": (30, 50)}
+GPU_SAMPLES = 40
+SELF_HOSTED = [{"name": SERVICE, "gpus": {"hosts": [GPU_HOST]}, "gpu_hourly_usd": GPU_RATE,
+                "budgets": {"queue": "400ms", "prefill": "800ms", "decode": "4s", "total": "7s"}}]
+
+
+# What the pages print (page modules import only inside an app, so these are restated).
+def _ms(value: float) -> str:
+    return f"{value:,.1f} ms" if value < 10 else f"{value:,.0f} ms"
+
+
+def _pct(value: float) -> str:
+    return f"{value * 100:.1f} %"
+
+
+def _usd(value: float) -> str:
+    if value == 0 or abs(value) >= 1:
+        return f"${value:,.2f}"
+    return f"${value:.{max(2, 2 - math.floor(math.log10(abs(value))))}f}"
+
+
+@pytest.fixture
+def settings(make_settings, request):
+    """API-priced traffic by default; with param SELF_HOSTED, chat-api runs on our GPUs."""
+    return make_settings(pricing=PRICING, deployments=getattr(request, "param", []))
+
+
+def _row(driver, container_id: str, key: str) -> str:
+    """The text of the table row under container_id whose first cell is key."""
+    xpath = f"//*[@id='{container_id}']//tr[td[1][normalize-space()='{key}']]"
+    for _ in range(3):
+        try:
+            found = driver.find_elements(By.XPATH, xpath)
+            return found[0].text if found else ""
+        except StaleElementReferenceException:
+            continue
+    return ""
+
+
+def _wait(driver, until, timeout: float = 15) -> None:
+    WebDriverWait(driver, timeout, poll_frequency=0.1, ignored_exceptions=[StaleElementReferenceException]).until(until)
+
+
+def _open(driver, url: str, until) -> None:
+    driver.get(url)
+    _wait(driver, until)
+
+
+def _plots(selector: str, n: int = 1):
+    """Wait until n plotly charts have drawn under selector (plotly.js loads asynchronously)."""
+    return lambda d: len(d.find_elements(By.CSS_SELECTOR, f"{selector} .js-plotly-plot .main-svg")) >= n
+
+
+def _finish(driver, page: str, tmp_path: Path) -> None:
+    height = driver.execute_script("return document.documentElement.scrollHeight")
+    driver.set_window_size(1440, height + 200)  # the whole page in one picture (+ the window's chrome)
+    driver.save_screenshot(str(tmp_path / f"{page}.png"))
+    shutil.copyfile(tmp_path / f"{page}.png", f"/tmp/servelens_{page}.png")
+    severe = [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+    assert severe == []
+
+
+def send_gpu_samples(otlp_http: str) -> None:
+    """DCGM utilization gauges as an OTel Collector forwards a dcgm-exporter scrape."""
+    start_s = (int(time.time()) // 15 - GPU_SAMPLES - 4) * 15
+    request = ExportMetricsServiceRequest()
+    resource = request.resource_metrics.add()
+    attribute = resource.resource.attributes.add()
+    attribute.key, attribute.value.string_value = "service.name", "dcgm-exporter"
+    gauge = resource.scope_metrics.add().metrics.add()
+    gauge.name = "DCGM_FI_DEV_GPU_UTIL"
+    for index, (uuid, utils) in enumerate(GPU_UTILS.items()):
+        for k in range(GPU_SAMPLES):
+            point = gauge.gauge.data_points.add()
+            point.time_unix_nano, point.as_double = (start_s + 15 * k) * 10**9, float(utils[k % 2])
+            for key, value in {"gpu": str(index), "UUID": uuid, "Hostname": GPU_HOST,
+                               "modelName": "NVIDIA H100 80GB HBM3"}.items():
+                label = point.attributes.add()
+                label.key, label.value.string_value = key, value
+    req = urllib.request.Request(f"{otlp_http}/v1/metrics", data=request.SerializeToString(), method="POST",
+                                 headers={"Content-Type": "application/x-protobuf"})
+    with urllib.request.urlopen(req, timeout=10) as response:
+        assert response.status == 200
+
+
+def api_cost(r: Request) -> float:
+    price_in, price_out = PRICES[r.model]
+    return (r.input_tokens * price_in + r.output_tokens * price_out) / 1e6
+
+
+@pytest.mark.parametrize("settings", [SELF_HOSTED], indirect=True, ids=["self-hosted"])
+def test_latency_and_stages(browser, dashboard, otlp_http, tmp_path):
+    send(otlp_http, TRAFFIC)
+    gpt4o = [r for r in TRAFFIC if r.model == "gpt-4o"]
+    p99 = _ms(float(np.percentile([r.latency * 1000 for r in gpt4o], 99)))
+
+    _open(browser, f"{dashboard.url}/latency", lambda d: p99 in _row(d, "lat-table", "gpt-4o"))
+    assert _row(browser, "lat-table", "gpt-4o").split()[1] == str(len(gpt4o))
+    # decode takes 60 % of each request: the stage nearest its 4 s ceiling binds.
+    assert "binding: decode" in _text(browser, "lat-stages")
+    assert "binding" in _row(browser, "lat-stages", "decode") and "4,000 ms" in _row(browser, "lat-stages", "decode")
+    _wait(browser, _plots("#lat-stages"))
+    _wait(browser, _plots("#lat-chart"))
+    assert [a.text for a in browser.find_elements(By.CSS_SELECTOR, ".nav-link")][:6] == [
+        "Overview", "Latency & stages", "Cost", "GPUs", "Workload", "Reliability"]
+    _finish(browser, "latency", tmp_path)
+
+
+def test_cost(browser, dashboard, otlp_http, tmp_path, monkeypatch):
+    send(otlp_http, TRAFFIC + PREVIOUS)
+    acme = _usd(sum(api_cost(r) for r in TRAFFIC if r.tenant == "acme" and r.model in PRICES))
+    total = _usd(sum(api_cost(r) for r in TRAFFIC if r.model in PRICES))
+
+    _open(browser, f"{dashboard.url}/cost", lambda d: acme in _row(d, "cost-table", "acme"))
+    assert _text(browser, "cost-total") == total
+    assert _text(browser, "cost-unpriced") == str(sum(r.model not in PRICES for r in TRAFFIC))
+    if "cost-change" in REPORTS:
+        before = _usd(sum(api_cost(r) for r in PREVIOUS if r.model in PRICES))
+        _wait(browser, lambda d: f"{before} → last 24 h: {total}" in _text(d, "cost-change-total"))
+        _wait(browser, _plots("#cost-change"))
+    else:
+        _wait(browser, lambda d: "Not available" in _text(d, "cost-change"))
+    browser.find_element(By.XPATH, "//*[@id='cost-view']//label[normalize-space()='Fully loaded']").click()
+    _wait(browser, lambda d: "fully loaded" in _text(d, "cost-updated"))
+    _wait(browser, _plots("#cost-chart"))
+    assert acme in _row(browser, "cost-table", "acme")  # API-priced: no GPU cost to load
+    _finish(browser, "cost", tmp_path)
+
+    monkeypatch.delitem(REPORTS, "cost-change", raising=False)  # a build without the report
+    browser.refresh()
+    _wait(browser, lambda d: "Not available" in _text(d, "cost-change") and acme in _row(d, "cost-table", "acme"))
+    assert [e for e in browser.get_log("browser") if e["level"] == "SEVERE"] == []
+
+
+@pytest.mark.parametrize("settings", [SELF_HOSTED], indirect=True, ids=["self-hosted"])
+def test_gpus(browser, dashboard, otlp_http, tmp_path):
+    send_gpu_samples(otlp_http)
+    hours = GPU_SAMPLES * 15 / 3600
+    provisioned = len(GPU_UTILS) * hours * GPU_RATE
+    busy = sum(hours * GPU_RATE * sum(u) / len(u) / 100 for u in GPU_UTILS.values())
+
+    _open(browser, f"{dashboard.url}/gpus", lambda d: _text(d, "gpus-d0-idle") == _usd(provisioned - busy))
+    assert _text(browser, "gpus-d0-name") == SERVICE
+    assert _text(browser, "gpus-d0-gpus") == "2"
+    assert _text(browser, "gpus-d0-util-mean") == _pct(0.30)
+    assert _text(browser, "gpus-d0-util-p95") == _pct(0.50)
+    assert (_text(browser, "gpus-d0-provisioned"), _text(browser, "gpus-d0-busy")) == (_usd(provisioned), _usd(busy))
+    assert _pct(0.20) in _row(browser, "gpus-table", SERVICE)
+    _finish(browser, "gpus", tmp_path)
+
+
+@pytest.mark.parametrize("settings", [SELF_HOSTED], indirect=True, ids=["self-hosted"])
+def test_workload(browser, dashboard, otlp_http, tmp_path):
+    send(otlp_http, TRAFFIC)
+    input_p99 = f"{np.percentile([r.input_tokens for r in TRAFFIC], 99):,.0f}"
+    ratio = f"{sum(r.input_tokens for r in TRAFFIC) / sum(r.output_tokens for r in TRAFFIC):,.1f} : 1"
+
+    _open(browser, f"{dashboard.url}/workload", lambda d: input_p99 in _row(d, "wl-table", SERVICE))
+    row = _row(browser, "wl-table", SERVICE)
+    assert row.split()[1] == str(len(TRAFFIC)) and ratio in row
+    _wait(browser, _plots(".panels", 2))
+    _finish(browser, "workload", tmp_path)
+
+
+def send_fallbacks(otlp_http: str, latencies_s: tuple[float, ...]) -> None:
+    """Requests the service answered from its fallback (app.fallback), e.g. slower than its primary."""
+    provider = TracerProvider(resource=Resource.create({"service.name": SERVICE}))
+    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=f"{otlp_http}/v1/traces", timeout=10)))
+    tracer, now_ns = provider.get_tracer("servelens-tests"), time.time_ns()
+    for i, latency in enumerate(latencies_s):
+        start = now_ns - (300 + 60 * i) * 10**9
+        span = tracer.start_span("chat gpt-4o-mini", kind=SpanKind.CLIENT, start_time=start, attributes={
+            "gen_ai.operation.name": "chat", "gen_ai.request.model": "gpt-4o-mini", "gen_ai.usage.input_tokens": 200,
+            "gen_ai.usage.output_tokens": 50, "app.fallback": "true"})
+        span.end(end_time=start + int(latency * 1e9))
+    assert provider.force_flush(timeout_millis=30_000), "spans were not exported"
+    provider.shutdown()
+
+
+@pytest.mark.parametrize("settings", [SELF_HOSTED], indirect=True, ids=["self-hosted"])
+def test_reliability(browser, dashboard, otlp_http, tmp_path):
+    fallbacks = (6.5, 8.0, 9.5)  # p99 9.47 s: over chat-api's 7 s total budget
+    send(otlp_http, TRAFFIC)
+    send_fallbacks(otlp_http, fallbacks)
+    attempts = len(TRAFFIC) + len(fallbacks)
+    error_rate = _pct(sum(r.error for r in TRAFFIC) / attempts)
+    amplification = f"{attempts / (attempts - sum(r.retry > 0 for r in TRAFFIC)):,.2f}×"
+
+    _open(browser, f"{dashboard.url}/reliability", lambda d: error_rate in _row(d, "rel-table", SERVICE))
+    row = _row(browser, "rel-table", SERVICE)
+    assert amplification in row and _pct(len(fallbacks) / attempts) in row
+    assert _ms(float(np.percentile(fallbacks, 99)) * 1000) in row and "7,000 ms" in row  # vs the primary's budget
+    assert "over budget" in row and SERVICE in _text(browser, "rel-over-budget")
+    _wait(browser, _plots("#rel-chart"))
+    _finish(browser, "reliability", tmp_path)
