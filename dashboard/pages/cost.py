@@ -3,21 +3,17 @@ per outcome, and what changed since the previous window."""
 
 from __future__ import annotations
 
-import logging
-from datetime import datetime, timezone
 from typing import Any
 
 import dash
 import plotly.graph_objects as go
-from dash import Input, Output, dcc, html
+from dash import dcc, html
 
 from dashboard import data
-from dashboard.pages.latency import FONT, card, chart_layout, graph
-from dashboard.pages.overview import LOADING, NULL, REFRESH_MS, _int, _pct, _usd, table
+from dashboard.components import (FONT, LOADING, NO_REQUESTS, NULL, card, chart_layout, empty, graph, integer,
+                                  page, pct, register_refresh, table, updated_line, usd)
 
 dash.register_page(__name__, path="/cost", name="Cost", title="Cost · servelens")
-
-log = logging.getLogger(__name__)
 
 CHANGE_REPORT = "cost-change"
 BY_OPTIONS = {"tenant": "Tenant", "feature": "Feature", "team": "Team", "model": "Model",
@@ -27,22 +23,19 @@ DRIVER_LABELS = {"volume": "Volume", "retries": "Retries", "model_mix": "Model<b
                  "input_length": "Input<br>length", "output_length": "Output<br>length", "errors": "Errors",
                  "price": "Price"}
 USEFUL_COLOR, WASTED_COLOR, UP_COLOR, DOWN_COLOR, TOTAL_COLOR = "#2f6fed", "#e8a09a", "#c0392b", "#2d9a5b", "#6b7385"
-# Dash's own controls take their accent from this variable: ours, not Dash's purple.
-TOOLBAR = {"display": "flex", "alignItems": "center", "gap": "14px", "marginBottom": "14px",
-           "--Dash-Fill-Interactive-Strong": "#2f6fed"}
 CHART_HEIGHT = 320
 
 
 def _columns(by: str) -> tuple:
     columns = (
-        (by, BY_OPTIONS[by], str), ("requests", "Requests", _int),
-        ("input_tokens", "Input tok", _int), ("output_tokens", "Output tok", _int),
-        ("cost_usd", "Cost", _usd), ("cost_per_request_usd", "Per request", _usd),
-        ("retry_cost_usd", "Retries", _usd), ("error_cost_usd", "Errors", _usd),
-        ("wasted_share", "Wasted", _pct), ("unpriced_requests", "Unpriced", _int),
+        (by, BY_OPTIONS[by], str), ("requests", "Requests", integer),
+        ("input_tokens", "Input tok", integer), ("output_tokens", "Output tok", integer),
+        ("cost_usd", "Cost", usd), ("cost_per_request_usd", "Per request", usd),
+        ("retry_cost_usd", "Retries", usd), ("error_cost_usd", "Errors", usd),
+        ("wasted_share", "Wasted", pct), ("unpriced_requests", "Unpriced", integer),
     )
     if by == "outcome":
-        columns += (("outcomes", "Outcomes", _int), ("cost_per_outcome_usd", "Per outcome", _usd))
+        columns += (("outcomes", "Outcomes", integer), ("cost_per_outcome_usd", "Per outcome", usd))
     return columns
 
 
@@ -53,17 +46,17 @@ def summary_cards(rows: list[dict[str, Any]], by: str) -> list[html.Div]:
     priced = requests - sum(r.get("unpriced_requests") or 0 for r in rows)
     priced_any = any(r.get("cost_usd") is not None for r in rows)
     cards = [
-        card("cost-total", "Spend", _usd(spend) if priced_any else NULL, "priced requests"),
-        card("cost-per-request", "Cost / request", _usd(spend / priced) if priced and priced_any else NULL,
+        card("cost-total", "Spend", usd(spend) if priced_any else NULL, "priced requests"),
+        card("cost-per-request", "Cost / request", usd(spend / priced) if priced and priced_any else NULL,
              "priced requests"),
-        card("cost-wasted", "Wasted share", _pct(wasted / spend) if spend else NULL,
-             f"{_usd(wasted)} on retries and errors" if spend else "retries and errors"),
-        card("cost-unpriced", "Unpriced", _int(requests - priced), "requests without a price", "card-secondary"),
+        card("cost-wasted", "Wasted share", pct(wasted / spend) if spend else NULL,
+             f"{usd(wasted)} on retries and errors" if spend else "retries and errors"),
+        card("cost-unpriced", "Unpriced", integer(requests - priced), "requests without a price", "card-secondary"),
     ]
     if by == "outcome":
         outcomes = sum(r.get("outcomes") or 0 for r in rows)
-        cards.insert(2, card("cost-per-outcome", "Cost / outcome", _usd(spend / outcomes) if outcomes else NULL,
-                             f"{_int(outcomes)} completed outcomes"))
+        cards.insert(2, card("cost-per-outcome", "Cost / outcome", usd(spend / outcomes) if outcomes else NULL,
+                             f"{integer(outcomes)} completed outcomes"))
     return cards
 
 
@@ -85,7 +78,7 @@ def cost_figure(rows: list[dict[str, Any]], by: str) -> go.Figure:
 
 
 def _signed(value: float) -> str:
-    return ("+" if value > 0 else "−" if value < 0 else "") + _usd(abs(value))
+    return ("+" if value > 0 else "−" if value < 0 else "") + usd(abs(value))
 
 
 def change_figure(rows: list[dict[str, Any]], range_label: str) -> go.Figure:
@@ -95,7 +88,7 @@ def change_figure(rows: list[dict[str, Any]], range_label: str) -> go.Figure:
     fig = go.Figure(go.Waterfall(
         x=labels, y=[previous, *(r["delta_usd"] for r in rows), current],
         measure=["absolute", *(["relative"] * len(rows)), "total"],
-        text=[_usd(previous), *(_signed(r["delta_usd"]) for r in rows), _usd(current)], textposition="outside",
+        text=[usd(previous), *(_signed(r["delta_usd"]) for r in rows), usd(current)], textposition="outside",
         textfont=dict(size=11, color=FONT["color"]),
         increasing=dict(marker_color=UP_COLOR), decreasing=dict(marker_color=DOWN_COLOR),
         totals=dict(marker_color=TOTAL_COLOR), connector=dict(line=dict(color="#c9ced8", width=1)),
@@ -111,28 +104,27 @@ def change_panel(rows: list[dict[str, Any]] | None, range_label: str) -> html.Di
         return html.Div(f"Not available: this servelens build has no {CHANGE_REPORT} report yet.", className="empty",
                         id="cost-change-unavailable")
     if not rows or not (rows[0]["previous_cost_usd"] or rows[0]["current_cost_usd"]):
-        return html.Div("No priced requests in this window or the one before it.", className="empty")
+        return empty("No priced requests in this window or the one before it.")
     total = rows[0]["total_delta_usd"]
     previous = rows[0]["previous_cost_usd"]
     relative = f" ({total / previous:+.1%})" if previous else ""
     return [
         html.Div(className="muted", id="cost-change-total", children=(
-            f"Previous {range_label}: {_usd(previous)} → last {range_label}: {_usd(rows[0]['current_cost_usd'])}, "
+            f"Previous {range_label}: {usd(previous)} → last {range_label}: {usd(rows[0]['current_cost_usd'])}, "
             f"{_signed(total)}{relative}. Drivers sum to the change.")),
         graph(change_figure(rows, range_label)),
     ]
 
 
 def layout(**_query: str) -> html.Div:
-    return html.Div(className="page", children=[
-        html.Div(className="page-header", children=[html.H1("Cost"), html.Span(id="cost-updated", className="muted")]),
-        html.Div(id="cost-alert"),
-        html.Div(style=TOOLBAR, children=[
+    return page(
+        "cost", "Cost",
+        html.Div(className="toolbar", children=[
             html.Span("Group by", className="muted"),
             dcc.Dropdown(id="cost-by", className="filter-dropdown", clearable=False, searchable=False, value="tenant",
                          options=[{"label": v, "value": k} for k, v in BY_OPTIONS.items()],
                          persistence=True, persistence_type="session"),
-            html.Span("GPU cost", className="muted", style={"marginLeft": "10px"}),
+            html.Span("GPU cost", className="muted toolbar-group"),
             dcc.RadioItems(id="cost-view", inline=True, value="busy",
                            options=[{"label": v, "value": k} for k, v in VIEWS.items()],
                            persistence=True, persistence_type="session"),
@@ -144,35 +136,27 @@ def layout(**_query: str) -> html.Div:
             html.Section(className="panel", children=[html.H2("What changed"),
                                                       html.Div(id="cost-change", children=LOADING)]),
         ]),
-        html.Section(className="panel", style={"marginTop": "12px"},
-                     children=[html.Div(id="cost-table", children=LOADING)]),
-        dcc.Interval(id="cost-refresh", interval=REFRESH_MS),
-    ])
+        html.Section(className="panel gap-above", children=[html.Div(id="cost-table", children=LOADING)]),
+    )
+
+
+def fetch(source: data.DataSource, filters: data.Filters, by: str | None, view: str | None) -> tuple:
+    by = by if by in BY_OPTIONS else "tenant"
+    view = view if view in VIEWS else "busy"
+    rows = source.rows("cost", filters, by=by, view=view)
+    change = source.rows(CHANGE_REPORT, filters) if source.has_report(CHANGE_REPORT) else None
+    return by, view, rows, change
+
+
+def render(fetched: tuple, filters: data.Filters) -> tuple:
+    by, view, rows, change = fetched
+    title = f"Spend by {BY_OPTIONS[by].lower()} ({VIEWS[view].lower()})"
+    priced = any(r.get("cost_usd") is not None for r in rows)
+    chart = graph(cost_figure(rows, by)) if priced else empty("No priced requests in this window.")
+    return (summary_cards(rows, by), title, chart, table(rows, _columns(by), NO_REQUESTS),
+            change_panel(change, data.RANGE_LABELS[filters.range]), updated_line(filters, VIEWS[view].lower()))
 
 
 def register_callbacks(app: dash.Dash) -> None:
-    @app.callback(
-        Output("cost-cards", "children"), Output("cost-title", "children"), Output("cost-chart", "children"),
-        Output("cost-table", "children"), Output("cost-change", "children"),
-        Output("cost-updated", "children"), Output("cost-alert", "children"),
-        Input(data.FILTERS_ID, "data"), Input("cost-refresh", "n_intervals"),
-        Input("cost-by", "value"), Input("cost-view", "value"),
-    )
-    def refresh(filters_data: dict[str, Any] | None, _tick: int | None, by: str | None, view: str | None) -> tuple:
-        filters = data.Filters.from_store(filters_data)
-        by = by if by in BY_OPTIONS else "tenant"
-        view = view if view in VIEWS else "busy"
-        source = data.current()
-        try:
-            rows = source.rows("cost", filters, by=by, view=view)
-            change = source.rows(CHANGE_REPORT, filters) if source.has_report(CHANGE_REPORT) else None
-        except Exception as exc:  # noqa: BLE001 - keep the last numbers, say why they are stale
-            log.exception("cost refresh failed")
-            return (*(dash.no_update,) * 6, html.Div(f"Could not load data: {exc}", className="alert"))
-        range_label = data.RANGE_LABELS[filters.range]
-        updated = f"Last {range_label} · {VIEWS[view].lower()} · updated {datetime.now(timezone.utc):%H:%M:%S} UTC"
-        title = f"Spend by {BY_OPTIONS[by].lower()} ({VIEWS[view].lower()})"
-        chart = graph(cost_figure(rows, by)) if any(r.get("cost_usd") is not None for r in rows) else html.Div(
-            "No priced requests in this window.", className="empty")
-        return (summary_cards(rows, by), title, chart, table(rows, _columns(by), "No requests in this window."),
-                change_panel(change, range_label), updated, None)
+    register_refresh(app, "cost", ("cards", "title", "chart", "table", "change", "updated"), fetch, render,
+                     controls=("by", "view"))

@@ -45,14 +45,19 @@ def browser(tmp_path: Path) -> Iterator[webdriver.Chrome]:
     driver.quit()
 
 
-def _text(driver: webdriver.Chrome, element_id: str) -> str:
+def _first_text(driver: webdriver.Chrome, by: str, locator: str) -> str:
+    """The text of the first element found, "" if none."""
     for _ in range(3):  # a refresh may replace the element between find and read
         try:
-            found = driver.find_elements(By.ID, element_id)
+            found = driver.find_elements(by, locator)
             return found[0].text if found else ""
         except StaleElementReferenceException:
             continue
     return ""
+
+
+def _text(driver: webdriver.Chrome, element_id: str) -> str:
+    return _first_text(driver, By.ID, element_id)
 
 
 def _click(driver: webdriver.Chrome, xpath: str) -> bool:

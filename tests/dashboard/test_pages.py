@@ -4,7 +4,6 @@ console is clean and leaves a screenshot at /tmp/servelens_<page>.png."""
 
 from __future__ import annotations
 
-import math
 import shutil
 import time
 import urllib.request
@@ -23,8 +22,9 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
 from analytics.reports import REPORTS
+from dashboard.components import ms, pct, usd
 from tests.dashboard.conftest import PRICES, PRICING, SERVICE, Request, make_traffic, send
-from tests.dashboard.test_browser import CHROMEDRIVER, CHROMIUM, _text, browser  # noqa: F401 - the fixture
+from tests.dashboard.test_browser import CHROMEDRIVER, CHROMIUM, _first_text, _text, browser  # noqa: F401 - the fixture
 
 pytestmark = [
     pytest.mark.browser,
@@ -44,21 +44,6 @@ SELF_HOSTED = [{"name": SERVICE, "gpus": {"hosts": [GPU_HOST]}, "gpu_hourly_usd"
                 "budgets": {"queue": "400ms", "prefill": "800ms", "decode": "4s", "total": "7s"}}]
 
 
-# What the pages print (page modules import only inside an app, so these are restated).
-def _ms(value: float) -> str:
-    return f"{value:,.1f} ms" if value < 10 else f"{value:,.0f} ms"
-
-
-def _pct(value: float) -> str:
-    return f"{value * 100:.1f} %"
-
-
-def _usd(value: float) -> str:
-    if value == 0 or abs(value) >= 1:
-        return f"${value:,.2f}"
-    return f"${value:.{max(2, 2 - math.floor(math.log10(abs(value))))}f}"
-
-
 @pytest.fixture
 def settings(make_settings, request):
     """API-priced traffic by default; with param SELF_HOSTED, chat-api runs on our GPUs."""
@@ -67,14 +52,7 @@ def settings(make_settings, request):
 
 def _row(driver, container_id: str, key: str) -> str:
     """The text of the table row under container_id whose first cell is key."""
-    xpath = f"//*[@id='{container_id}']//tr[td[1][normalize-space()='{key}']]"
-    for _ in range(3):
-        try:
-            found = driver.find_elements(By.XPATH, xpath)
-            return found[0].text if found else ""
-        except StaleElementReferenceException:
-            continue
-    return ""
+    return _first_text(driver, By.XPATH, f"//*[@id='{container_id}']//tr[td[1][normalize-space()='{key}']]")
 
 
 def _wait(driver, until, timeout: float = 15) -> None:
@@ -132,7 +110,7 @@ def api_cost(r: Request) -> float:
 def test_latency_and_stages(browser, dashboard, otlp_http, tmp_path):
     send(otlp_http, TRAFFIC)
     gpt4o = [r for r in TRAFFIC if r.model == "gpt-4o"]
-    p99 = _ms(float(np.percentile([r.latency * 1000 for r in gpt4o], 99)))
+    p99 = ms(float(np.percentile([r.latency * 1000 for r in gpt4o], 99)))
 
     _open(browser, f"{dashboard.url}/latency", lambda d: p99 in _row(d, "lat-table", "gpt-4o"))
     assert _row(browser, "lat-table", "gpt-4o").split()[1] == str(len(gpt4o))
@@ -148,14 +126,14 @@ def test_latency_and_stages(browser, dashboard, otlp_http, tmp_path):
 
 def test_cost(browser, dashboard, otlp_http, tmp_path, monkeypatch):
     send(otlp_http, TRAFFIC + PREVIOUS)
-    acme = _usd(sum(api_cost(r) for r in TRAFFIC if r.tenant == "acme" and r.model in PRICES))
-    total = _usd(sum(api_cost(r) for r in TRAFFIC if r.model in PRICES))
+    acme = usd(sum(api_cost(r) for r in TRAFFIC if r.tenant == "acme" and r.model in PRICES))
+    total = usd(sum(api_cost(r) for r in TRAFFIC if r.model in PRICES))
 
     _open(browser, f"{dashboard.url}/cost", lambda d: acme in _row(d, "cost-table", "acme"))
     assert _text(browser, "cost-total") == total
     assert _text(browser, "cost-unpriced") == str(sum(r.model not in PRICES for r in TRAFFIC))
     if "cost-change" in REPORTS:
-        before = _usd(sum(api_cost(r) for r in PREVIOUS if r.model in PRICES))
+        before = usd(sum(api_cost(r) for r in PREVIOUS if r.model in PRICES))
         _wait(browser, lambda d: f"{before} → last 24 h: {total}" in _text(d, "cost-change-total"))
         _wait(browser, _plots("#cost-change"))
     else:
@@ -179,13 +157,13 @@ def test_gpus(browser, dashboard, otlp_http, tmp_path):
     provisioned = len(GPU_UTILS) * hours * GPU_RATE
     busy = sum(hours * GPU_RATE * sum(u) / len(u) / 100 for u in GPU_UTILS.values())
 
-    _open(browser, f"{dashboard.url}/gpus", lambda d: _text(d, "gpus-d0-idle") == _usd(provisioned - busy))
+    _open(browser, f"{dashboard.url}/gpus", lambda d: _text(d, "gpus-d0-idle") == usd(provisioned - busy))
     assert _text(browser, "gpus-d0-name") == SERVICE
     assert _text(browser, "gpus-d0-gpus") == "2"
-    assert _text(browser, "gpus-d0-util-mean") == _pct(0.30)
-    assert _text(browser, "gpus-d0-util-p95") == _pct(0.50)
-    assert (_text(browser, "gpus-d0-provisioned"), _text(browser, "gpus-d0-busy")) == (_usd(provisioned), _usd(busy))
-    assert _pct(0.20) in _row(browser, "gpus-table", SERVICE)
+    assert _text(browser, "gpus-d0-util-mean") == pct(0.30)
+    assert _text(browser, "gpus-d0-util-p95") == pct(0.50)
+    assert (_text(browser, "gpus-d0-provisioned"), _text(browser, "gpus-d0-busy")) == (usd(provisioned), usd(busy))
+    assert pct(0.20) in _row(browser, "gpus-table", SERVICE)
     _finish(browser, "gpus", tmp_path)
 
 
@@ -223,13 +201,13 @@ def test_reliability(browser, dashboard, otlp_http, tmp_path):
     send(otlp_http, TRAFFIC)
     send_fallbacks(otlp_http, fallbacks)
     attempts = len(TRAFFIC) + len(fallbacks)
-    error_rate = _pct(sum(r.error for r in TRAFFIC) / attempts)
+    error_rate = pct(sum(r.error for r in TRAFFIC) / attempts)
     amplification = f"{attempts / (attempts - sum(r.retry > 0 for r in TRAFFIC)):,.2f}×"
 
     _open(browser, f"{dashboard.url}/reliability", lambda d: error_rate in _row(d, "rel-table", SERVICE))
     row = _row(browser, "rel-table", SERVICE)
-    assert amplification in row and _pct(len(fallbacks) / attempts) in row
-    assert _ms(float(np.percentile(fallbacks, 99)) * 1000) in row and "7,000 ms" in row  # vs the primary's budget
+    assert amplification in row and pct(len(fallbacks) / attempts) in row
+    assert ms(float(np.percentile(fallbacks, 99)) * 1000) in row and "7,000 ms" in row  # vs the primary's budget
     assert "over budget" in row and SERVICE in _text(browser, "rel-over-budget")
     _wait(browser, _plots("#rel-chart"))
     _finish(browser, "reliability", tmp_path)

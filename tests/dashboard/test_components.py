@@ -1,0 +1,65 @@
+"""dashboard.components without an app: the formatters, the table, and the refresh callback's
+render-or-keep-and-explain behaviour."""
+
+from __future__ import annotations
+
+import dash
+import flask
+
+from dashboard import data
+from dashboard.components import NULL, integer, ms, pct, register_refresh, show, table, updated_line, usd
+
+
+def test_formatters():
+    assert (ms(3.14), ms(1234.4)) == ("3.1 ms", "1,234 ms")
+    assert pct(0.268) == "26.8 %"
+    assert (usd(0), usd(1234.5), usd(0.0407), usd(0.00584)) == ("$0.00", "$1,234.50", "$0.0407", "$0.00584")
+    assert integer(1234.9) == "1,234"
+    assert (show(None, ms), show(float("nan"), ms), show(0.0, pct)) == (NULL, NULL, "0.0 %")
+
+
+def test_table_formats_numbers_and_marks_missing_values():
+    assert table([], (("model", "Model", str),), "nothing").className == "empty"
+    columns = (("model", "Model", str), ("requests", "Requests", integer), ("p99", "p99", ms))
+    html_table = table([{"model": "gpt-4o", "requests": 1200, "p99": None}, {"requests": 3, "p99": 2.5}],
+                       columns, "nothing")
+    head, body = html_table.children
+    assert [th.className for th in head.children.children] == [None, "num", "num"]
+    assert [[td.children for td in tr.children] for tr in body.children] == [
+        ["gpt-4o", "1,200", NULL], ["(none)", "3", "2.5 ms"]]
+
+
+class _App:
+    """Stands in for dash.Dash: keeps the one callback registered and its dependencies."""
+
+    def callback(self, *dependencies):
+        def register(fn):
+            self.dependencies, self.refresh = dependencies, fn
+            return fn
+        return register
+
+
+def test_refresh_renders_or_keeps_the_last_children_and_says_why():
+    app, calls = _App(), []
+
+    def fetch(source, filters, by):
+        calls.append((source, filters, by))
+        if by == "broken":
+            raise RuntimeError("store down")
+        return [by]
+
+    register_refresh(app, "pg", ("table", "updated"), fetch, lambda rows, filters: (rows, updated_line(filters)),
+                     controls=("by",))
+    assert [str(d) for d in app.dependencies] == [
+        "pg-table.children", "pg-updated.children", "pg-alert.children",
+        f"{data.FILTERS_ID}.data", "pg-refresh.n_intervals", "pg-by.value"]
+
+    server, source = flask.Flask(__name__), object()
+    data.attach(server, source)
+    with server.app_context():
+        rows, updated, alert = app.refresh({"range": "1h"}, 3, "model")
+        assert rows == ["model"] and updated.startswith("Last 1 h · updated ") and alert is None
+        *kept, alert = app.refresh(None, 4, "broken")
+    assert all(value is dash.no_update for value in kept) and len(kept) == 2
+    assert (alert.className, alert.children) == ("alert", "Could not load data: store down")
+    assert calls[0][:2] == (source, data.Filters("1h")) and calls[1][1] == data.Filters()
