@@ -14,8 +14,9 @@ from flask import Blueprint, Response, current_app, request
 from werkzeug.exceptions import HTTPException
 
 import servelens
-from analytics import reports, runner
-from analytics.query import QueryError
+from analytics import evaluations, reports, runner
+from analytics.query import QueryError, ReportQuery
+from analytics.triggers import engine as triggers_engine
 from servelens.config import Settings
 
 log = logging.getLogger(__name__)
@@ -30,6 +31,24 @@ def _json(body: Any, status: int = 200, headers: dict[str, str] | None = None) -
 
 def _error(status: int, message: str, headers: dict[str, str] | None = None) -> Response:
     return _json({"error": message}, status, headers)
+
+
+def _read_bounded(limit: int) -> bytes | None:
+    """The request body, or None past `limit` bytes (a chunked body declares no length)."""
+    chunks, size = [], 0
+    while chunk := request.stream.read(min(65536, limit + 1 - size)):
+        chunks.append(chunk)
+        size += len(chunk)
+        if size > limit:
+            return None
+    return b"".join(chunks)
+
+
+def _triggers(store: Any, params: Any) -> dict[str, Any]:
+    """SPEC 5 /api/v1/triggers: episodes overlapping [since, until) (default the last 24 h);
+    state=active keeps the active ones, state=all (default) every one."""
+    q = ReportQuery.from_params({"since": params.get("since"), "until": params.get("until")})
+    return {"triggers": triggers_engine.list_triggers(store, q.since, q.until, params.get("state") or "all")}
 
 
 def blueprint(settings: Settings, store: Any) -> Blueprint:
@@ -56,6 +75,24 @@ def blueprint(settings: Settings, store: Any) -> Blueprint:
             return _error(404, f"unknown report {name!r}; available: {sorted(reports.REPORTS)}")
         try:
             return _json(reports.run(name, store, settings, request.args))
+        except QueryError as exc:
+            return _error(400, str(exc))
+
+    @api.post("/v1/evaluations")
+    def post_evaluations() -> Any:
+        limit = settings.collector.max_request_bytes
+        body = _read_bounded(limit)
+        if body is None:
+            return _error(413, f"body over {limit} bytes")
+        try:
+            return _json({"accepted": evaluations.ingest(store, body)})
+        except evaluations.Rejected as exc:
+            return _json(exc.body, exc.status)
+
+    @api.get("/v1/triggers")
+    def triggers() -> Any:
+        try:
+            return _json(_triggers(store, request.args))
         except QueryError as exc:
             return _error(400, str(exc))
 
