@@ -73,7 +73,7 @@ class _Logs(_Export, logs_service_pb2_grpc.LogsServiceServicer):
 
 
 class GrpcReceiver:
-    def __init__(self, intake: Intake, host: str, port: int, max_request_bytes: int, workers: int = 8) -> None:
+    def __init__(self, intake: Intake, host: str, port: int, max_request_bytes: int, workers: int = 32) -> None:
         self._server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="otlp-grpc"),
             options=[("grpc.max_receive_message_length", max_request_bytes)],

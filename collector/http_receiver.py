@@ -148,6 +148,8 @@ def _reply(start_response: Callable, code: int, content_type: str, body: bytes,
 class HttpReceiver(WaitressServer):
     """Serves an OtlpHttpApp on host:port (port 0 picks a free port)."""
 
-    def __init__(self, app: OtlpHttpApp, host: str, port: int, threads: int = 8) -> None:
+    # Threads mostly wait for their batch's commit: enough of them lets the writer batch
+    # many concurrent requests into one insert.
+    def __init__(self, app: OtlpHttpApp, host: str, port: int, threads: int = 32) -> None:
         super().__init__(app, host, port, threads=threads, name="otlp-http",
                          max_request_body_size=app.max_request_bytes + 1)

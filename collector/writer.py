@@ -1,8 +1,9 @@
 """The writer: the only component that inserts into ClickHouse.
 
 Receivers submit decoded batches and wait for the returned Ticket. The writer groups
-whatever is queued into one insert per table (whichever comes first: `batch_size` rows
-or `flush_interval` since the oldest waiting request) and resolves every ticket only once
+whatever queued while its previous insert ran, plus what arrives within `flush_interval`,
+into one insert per table (at most `batch_size` rows): under load batches grow by
+themselves, at low load nobody waits long. It resolves every ticket only once
 its rows are durable: committed in the store, or, when the store is down or refusing,
 fsynced in the on-disk spool, from which a replayer inserts them in order when the store
 returns. Every group carries an insert-deduplication token that a replay reuses, so a
@@ -61,7 +62,7 @@ PERMANENT_ERRORS: tuple[type[BaseException], ...] = (
 class WriterSettings:
     queue_size: int = 256
     batch_size: int = 8192
-    flush_interval: float = 0.05
+    flush_interval: float = 0.005
     # How long to retry the store before spooling (or failing, without a spool).
     store_retry: float = 2.0
 

@@ -10,7 +10,7 @@ import os
 import re
 from datetime import date, datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, YamlConfigSettingsSource
@@ -58,7 +58,9 @@ class CollectorConfig(_Strict):
     tokens: dict[str, str] = {}
     queue_size: int = Field(256, ge=1, description="batches waiting for the writer")
     batch_size: int = Field(8192, ge=1, description="rows per insert")
-    flush_interval: timedelta = timedelta(milliseconds=50)
+    # Group commit: a batch is whatever queued while the previous insert ran, plus what
+    # arrives within flush_interval; batch_size caps it.
+    flush_interval: timedelta = timedelta(milliseconds=5)
     store_retry: timedelta = timedelta(seconds=2)  # retry the store this long, then spool
     write_timeout: timedelta = timedelta(seconds=30)  # a request waits at most this long
     spool_max_bytes: int = Field(1024**3, ge=0, description="0 disables the spool")
@@ -166,21 +168,177 @@ class QualityConfig(_Strict):
 
 
 class TriggersConfig(_Strict):
+    """Re-evaluation triggers (SPEC 6). Each kind names its test's level, the smallest
+    change worth acting on, and its minimum samples: a test alone fires on trivial
+    differences in big samples, a threshold alone on noise in small ones. The defaults
+    keep a stable system quiet (diurnal swings and normal bursts included)."""
+
+    class QueueWaitGrowth(_Strict):
+        windows: int = Field(6, ge=4, description="consecutive windows in the trend")
+        alpha: float = Field(0.01, gt=0, lt=1, description="Mann-Kendall, one-sided")
+        min_growth: float = Field(0.5, gt=0, description="fitted rise / baseline queue p95")
+        min_increase: timedelta = timedelta(milliseconds=50)  # fitted rise of the p95 over the windows
+        critical_growth: float = Field(2.0, gt=0)
+        min_requests: int = Field(30, ge=1, description="requests with queue timings per window")
+        _dur = field_validator("min_increase", mode="before")(parse_duration)
+
+    class P99Drift(_Strict):
+        min_rise: float = Field(0.3, gt=0, description="p99 / baseline p99 - 1")
+        critical_rise: float = Field(1.0, gt=0)
+        p50_tolerance: float = Field(0.2, ge=0, description="p50 may rise this much and still be 'flat'")
+        alpha: float = Field(1e-3, gt=0, lt=1, description="exceedance test of the baseline p99")
+        min_requests: int = Field(200, ge=1)
+        min_baseline: int = Field(1000, ge=1)
+
+    class QualityRegression(_Strict):
+        window: timedelta | None = None  # evaluations are sparse: may look back further than `window`
+        keys: list[Literal["task_type", "language", "length_class", "model", "deployment", "tenant"]] = [
+            "task_type", "language", "length_class", "model", "deployment", "tenant"]
+        pairs: bool = True  # also every pair of keys
+        min_drop: float = Field(0.05, gt=0, description="pass-rate points")
+        critical_drop: float = Field(0.15, gt=0)
+        fdr: float = Field(0.05, gt=0, lt=1, description="Benjamini-Hochberg across slices")
+        min_evaluations: int = Field(100, ge=1)
+        min_baseline: int = Field(200, ge=1)
+        _dur = field_validator("window", mode="before")(lambda v: None if v is None else parse_duration(v))
+
+    class NewWorkloadShape(_Strict):
+        dimensions: list[Literal["task_type", "language", "length_class", "batch_feature"]] = [
+            "task_type", "language", "length_class", "batch_feature"]
+        min_count: int = Field(30, ge=1)
+        min_share: float = Field(0.02, ge=0, le=1)
+        rare_share: float = Field(0.001, gt=0, lt=1, description="below this share in the baseline = new")
+        alpha: float = Field(1e-4, gt=0, lt=1)
+        min_baseline: int = Field(2000, ge=1, description="baseline requests before anything counts as new")
+        shift_min_auc: float = Field(0.75, gt=0.5, le=1)
+        shift_alpha: float = Field(1e-3, gt=0, lt=1)
+        shift_margin: float = Field(0.05, ge=0, description="above the baseline days' own AUC against each other")
+        shift_min_minutes: int = Field(30, ge=5)
+        shift_min_baseline_minutes: int = Field(120, ge=5)
+
+    class RetryStorm(_Strict):
+        amplification: float = Field(1.5, gt=1)
+        critical_amplification: float = Field(2.0, gt=1)
+        min_originals: int = Field(50, ge=1)
+        min_retries: int = Field(20, ge=1)
+
+    class ErrorRateSpike(_Strict):
+        alpha: float = Field(1e-4, gt=0, lt=1, description="binomial test against the baseline rate")
+        min_ratio: float = Field(2.0, ge=1)
+        min_increase: float = Field(0.02, ge=0, description="error-rate points above baseline")
+        critical_rate: float = Field(0.2, gt=0, le=1)
+        min_requests: int = Field(100, ge=1)
+        min_errors: int = Field(10, ge=1)
+        min_baseline: int = Field(500, ge=1)
+
+    class FallbackOverBudget(_Strict):
+        alpha: float = Field(0.01, gt=0, lt=1, description="exceedance test of the budget")
+        critical_ratio: float = Field(2.0, gt=1, description="fallback p99 / budget")
+        min_fallbacks: int = Field(20, ge=1)
+
+    class CostAnomaly(_Strict):
+        z: float = Field(4.0, gt=0, description="robust z against the baseline windows")
+        min_change: float = Field(0.25, gt=0)
+        critical_change: float = Field(1.0, gt=0)
+        min_requests: int = Field(50, ge=1, description="per window")
+        min_baseline_windows: int = Field(5, ge=3)
+        recent_windows: int = Field(24, ge=3, description="band from these when like hours are too few")
+
     window: timedelta = timedelta(hours=1)
     baseline: timedelta = timedelta(days=7)
     low_utilization: float = Field(0.30, ge=0, le=1)
-    _dur = field_validator("window", "baseline", mode="before")(parse_duration)
+    low_utilization_critical: float = Field(0.10, ge=0, le=1)
+    low_utilization_min_samples: int = Field(20, ge=1)
+    resolve_after: int = Field(2, ge=1, description="clear windows before an episode resolves")
+    settle: timedelta = timedelta(minutes=2)  # late spans: evaluate a window this long after it ends
+    catch_up: int = Field(24, ge=1, description="most missed windows evaluated per scheduler tick")
+    queue_wait_growth: QueueWaitGrowth = QueueWaitGrowth()
+    p99_drift: P99Drift = P99Drift()
+    quality_regression: QualityRegression = QualityRegression()
+    new_workload_shape: NewWorkloadShape = NewWorkloadShape()
+    retry_storm: RetryStorm = RetryStorm()
+    error_rate_spike: ErrorRateSpike = ErrorRateSpike()
+    fallback_over_budget: FallbackOverBudget = FallbackOverBudget()
+    cost_anomaly: CostAnomaly = CostAnomaly()
+    _dur = field_validator("window", "baseline", "settle", mode="before")(parse_duration)
+
+    @model_validator(mode="after")
+    def _window(self) -> TriggersConfig:
+        if self.window <= timedelta(0) or self.baseline < self.window:
+            raise ValueError("window must be positive and baseline at least one window")
+        return self
+
+
+SINK_TYPES = ("webhook", "slack", "alertmanager", "email")
+ALERT_SEVERITIES = ("warning", "critical")  # ascending: min_severity keeps this one and those after it
 
 
 class AlertSink(_Strict):
+    """One alert destination (SPEC 7). HTTP sinks need `url`; email needs `to` and `smtp_host`."""
+
     type: str
+    name: str | None = None  # label in logs, metrics and `alerts test` (default: type:host)
     url: str | None = None
-    to: str | None = None
+    to: list[str] = []  # email recipients; "a@x, b@y" is accepted too
     min_severity: str = "warning"
+    headers: dict[str, str] = {}  # extra HTTP headers, e.g. Authorization
+    timeout: timedelta = timedelta(seconds=10)  # one attempt
+    max_attempts: int = Field(5, ge=1)
+    retry_deadline: timedelta = timedelta(minutes=2)  # one message gives up after this long
+    backoff: timedelta = timedelta(milliseconds=500)  # first retry delay, doubled each time (with jitter)
+    queue_size: int = Field(1000, ge=1)  # messages waiting for this sink; more are dropped (counted)
+    # Alertmanager forgets an alert at its endsAt, so active alerts are re-posted this often.
+    resend_interval: timedelta = timedelta(minutes=1)
+    smtp_host: str | None = None
+    smtp_port: int = Field(25, ge=1, le=65535)
+    smtp_from: str = "servelens@localhost"
+    smtp_username: str | None = None
+    smtp_password: str | None = None
+    smtp_starttls: bool | None = None  # None: when the server offers it; True: required; False: never
+
+    _dur = field_validator("timeout", "retry_deadline", "backoff", "resend_interval", mode="before")(parse_duration)
+
+    @field_validator("type")
+    @classmethod
+    def _type(cls, v: str) -> str:
+        if v not in SINK_TYPES:
+            raise ValueError(f"unknown sink type {v!r}; known: {', '.join(SINK_TYPES)}")
+        return v
+
+    @field_validator("min_severity")
+    @classmethod
+    def _severity(cls, v: str) -> str:
+        if v not in ALERT_SEVERITIES:
+            raise ValueError(f"unknown severity {v!r}; known: {', '.join(ALERT_SEVERITIES)}")
+        return v
+
+    @field_validator("to", mode="before")
+    @classmethod
+    def _recipients(cls, v: Any) -> Any:
+        return [a.strip() for a in v.split(",") if a.strip()] if isinstance(v, str) else v
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, v: str | None) -> str | None:
+        if v is not None and not re.match(r"^https?://[^/\s]+", v):
+            raise ValueError("must be an http:// or https:// URL")
+        return v
+
+    @model_validator(mode="after")
+    def _required(self) -> AlertSink:
+        if self.type == "email":
+            missing = [k for k, v in (("to", self.to), ("smtp_host", self.smtp_host)) if not v]
+            if missing:
+                raise ValueError(f"an email sink needs {' and '.join(missing)}")
+        elif not self.url:
+            raise ValueError(f"a {self.type} sink needs url")
+        return self
 
 
 class AlertsConfig(_Strict):
     sinks: list[AlertSink] = []
+    # Base URL for links in alerts, as their readers reach it (default http://<host>:<ui-port>/).
+    dashboard_url: str | None = None
 
 
 class AnalyticsConfig(_Strict):

@@ -1,0 +1,1 @@
+"""Benchmarks for servelens (`make bench` = `python -m bench`); figures go to BENCHMARKS.md."""
