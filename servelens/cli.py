@@ -1,4 +1,4 @@
-"""The `servelens` command (SPEC 1): up, migrate, collector, analytics, dashboard, report."""
+"""The `servelens` command (SPEC 1): up, migrate, collector, analytics, dashboard, report, alerts."""
 
 from __future__ import annotations
 
@@ -52,6 +52,9 @@ def build_parser() -> argparse.ArgumentParser:
         report.add_argument(f"--{key}", help=f"only this {key}")
     report.add_argument("--format", choices=REPORT_FORMATS, default="table")
     _common(report)
+    alerts = sub.add_parser("alerts", help="alert sinks (alerts.sinks)")
+    alerts_sub = alerts.add_subparsers(dest="alerts_command", required=True, metavar="ACTION")
+    _common(alerts_sub.add_parser("test", help="send a test alert to every configured sink now"))
     return parser
 
 
@@ -67,6 +70,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings = settings_from(args)
         if args.command == "report":
             return _report(args, settings)
+        if args.command == "alerts":
+            return _alerts_test(settings)
         from servelens import runtime
 
         return runtime.run(args.command, settings, demo=getattr(args, "demo", False), once=getattr(args, "once", False))
@@ -93,6 +98,19 @@ def _report(args: argparse.Namespace, settings: Settings) -> int:
         store.close()
     print(format_report(document, args.format))
     return 0
+
+
+def _alerts_test(settings: Settings) -> int:
+    """One line per sink; exit 1 when any failed, or when there is nothing to test."""
+    from analytics.alerts import send_test
+
+    if not settings.alerts.sinks:
+        print("servelens: no alert sinks configured (alerts.sinks)", file=sys.stderr)
+        return 1
+    results = send_test(settings, dashboard_url=f"http://{settings.host}:{settings.ui_port}/")
+    for name, result in results.items():
+        print(f"{name}: {result}")
+    return 0 if all(r == "ok" for r in results.values()) else 1
 
 
 def format_report(document: dict[str, Any], fmt: str) -> str:
