@@ -93,11 +93,13 @@ def run_all(store: Any, settings: Settings, now: datetime | None = None, schedul
 
 
 class Scheduler:
-    """Runs run_all(scheduled=True) every `analytics.interval` until shutdown()."""
+    """Every `analytics.interval`: the report jobs for the latest aligned window, then the
+    trigger windows that have closed (their episodes publish to the alert dispatcher)."""
 
-    def __init__(self, store: Any, settings: Settings) -> None:
+    def __init__(self, store: Any, settings: Settings, dispatcher: Any = None) -> None:
         self._store = store
         self._settings = settings
+        self._dispatcher = dispatcher
         self._owner = runner_id()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="analytics", daemon=True)
@@ -106,11 +108,17 @@ class Scheduler:
     def start(self) -> None:
         self._thread.start()
 
+    def tick(self) -> None:
+        from analytics.triggers.engine import evaluate_due  # triggers build on the reports
+
+        self.last = run_all(self._store, self._settings, scheduled=True, owner=self._owner)
+        evaluate_due(self._store, self._settings, self._dispatcher, owner=self._owner)
+
     def _loop(self) -> None:
         interval = self._settings.analytics.interval.total_seconds()
         while not self._stop.wait(interval):
             try:
-                self.last = run_all(self._store, self._settings, scheduled=True, owner=self._owner)
+                self.tick()
             except Exception:  # noqa: BLE001 - a failed run must not stop the schedule
                 log.exception("analytics run failed")
 

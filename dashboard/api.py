@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Any
+from typing import Any, Callable
 
 from flask import Blueprint, Response, current_app, request
 from werkzeug.exceptions import HTTPException
@@ -51,13 +51,18 @@ def _triggers(store: Any, params: Any) -> dict[str, Any]:
     return {"triggers": triggers_engine.list_triggers(store, q.since, q.until, params.get("state") or "all")}
 
 
-def blueprint(settings: Settings, store: Any) -> Blueprint:
-    """A fresh blueprint bound to settings and store (one per app, so tests build many)."""
+def blueprint(settings: Settings, store: Any, collector_stats: Callable[[], dict[str, float]] | None = None) -> Blueprint:
+    """A fresh blueprint bound to settings and store (one per app, so tests build many).
+
+    `collector_stats`: the in-process collector's counters (all-in-one mode), shown on health.
+    """
     api = Blueprint("servelens_api", __name__, url_prefix="/api")
 
     @api.get("/v1/health")
     def health() -> Any:
-        body = {"status": "ok", "store": store.describe(), "version": servelens.__version__}
+        body: dict[str, Any] = {"status": "ok", "store": store.describe(), "version": servelens.__version__}
+        if collector_stats is not None:
+            body["collector"] = collector_stats()
         try:
             store.client().command("SELECT 1")
         except Exception as exc:  # noqa: BLE001 - any store failure means degraded

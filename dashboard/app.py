@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import dash
 from dash import ALL, Input, Output, State, dcc, html
@@ -30,13 +30,14 @@ _PLACEHOLDERS = {"service": "All services", "deployment": "All deployments",
                  "model": "All models", "tenant": "All tenants"}
 
 
-def create_app(settings: Settings, store: Any) -> dash.Dash:
+def create_app(settings: Settings, store: Any,
+               collector_stats: Callable[[], dict[str, float]] | None = None) -> dash.Dash:
     """A new Dash app bound to settings and store (tests build one per test)."""
     # name="dashboard" makes Dash import the pages as dashboard.pages.<name>.
     app = dash.Dash("dashboard", use_pages=True, pages_folder=str(PAGES_DIR),
                     assets_folder=str(ASSETS_DIR), title=PRODUCT, update_title=None)
     data.attach(app.server, data.DataSource(settings, store))
-    app.server.register_blueprint(api.blueprint(settings, store))
+    app.server.register_blueprint(api.blueprint(settings, store, collector_stats))
     app.layout = _layout
     _register_callbacks(app)
     # Page callbacks are registered on this app, not through dash.callback's global

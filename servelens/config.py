@@ -179,7 +179,7 @@ class TriggersConfig(_Strict):
         min_growth: float = Field(0.5, gt=0, description="fitted rise / baseline queue p95")
         min_increase: timedelta = timedelta(milliseconds=50)  # fitted rise of the p95 over the windows
         critical_growth: float = Field(2.0, gt=0)
-        min_requests: int = Field(30, ge=1, description="requests with queue timings per window")
+        min_requests: int = Field(100, ge=1, description="requests with queue timings per window")
         _dur = field_validator("min_increase", mode="before")(parse_duration)
 
     class P99Drift(_Strict):
@@ -191,16 +191,19 @@ class TriggersConfig(_Strict):
         min_baseline: int = Field(1000, ge=1)
 
     class QualityRegression(_Strict):
-        window: timedelta | None = None  # evaluations are sparse: may look back further than `window`
+        # Pool the last `windows` evaluation windows: results are sparse, and a drop of 10
+        # points on 200 results per hour is too close to noise for one hour alone.
+        windows: int = Field(2, ge=1)
         keys: list[Literal["task_type", "language", "length_class", "model", "deployment", "tenant"]] = [
             "task_type", "language", "length_class", "model", "deployment", "tenant"]
         pairs: bool = True  # also every pair of keys
         min_drop: float = Field(0.05, gt=0, description="pass-rate points")
         critical_drop: float = Field(0.15, gt=0)
-        fdr: float = Field(0.05, gt=0, lt=1, description="Benjamini-Hochberg across slices")
+        # Benjamini-Hochberg across the slices of one window. Strict, because the test recurs:
+        # a week has 168 hourly windows, and at q the chance of a false alarm per window is <= q.
+        fdr: float = Field(0.001, gt=0, lt=1, description="Benjamini-Hochberg across slices, per window")
         min_evaluations: int = Field(100, ge=1)
         min_baseline: int = Field(200, ge=1)
-        _dur = field_validator("window", mode="before")(lambda v: None if v is None else parse_duration(v))
 
     class NewWorkloadShape(_Strict):
         dimensions: list[Literal["task_type", "language", "length_class", "batch_feature"]] = [
@@ -240,6 +243,7 @@ class TriggersConfig(_Strict):
         z: float = Field(4.0, gt=0, description="robust z against the baseline windows")
         min_change: float = Field(0.25, gt=0)
         critical_change: float = Field(1.0, gt=0)
+        direction: Literal["up", "both"] = "up"  # "both": a drop in spend per request fires too
         min_requests: int = Field(50, ge=1, description="per window")
         min_baseline_windows: int = Field(5, ge=3)
         recent_windows: int = Field(24, ge=3, description="band from these when like hours are too few")

@@ -51,7 +51,9 @@ def with_demo_defaults(settings: Settings) -> Settings:
     return settings.model_copy(update=update)
 
 
-def _wait_for_signal() -> None:
+def _stop_on_signal() -> threading.Event:
+    """An event set by SIGINT/SIGTERM, installed before anything starts so a Ctrl-C at any
+    moment (even during the demo's backfill) leads to the orderly stop below."""
     stop = threading.Event()
 
     def handler(signum: int, _frame: Any) -> None:
@@ -60,8 +62,7 @@ def _wait_for_signal() -> None:
 
     signal.signal(signal.SIGINT, handler)
     signal.signal(signal.SIGTERM, handler)
-    while not stop.wait(0.5):
-        pass
+    return stop
 
 
 def run(command: str, settings: Settings, demo: bool = False, once: bool = False) -> int:
@@ -72,15 +73,12 @@ def run(command: str, settings: Settings, demo: bool = False, once: bool = False
         print(f"store {store.describe()} is up to date")
         return 0
     if command == "analytics" and once:
-        from analytics.runner import run_all
+        return _analytics_once(store, settings)
 
-        result = run_all(store, settings)
-        for name, job in result["jobs"].items():
-            print(f"{name}: {job['rows']} rows in {job['seconds']:.3f}s")
-        return 0
-
+    stop = _stop_on_signal()
     components: list[Any] = []  # started in order, stopped in reverse
     ports: dict[str, int] = {}
+    collector = None
     try:
         if command in ("up", "collector"):
             from collector.service import Collector
@@ -89,20 +87,29 @@ def run(command: str, settings: Settings, demo: bool = False, once: bool = False
             collector.start()
             components.append(collector)
             ports.update(collector.ports)
+        dispatcher = None
         if command in ("up", "analytics"):
+            from analytics.alerts import Dispatcher
             from analytics.runner import Scheduler
 
-            scheduler = Scheduler(store, settings)
+            # started before the scheduler and stopped after it, so its last resolves go out
+            dispatcher = Dispatcher(settings, None)
+            dispatcher.start()
+            components.append(dispatcher)
+            scheduler = Scheduler(store, settings, dispatcher)
             scheduler.start()
             components.append(scheduler)
         if command in ("up", "dashboard"):
             from dashboard.app import create_app
             from dashboard.server import DashboardServer
 
-            server = DashboardServer(create_app(settings, store), settings.host, settings.ui_port)
+            stats = collector.metrics.snapshot if collector is not None else None  # shown on health
+            server = DashboardServer(create_app(settings, store, stats), settings.host, settings.ui_port)
             server.start()
             components.append(server)
             ports["ui"] = server.port
+            if dispatcher is not None and not dispatcher.dashboard_url:
+                dispatcher.dashboard_url = f"http://{settings.host}:{server.port}/"
         print(" ".join(f"{k}={v}" for k, v in ports.items()), flush=True)
         if "ui" in ports:
             print(f"servelens dashboard: http://{settings.host}:{ports['ui']}/", flush=True)
@@ -114,7 +121,8 @@ def run(command: str, settings: Settings, demo: bool = False, once: bool = False
             traffic.backfill(minutes=120)  # two hours of history, so every chart has a shape
             traffic.start()
             print("demo traffic: sending to the OTLP/HTTP receiver (Ctrl-C to stop)", flush=True)
-        _wait_for_signal()
+        while not stop.wait(0.5):
+            pass
     finally:
         for component in reversed(components):
             try:
@@ -124,3 +132,23 @@ def run(command: str, settings: Settings, demo: bool = False, once: bool = False
         store.close()
     return 0
 
+
+def _analytics_once(store: Store, settings: Settings) -> int:
+    """`servelens analytics --once`: every report job and the due trigger windows, alerts
+    delivered before the process exits."""
+    from analytics.alerts import Dispatcher
+    from analytics.runner import run_all
+    from analytics.triggers.engine import evaluate_due
+
+    dispatcher = Dispatcher(settings, None)
+    dispatcher.start()
+    try:
+        result = run_all(store, settings)
+        for name, job in result["jobs"].items():
+            print(f"{name}: {job['rows']} rows in {job['seconds']:.3f}s")
+        changed = evaluate_due(store, settings, dispatcher)
+        print(f"triggers: {len(changed)} episode changes")
+    finally:
+        dispatcher.shutdown(30.0)
+        store.close()
+    return 0

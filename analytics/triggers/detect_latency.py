@@ -1,0 +1,147 @@
+"""Latency triggers: queue_wait_growth, p99_drift, fallback_over_budget (SPEC 6)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from analytics import reliability
+from analytics.query import ReportQuery
+from analytics.sources import traffic
+from analytics.triggers import sources, stats
+from analytics.triggers.base import Evaluation, Finding, detector
+from analytics.triggers.common import DAY, LIKE_HOURS, choose_baseline, clean, ms, pct, seasonal, severity
+from servelens.config import Settings
+
+
+@detector("queue_wait_growth")
+def queue_wait_growth(store: Any, settings: Settings, at: Evaluation) -> list[Finding]:
+    """A deployment's queue-wait p95 over the last `windows` windows trends up.
+
+    When the baseline allows, each window is first compared with the same hours on
+    earlier days (p95 minus that phase's baseline p95): the morning ramp of a diurnal load
+    grows the queue every day, and is no growth against its usual level. Mann-Kendall
+    (one-sided) then decides that the series rises consistently, and the Theil-Sen fit
+    measures by how much, taken as the smaller of the fits with and without the latest
+    window: a burst in the last window of a flat series passes the rank test (it is simply
+    the highest point) but adds nothing to the growth already there before it. So a
+    single spike is no trend.
+    """
+    cfg = settings.triggers.queue_wait_growth
+    window = at.until - at.since
+    n = cfg.windows
+    data = sources.queue_series(store, at.until - n * window, at.until, window, settings.triggers.baseline)
+    use_phase = seasonal(window, settings.triggers.baseline)
+    per_day = int(DAY / window) if use_phase else 0
+    findings = []
+    for (deployment,), rows in data.partition_by("deployment", as_dict=True).items():
+        recent = {r["slot"]: r for r in rows.iter_rows(named=True) if r["recent"]}
+        phases = {r["slot"]: r for r in rows.iter_rows(named=True) if not r["recent"]}
+        if any(recent.get(i, {}).get("requests", 0) < cfg.min_requests for i in range(n)):
+            continue  # a gap or a thin window: no trend can be read
+        raw = np.array([recent[i]["p95"] for i in range(n)], dtype=float)
+        usual = [phases.get(i % per_day) for i in range(n)] if use_phase else []
+        adjusted = bool(usual) and all(u is not None and u["requests"] >= cfg.min_requests for u in usual)
+        expected = np.array([u["p95"] for u in usual], dtype=float) if adjusted else np.zeros(n)
+        series = raw - expected
+        level = float(expected.mean()) if adjusted else float(raw[0])
+        trend = stats.mann_kendall(series, cfg.alpha)
+        fit = stats.theil_sen(series)
+        rise = min(fit.statistic, stats.theil_sen(series[:-1]).statistic) * (n - 1)
+        growth = rise / max(level, 1e-3)  # a queue near zero: growth relative to 1 ms
+        firing = trend.detected and rise >= cfg.min_increase.total_seconds() and growth >= cfg.min_growth
+        configured = settings.deployment(deployment)
+        budget = configured.budgets.get("queue") if configured else None
+        critical = growth >= cfg.critical_growth or (budget is not None and raw[-1] > budget.total_seconds())
+        findings.append(Finding(
+            "queue_wait_growth", {"deployment": deployment}, firing, severity(critical),
+            f"{deployment}: queue-wait p95 rose {ms(raw[0]):.0f} → {ms(raw[-1]):.0f} ms over {n} windows "
+            f"({pct(growth)} of its usual {ms(level):.0f} ms; Mann-Kendall p={trend.p_value:.2g})",
+            clean({"queue_p95_ms": [ms(x) for x in raw],
+                   "usual_p95_ms": [ms(x) for x in expected] if adjusted else None,
+                   "baseline": LIKE_HOURS if adjusted else "none", "windows": n, "rise_ms": ms(rise),
+                   "growth": growth, "queue_budget_ms": ms(budget.total_seconds()) if budget else None,
+                   "trend": trend.evidence(), "slope": fit.evidence()}),
+        ))
+    return findings
+
+
+@detector("p99_drift")
+def p99_drift(store: Any, settings: Settings, at: Evaluation) -> list[Finding]:
+    """Latency or TTFT p99 of a deployment rises materially while its p50 stays flat.
+
+    Material: p99 at least `min_rise` above the baseline p99, and significantly more of
+    the window above the baseline p99 than the 1 % a same-distribution window would put
+    there (binomial exceedance test). The baseline is the same hours on earlier days when
+    they hold `min_baseline` requests, else the whole baseline.
+    """
+    cfg = settings.triggers.p99_drift
+    findings = []
+    for metric in ("latency", "ttft"):
+        for r in sources.latency_tails(store, at, metric).iter_rows(named=True):
+            which = choose_baseline(r["like_n"], r["base_n"], cfg.min_baseline)
+            if which is None or r["n"] < cfg.min_requests:
+                continue
+            like = which == LIKE_HOURS
+            base_p50, base_p99 = r["like_q"] if like else r["base_q"]
+            p50, p99 = r["q"]
+            rise = stats.relative_change(base_p99, p99, cfg.min_rise)
+            p50_rise = stats.relative_change(base_p50, p50, cfg.p50_tolerance)
+            tail = stats.quantile_exceedance(r["over_like"] if like else r["over_base"], r["n"], 0.99, cfg.alpha)
+            firing = rise.detected and tail.detected and not p50_rise.detected
+            d = settings.deployment(r["deployment"])
+            budget = d.budgets.get("total") if d and metric == "latency" else None
+            critical = rise.statistic >= cfg.critical_rise or (budget is not None and p99 > budget.total_seconds())
+            findings.append(Finding(
+                "p99_drift", {"deployment": r["deployment"], "metric": metric}, firing, severity(critical),
+                f"{r['deployment']}: {metric} p99 {ms(p99):.0f} ms vs {ms(base_p99):.0f} ms baseline "
+                f"({pct(rise.statistic)}), p50 {pct(p50_rise.statistic)}",
+                clean({"metric": metric, "baseline": which, "requests": r["n"],
+                       "baseline_requests": r["like_n"] if like else r["base_n"],
+                       "p50_ms": ms(p50), "p99_ms": ms(p99), "baseline_p50_ms": ms(base_p50),
+                       "baseline_p99_ms": ms(base_p99), "budget_ms": ms(budget.total_seconds()) if budget else None,
+                       "p99_rise": rise.evidence(), "p50_rise": p50_rise.evidence(), "tail": tail.evidence()}),
+            ))
+    return findings
+
+
+def _service_budgets(store: Any, settings: Settings, at: Evaluation) -> dict[str, float]:
+    """service -> total budget (s) of the deployment most of its attempts went to: the
+    primary path the reliability report judges fallbacks against."""
+    mix = traffic.deployment_mix(store, settings, ReportQuery(at.since, at.until, by="service"))
+    budgets = reliability.primary_budgets(mix.lazy(), reliability.budget_table(settings)).collect()
+    return {k: v / 1000 for k, v in budgets.iter_rows() if v is not None}
+
+
+@detector("fallback_over_budget")
+def fallback_over_budget(store: Any, settings: Settings, at: Evaluation) -> list[Finding]:
+    """A service's fallback attempts have a p99 above its primary deployment's total budget.
+
+    Beyond the point estimate, significantly more than 1 % of the fallbacks must exceed
+    the budget (binomial test): with 20 fallbacks, p99 is the slowest one, and one slow
+    request is no evidence about the path.
+    """
+    cfg = settings.triggers.fallback_over_budget
+    if not any("total" in d.budgets for d in settings.deployments):
+        return []
+    budgets = _service_budgets(store, settings, at)
+    if not budgets:
+        return []
+    findings = []
+    for r in sources.fallback_tails(store, settings, at, budgets).iter_rows(named=True):
+        if r["fallbacks"] < cfg.min_fallbacks:
+            continue
+        budget, (p50, p99) = r["budget_s"], r["q"]
+        over = stats.above_threshold(p99, budget)
+        tail = stats.quantile_exceedance(r["over_budget"], r["fallbacks"], 0.99, cfg.alpha)
+        firing = p99 > budget and tail.detected
+        findings.append(Finding(
+            "fallback_over_budget", {"service": r["service"]}, firing, severity(p99 >= cfg.critical_ratio * budget),
+            f"{r['service']}: fallback p99 {ms(p99):.0f} ms over the primary budget {ms(budget):.0f} ms "
+            f"({r['over_budget']} of {r['fallbacks']} fallbacks over)",
+            clean({"fallbacks": r["fallbacks"], "fallback_p50_ms": ms(p50), "fallback_p99_ms": ms(p99),
+                   "primary_budget_ms": ms(budget), "over_budget": r["over_budget"],
+                   "p99_over_budget": over.evidence(), "tail": tail.evidence()}),
+        ))
+    return findings
