@@ -104,9 +104,9 @@ def test_a_stable_week_with_daily_swings_fires_nothing(store, make_settings) -> 
         insert(store, start, end, traffic, seed=seed, pass_rate=pass_rate)
     insert_gpus(store, start, end, "gpu-1", 0.6)
     recorder = Recorder()
-    # Twelve windows, 13 h apart: every part of the day, over the second week.
-    for i in range(12):
-        got = engine.evaluate(store, settings, T0 + timedelta(days=7, hours=5 + 13 * i), recorder)
+    # 24 windows, 7 h apart: every hour of the day once, over the whole second week.
+    for i in range(24):
+        got = engine.evaluate(store, settings, T0 + timedelta(days=7, hours=5 + 7 * i), recorder)
         assert got == [], json.dumps(got, indent=1)
     assert recorder.sent == [] and all_triggers(store) == []
     examined: dict[str, int] = {}
