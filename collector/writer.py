@@ -173,14 +173,22 @@ class Writer:
                 pending.append(nxt)
                 rows += sum(b.rows for b in nxt[0])
             self._metrics.queue_depth.set(self._queue.qsize())
-            error = self._commit(_merge(pending))
-            if isinstance(error, PERMANENT_ERRORS) and len(pending) > 1:
-                # one request's bad rows must not fail its neighbours: write them one by one
-                for item in pending:
-                    item[1].resolve(self._commit(_merge([item])))
-                continue
-            for _, ticket in pending:
-                ticket.resolve(error)
+            try:
+                self._write(pending)
+            except Exception as exc:  # noqa: BLE001 - the writer thread must outlive any batch
+                log.exception("writer failed on a batch; its requests are refused")
+                for _, ticket in pending:
+                    ticket.resolve(WriteFailed(f"writer error: {exc}"))
+
+    def _write(self, pending: list[tuple[list[Batch], Ticket]]) -> None:
+        error = self._commit(_merge(pending))
+        if isinstance(error, PERMANENT_ERRORS) and len(pending) > 1:
+            # one request's bad rows must not fail its neighbours: write them one by one
+            for item in pending:
+                item[1].resolve(self._commit(_merge([item])))
+            return
+        for _, ticket in pending:
+            ticket.resolve(error)
 
     def _commit(self, tables: Tables) -> BaseException | None:
         """Make `tables` durable; returns the error when they are not."""
