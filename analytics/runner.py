@@ -20,7 +20,7 @@ import uuid
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from analytics import reports
+from analytics import memo, reports
 from analytics.query import DEFAULT_WINDOW, ReportQuery, iso
 from servelens.config import Settings
 
@@ -77,18 +77,21 @@ def run_all(store: Any, settings: Settings, now: datetime | None = None, schedul
     until = aligned(now, settings.analytics.interval) if scheduled else now
     leases = Leases(store, owner)
     jobs: dict[str, Any] = {}
-    for name, (_job, default_by) in reports.REPORTS.items():
-        if scheduled and not leases.acquire(name, until, now):
-            jobs[name] = {"rows": 0, "seconds": 0.0, "skipped": True}
-            continue
-        started = time.perf_counter()
-        q = ReportQuery(until - DEFAULT_WINDOW, until, default_by)
-        frame = reports.compute(name, store, settings, q)
-        store.client().insert(
-            "analytics_results",
-            [[name, q.since, q.until, datetime.now(timezone.utc), owner, json.dumps(reports.to_records(frame))]],
-            column_names=["report", "since", "until", "computed_at", "owner", "rows"])
-        jobs[name] = {"rows": frame.height, "seconds": round(time.perf_counter() - started, 4)}
+    # The jobs share one window: what several of them need (GPU frames, stage quantiles)
+    # is computed once (analytics.memo) and dropped when the run ends.
+    with memo.run():
+        for name, (_job, default_by) in reports.REPORTS.items():
+            if scheduled and not leases.acquire(name, until, now):
+                jobs[name] = {"rows": 0, "seconds": 0.0, "skipped": True}
+                continue
+            started = time.perf_counter()
+            q = ReportQuery(until - DEFAULT_WINDOW, until, default_by)
+            frame = reports.compute(name, store, settings, q)
+            store.client().insert(
+                "analytics_results",
+                [[name, q.since, q.until, datetime.now(timezone.utc), owner, json.dumps(reports.to_records(frame))]],
+                column_names=["report", "since", "until", "computed_at", "owner", "rows"])
+            jobs[name] = {"rows": frame.height, "seconds": round(time.perf_counter() - started, 4)}
     return {"jobs": jobs, "until": iso(until)}
 
 

@@ -86,10 +86,13 @@ def _window_hours(q: ReportQuery) -> float:
     return (q.until - q.since).total_seconds() / 3600
 
 
-def _gpu_frames(store: Any, settings: Settings, q: ReportQuery) -> tuple[pl.LazyFrame, pl.LazyFrame]:
+def _gpus(store: Any, settings: Settings, q: ReportQuery) -> pl.LazyFrame:
     gpus = source.per_gpu(store, settings, q)
-    gpus = gpus if gpus.height else pl.DataFrame(schema=_GPU_SCHEMA)
-    return gpus.lazy(), source.per_minute(store, settings, q).lazy()
+    return (gpus if gpus.height else pl.DataFrame(schema=_GPU_SCHEMA)).lazy()
+
+
+def _gpu_frames(store: Any, settings: Settings, q: ReportQuery) -> tuple[pl.LazyFrame, pl.LazyFrame]:
+    return _gpus(store, settings, q), source.per_minute(store, settings, q).lazy()
 
 
 def deployment_costs(store: Any, settings: Settings, q: ReportQuery) -> pl.DataFrame:
@@ -104,9 +107,9 @@ def deployment_costs(store: Any, settings: Settings, q: ReportQuery) -> pl.DataF
 
 def report(store: Any, settings: Settings, q: ReportQuery) -> pl.DataFrame:
     by = q.by or DEFAULT_BY
-    gpus, minutes = _gpu_frames(store, settings, q)
     hours = _window_hours(q)
     if by == "gpu":
+        gpus = _gpus(store, settings, q)
         rates = _rates(settings).select("deployment", "rate")
         return (
             gpu_hours(gpus, hours).join(rates, on="deployment", how="left")
@@ -124,6 +127,7 @@ def report(store: Any, settings: Settings, q: ReportQuery) -> pl.DataFrame:
         )
     if by != "deployment":
         raise QueryError("utilization is grouped by deployment or gpu")
+    gpus, minutes = _gpu_frames(store, settings, q)
     p95 = source.deployment_p95(store, settings, q).lazy()
     return (
         deployment_rollup(gpus, minutes, settings, hours)

@@ -19,6 +19,7 @@ TTL_COLUMNS = {
     "llm_requests": "toDateTime(Timestamp)",
     "trace_outcomes": "toDateTime(Timestamp)",
     "gpu_samples": "toDateTime(Timestamp)",
+    "gpu_util_minutes": "Minute",
     "stage_spans": "toDateTime(Timestamp)",
     "evaluations": "toDateTime(Timestamp)",
 }

@@ -16,6 +16,11 @@ from waitress.server import create_server
 class WaitressServer:
     def __init__(self, wsgi_app: Callable, host: str, port: int, threads: int = 8, name: str = "http",
                  **options: object) -> None:
+        # poll(), not select(): the embedded engine shares this process and holds a few
+        # descriptors per thread of its pools (/proc/.../task/<tid>/stat...), so descriptor
+        # numbers pass select()'s limit of 1024 in a long-lived process ("filedescriptor out
+        # of range in select()" stops the loop).
+        options.setdefault("asyncore_use_poll", True)
         self._server = create_server(wsgi_app, host=host, port=port, threads=threads,
                                      ident="servelens", clear_untrusted_proxy_headers=True, **options)
         self._name = name

@@ -7,6 +7,7 @@ from typing import Any
 
 import polars as pl
 
+from analytics import memo
 from analytics.query import ReportQuery, key_expr
 from analytics.sources import frame
 from servelens.config import Settings
@@ -106,7 +107,10 @@ def deployment_tokens(store: Any, q: ReportQuery, deployments: list[str]) -> pl.
           AND Timestamp < fromUnixTimestamp64Nano({until_ns:Int64})
           AND Deployment IN {deployments:Array(String)}
         GROUP BY deployment"""
-    return frame(store, sql, {**q.bounds(), "deployments": deployments})
+    bounds = q.bounds()
+    return memo.cached(memo.key("requests.deployment_tokens", store, None, bounds["since_ns"], bounds["until_ns"],
+                                tuple(deployments)),
+                       lambda: frame(store, sql, {**bounds, "deployments": deployments}))
 
 
 def overview_totals(store: Any, settings: Settings, q: ReportQuery) -> pl.DataFrame:
