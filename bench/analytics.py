@@ -54,6 +54,8 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
+from bench.report import cpu_model, write_section
+
 ROOT = Path(__file__).resolve().parent.parent
 BENCHMARKS_MD = ROOT / "BENCHMARKS.md"
 START_MARK, END_MARK = "<!-- analytics:start -->", "<!-- analytics:end -->"
@@ -887,7 +889,7 @@ def report(results: list[dict[str, Any]], wall_seconds: float) -> str:
     multi = len(scales) > 1
     big, small = scales[-1], scales[0]
     lines = [
-        f"Machine: {os.cpu_count()} cores ({_cpu_model()}), {_mem_total_gib():.0f} GiB RAM; embedded chDB "
+        f"Machine: {os.cpu_count()} cores ({cpu_model()}), {_mem_total_gib():.0f} GiB RAM; embedded chDB "
         f"(clickhouse-connect), default settings. Data: 30 days ({SINCE:%Y-%m-%d} .. {UNTIL:%Y-%m-%d}), "
         "generated in ClickHouse straight into the typed tables, one INSERT per table and day "
         "(about one part per day partition: the state of merged, long-lived data), GPU utilization as "
@@ -1035,14 +1037,6 @@ def slowest_queries(results: list[dict[str, Any]], top: int = 12) -> str:
     return "\n".join(out)
 
 
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown CPU"
 
 
 def _mem_total_gib() -> float:
@@ -1055,19 +1049,8 @@ def _mem_total_gib() -> float:
     return float("nan")
 
 
-def write_markdown(section: str, path: Path = BENCHMARKS_MD) -> None:
-    """Replace the analytics section between its markers, keeping the rest of the file
-    (re-read right before writing: another benchmark owns another section)."""
-    block = f"{START_MARK}\n{section}\n{END_MARK}"
-    text = path.read_text() if path.exists() else ""
-    if START_MARK in text and END_MARK in text:
-        head, rest = text.split(START_MARK, 1)
-        text = head + block + rest.split(END_MARK, 1)[1]
-    elif text:
-        text = text.rstrip("\n") + "\n\n## Analytics\n\n" + block + "\n"
-    else:
-        text = f"# Benchmarks\n\n## Analytics\n\n{block}\n"
-    path.write_text(text)
+def write_markdown(section: str) -> None:
+    write_section("analytics", "Analytics", section)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench.report import cpu_model, write_section
 from bench.payloads import ATTRIBUTES_PER_SPAN, build_payloads
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -578,7 +579,7 @@ def report(r: dict[str, Any]) -> str:
 
     lines = [
         f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} on {os.cpu_count()} cores "
-        f"({_cpu_model()}), Python {sys.version.split()[0]}, by `make bench` (`.venv/bin/python -m bench`). "
+        f"({cpu_model()}), Python {sys.version.split()[0]}, by `make bench` (`.venv/bin/python -m bench`). "
         f"The collector (`servelens collector`, embedded chDB) runs in a subprocess pinned to core "
         f"{COLLECTOR_CORE}; the load generator and the parse benchmark are pinned to core {CLIENT_CORE}. "
         f"Requests: OTLP/HTTP protobuf, {SPANS_PER_REQUEST} GenAI spans each ({ATTRIBUTES_PER_SPAN} attributes "
@@ -689,29 +690,10 @@ def report(r: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown CPU"
 
 
-def write_markdown(section: str, path: Path = BENCHMARKS_MD) -> None:
-    """Replace the ingest section between its markers, keeping the rest of the file."""
-    block = f"{START_MARK}\n{section}\n{END_MARK}"
-    if path.exists():
-        text = path.read_text()
-        if START_MARK in text and END_MARK in text:
-            head, rest = text.split(START_MARK, 1)
-            text = head + block + rest.split(END_MARK, 1)[1]
-        else:
-            text = text.rstrip("\n") + "\n\n## Ingest\n\n" + block + "\n"
-    else:
-        text = f"# Benchmarks\n\n## Ingest\n\n{block}\n"
-    path.write_text(text)
+def write_markdown(section: str) -> None:
+    write_section("ingest", "Ingest", section)
 
 
 def main(argv: list[str] | None = None) -> int:
