@@ -20,7 +20,7 @@ def queue_wait_growth(store: Any, settings: Settings, at: Evaluation) -> list[Fi
     """A deployment's queue-wait p95 over the last `windows` windows trends up.
 
     When the baseline allows, each window is first compared with the same hours on
-    earlier days (p95 minus that phase's baseline p95): the morning ramp of a diurnal load
+    earlier days (p95 over that phase's baseline p95): the morning ramp of a diurnal load
     grows the queue every day, and is no growth against its usual level. Mann-Kendall
     (one-sided) then decides that the series rises consistently, and the Theil-Sen fit
     measures by how much, taken as the smaller of the fits with and without the latest
@@ -44,12 +44,17 @@ def queue_wait_growth(store: Any, settings: Settings, at: Evaluation) -> list[Fi
         usual = [phases.get(i % per_day) for i in range(n)] if use_phase else []
         adjusted = bool(usual) and all(u is not None and u["requests"] >= cfg.min_requests for u in usual)
         expected = np.array([u["p95"] for u in usual], dtype=float) if adjusted else np.zeros(n)
-        series = raw - expected
         level = float(expected.mean()) if adjusted else float(raw[0])
+        floor = 1e-3  # a queue near zero: growth relative to 1 ms
+        # Against like hours the series is the ratio to their usual p95: queueing grows
+        # faster than load, so the daily rhythm multiplies the queue, and a difference
+        # would read a real climb during the evening's falling load as flat.
+        series = raw / np.maximum(expected, floor) - 1 if adjusted else raw
         trend = stats.mann_kendall(series, cfg.alpha)
         fit = stats.theil_sen(series)
-        rise = min(fit.statistic, stats.theil_sen(series[:-1]).statistic) * (n - 1)
-        growth = rise / max(level, 1e-3)  # a queue near zero: growth relative to 1 ms
+        climb = min(fit.statistic, stats.theil_sen(series[:-1]).statistic) * (n - 1)
+        growth = climb if adjusted else climb / max(level, floor)
+        rise = growth * max(level, floor) if adjusted else climb
         firing = trend.detected and rise >= cfg.min_increase.total_seconds() and growth >= cfg.min_growth
         configured = settings.deployment(deployment)
         budget = configured.budgets.get("queue") if configured else None

@@ -118,12 +118,15 @@ def test_a_stable_week_with_daily_swings_fires_nothing(store, make_settings) -> 
 
 # --- one kind at a time ------------------------------------------------------------------------
 
-def test_queue_wait_growth_is_one_episode_from_trend_to_plateau(store, make_settings) -> None:
+@pytest.mark.parametrize("hour", [0, 6, 12, 18])
+def test_queue_wait_growth_is_one_episode_from_trend_to_plateau(store, make_settings, hour) -> None:
+    """The climb starts at `hour` UTC: on the morning's rising load and on the evening's
+    falling one alike (queueing scales with load squared here), it is one episode."""
     settings = make_settings(deployments=[LLAMA], triggers={"baseline": "2d"})
     base = Traffic(service="llama-svc", deployment="llama-prod", model="llama-70b", per_hour=200, diurnal=0.4,
                    queue_s=0.05, queue_load_power=2.0)
-    start = T0 + timedelta(days=2)
-    insert(store, T0, start, base)
+    start = T0.replace(hour=hour) + timedelta(days=2)
+    insert(store, start - timedelta(days=2), start, base)
     # Eight hours of a queue growing 60 ms an hour, then back to normal.
     for i in range(12):
         q = 0.05 + 0.06 * (i + 1) if i < 8 else 0.05
