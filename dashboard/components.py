@@ -111,7 +111,9 @@ def panel(title: Any, *children: Any, extra_class: str = "") -> html.Section:
     return html.Section(className=f"panel {extra_class}".strip(), children=[html.H2(title), *children])
 
 
-BADGES = {"binding": "binding", "over": "over budget"}  # kind: text; styled by .badge-<kind>
+# kind: text; styled by .badge-<kind>. Trigger states and severities are their own text.
+BADGES = {"binding": "binding", "over": "over budget", "regressed": "regressed",
+          **{kind: kind for kind in ("active", "resolved", "warning", "critical")}}
 
 
 def badge(kind: str) -> html.Span:

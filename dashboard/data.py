@@ -1,9 +1,9 @@
 """The dashboard's data access: page callbacks ask here, never ClickHouse directly.
 
-Reports come from analytics.reports (the same documents the JSON API serves); the filter
-dropdowns' options are one aggregate query. Values reach ClickHouse only as bound
-parameters ({name:Type}); the only SQL spliced in are identifiers from analytics.query's
-fixed key table.
+Reports come from analytics.reports and trigger episodes from analytics.triggers.engine
+(the same documents the JSON API serves); the filter dropdowns' options are one aggregate
+query. Values reach ClickHouse only as bound parameters ({name:Type}); the only SQL spliced
+in are identifiers from analytics.query's fixed key table.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import flask
 
 from analytics import reports
 from analytics.query import ReportQuery, key_expr
+from analytics.triggers import engine as triggers_engine
 from servelens.config import Settings
 
 # The time-range selector's choices, shortest first.
@@ -80,6 +81,15 @@ class DataSource:
     def has_report(name: str) -> bool:
         """Whether this build serves report `name` (pages degrade to a note without it)."""
         return name in reports.REPORTS
+
+    def triggers(self, filters: Filters, state: str = "all") -> list[dict[str, Any]]:
+        """SPEC 5's trigger objects of the episodes overlapping the filters' window, newest first."""
+        params = filters.params()
+        return triggers_engine.list_triggers(self.store, params["since"], params["until"], state)
+
+    def trigger(self, episode_id: str) -> dict[str, Any] | None:
+        """The episode with this id whenever it ran: an alert's link outlives any time range."""
+        return triggers_engine.get_trigger(self.store, episode_id)
 
     def filter_options(self, range_key: str, now: datetime | None = None) -> dict[str, list[str]]:
         """Distinct non-empty values of each filter key over the window, sorted."""

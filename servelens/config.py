@@ -175,9 +175,13 @@ class TriggersConfig(_Strict):
 
     class QueueWaitGrowth(_Strict):
         windows: int = Field(6, ge=4, description="consecutive windows in the trend")
+        # Each window is read as this many equal parts: a ten-minute burst then moves one
+        # point of the series, not a sixth of it, and the trend is seen on more points.
+        points: int = Field(3, ge=1, le=12, description="series points per window")
         alpha: float = Field(0.01, gt=0, lt=1, description="Mann-Kendall, one-sided")
-        min_growth: float = Field(0.5, gt=0, description="fitted rise / baseline queue p95")
-        min_increase: timedelta = timedelta(milliseconds=50)  # fitted rise of the p95 over the windows
+        min_growth: float = Field(0.5, gt=0, description="last window's level / first window's - 1")
+        # The p95's rise in time, at least: a queue of a few milliseconds may double unseen.
+        min_increase: timedelta = timedelta(milliseconds=20)
         critical_growth: float = Field(2.0, gt=0)
         min_requests: int = Field(100, ge=1, description="requests with queue timings per window")
         _dur = field_validator("min_increase", mode="before")(parse_duration)

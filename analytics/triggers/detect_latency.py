@@ -19,53 +19,65 @@ from servelens.config import Settings
 def queue_wait_growth(store: Any, settings: Settings, at: Evaluation) -> list[Finding]:
     """A deployment's queue-wait p95 over the last `windows` windows trends up.
 
-    When the baseline allows, each window is first compared with the same hours on
-    earlier days (p95 over that phase's baseline p95): the morning ramp of a diurnal load
-    grows the queue every day, and is no growth against its usual level. Mann-Kendall
-    (one-sided) then decides that the series rises consistently, and the Theil-Sen fit
-    measures by how much, taken as the smaller of the fits with and without the latest
-    window: a burst in the last window of a flat series passes the rank test (it is simply
-    the highest point) but adds nothing to the growth already there before it. So a
-    single spike is no trend.
+    The series has `points` p95s per window. When the baseline allows, each is first
+    compared with the same time of day on earlier days (p95 over the median of that
+    phase's daily p95s): the morning ramp of a diurnal load grows the queue every day,
+    and is no growth against its usual level. Mann-Kendall (one-sided) then decides that
+    the series rises consistently, and the growth is the last window's median point over
+    the first window's: a burst is one point of its window (and a spike at the end of a
+    flat series is no consistent rise), so a single spike is no trend.
     """
     cfg = settings.triggers.queue_wait_growth
     window = at.until - at.since
-    n = cfg.windows
-    data = sources.queue_series(store, at.until - n * window, at.until, window, settings.triggers.baseline)
-    use_phase = seasonal(window, settings.triggers.baseline)
-    per_day = int(DAY / window) if use_phase else 0
+    step = window / cfg.points
+    n = cfg.windows * cfg.points
+    data = sources.queue_series(store, at.until - n * step, at.until, step, settings.triggers.baseline)
+    use_phase = seasonal(step, settings.triggers.baseline)
+    per_day = int(DAY / step) if use_phase else 0
+    least = cfg.min_requests / cfg.points
     findings = []
     for (deployment,), rows in data.partition_by("deployment", as_dict=True).items():
         recent = {r["slot"]: r for r in rows.iter_rows(named=True) if r["recent"]}
         phases = {r["slot"]: r for r in rows.iter_rows(named=True) if not r["recent"]}
-        if any(recent.get(i, {}).get("requests", 0) < cfg.min_requests for i in range(n)):
+        counts = np.array([recent.get(i, {}).get("requests", 0) for i in range(n)])
+        if counts.min() == 0 or counts.reshape(cfg.windows, cfg.points).sum(axis=1).min() < cfg.min_requests:
             continue  # a gap or a thin window: no trend can be read
         raw = np.array([recent[i]["p95"] for i in range(n)], dtype=float)
         usual = [phases.get(i % per_day) for i in range(n)] if use_phase else []
-        adjusted = bool(usual) and all(u is not None and u["requests"] >= cfg.min_requests for u in usual)
+        adjusted = bool(usual) and all(u is not None and u["requests"] >= least for u in usual)
         expected = np.array([u["p95"] for u in usual], dtype=float) if adjusted else np.zeros(n)
-        level = float(expected.mean()) if adjusted else float(raw[0])
+        level = float(expected.mean()) if adjusted else float(raw[: cfg.points].mean())
         floor = 1e-3  # a queue near zero: growth relative to 1 ms
         # Against like hours the series is the ratio to their usual p95: queueing grows
         # faster than load, so the daily rhythm multiplies the queue, and a difference
         # would read a real climb during the evening's falling load as flat.
-        series = raw / np.maximum(expected, floor) - 1 if adjusted else raw
+        series = raw / np.maximum(expected, floor) if adjusted else raw
+        # A ten-minute burst lifts one point: smoothed away before the rank test, where an
+        # early outlier would cost up to n - 1 pairs of an otherwise steady climb.
+        series = stats.running_median3(series)
         trend = stats.mann_kendall(series, cfg.alpha)
         fit = stats.theil_sen(series)
-        climb = min(fit.statistic, stats.theil_sen(series[:-1]).statistic) * (n - 1)
-        growth = climb if adjusted else climb / max(level, floor)
-        rise = growth * max(level, floor) if adjusted else climb
+        # How far it grew: the last window's median point over the first window's. A
+        # fitted slope spread over the whole span would understate a climb that began
+        # mid-series; the median of the window's points ignores one burst within it.
+        first = max(float(np.median(series[: cfg.points])), floor)
+        now = float(np.median(series[-cfg.points:]))
+        growth = now / first - 1
+        # In seconds: the queue now over where it would be had it kept its first level.
+        rise = (now - first) * (float(np.median(expected[-cfg.points:])) if adjusted else 1)
         firing = trend.detected and rise >= cfg.min_increase.total_seconds() and growth >= cfg.min_growth
         configured = settings.deployment(deployment)
         budget = configured.budgets.get("queue") if configured else None
-        critical = growth >= cfg.critical_growth or (budget is not None and raw[-1] > budget.total_seconds())
+        last = float(raw[-cfg.points:].max())
+        critical = growth >= cfg.critical_growth or (budget is not None and last > budget.total_seconds())
         findings.append(Finding(
             "queue_wait_growth", {"deployment": deployment}, firing, severity(critical),
-            f"{deployment}: queue-wait p95 rose {ms(raw[0]):.0f} → {ms(raw[-1]):.0f} ms over {n} windows "
+            f"{deployment}: queue-wait p95 rose {ms(raw[0]):.0f} → {ms(raw[-1]):.0f} ms over {cfg.windows} windows "
             f"({pct(growth)} of its usual {ms(level):.0f} ms; Mann-Kendall p={trend.p_value:.2g})",
             clean({"queue_p95_ms": [ms(x) for x in raw],
                    "usual_p95_ms": [ms(x) for x in expected] if adjusted else None,
-                   "baseline": LIKE_HOURS if adjusted else "none", "windows": n, "rise_ms": ms(rise),
+                   "baseline": LIKE_HOURS if adjusted else "none", "windows": cfg.windows,
+                   "points_per_window": cfg.points, "rise_ms": ms(rise),
                    "growth": growth, "queue_budget_ms": ms(budget.total_seconds()) if budget else None,
                    "trend": trend.evidence(), "slope": fit.evidence()}),
         ))

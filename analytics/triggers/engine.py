@@ -117,3 +117,9 @@ def list_triggers(store: Any, since: datetime, until: datetime, state: str = "al
     if state not in ("active", "all"):
         raise QueryError(f"state: use active or all, not {state!r}")
     return [e.trigger() for e in episodes.select(store, since, until, state)]
+
+
+def get_trigger(store: Any, episode_id: str) -> dict[str, Any] | None:
+    """SPEC 5's trigger object of one episode, or None."""
+    episode = episodes.get(store, episode_id)
+    return episode.trigger() if episode else None

@@ -152,6 +152,12 @@ def select(store: Any, since: datetime, until: datetime, state: str = "all") -> 
     return _select(store, where, {"since": since, "until": until}, "detected_at DESC, id")
 
 
+def get(store: Any, episode_id: str) -> Episode | None:
+    """One episode by id, whenever it ran (an alert's link outlives any time range)."""
+    found = _select(store, "id = {id:String}", {"id": episode_id})
+    return found[0] if found else None
+
+
 def write(store: Any, versions: list[Episode], owner: str) -> None:
     """One insert per version, deduplicated by (id, window): a retried or raced write is stored once."""
     now = datetime.now(timezone.utc)

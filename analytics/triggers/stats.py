@@ -138,6 +138,17 @@ def mann_kendall(series: Sequence[float], alpha: float = TREND_ALPHA) -> StatRes
 
 
 @stat_test("theil_sen", 0.05, INTERVAL)
+def running_median3(series: Sequence[float]) -> np.ndarray:
+    """Tukey's running median of three (end points kept): an isolated spike becomes its
+    larger neighbour, while a monotone run is left exactly as it is."""
+    y = np.asarray(series, dtype=float)
+    if len(y) < 3:
+        return y.copy()
+    out = y.copy()
+    out[1:-1] = np.median(np.stack([y[:-2], y[1:-1], y[2:]]), axis=0)
+    return out
+
+
 def theil_sen(series: Sequence[float], alpha: float = 0.05) -> StatResult:
     """Theil-Sen slope per step with its (1 - alpha) interval; growth when the interval is above 0."""
     y = np.asarray(series, dtype=float)

@@ -2,7 +2,7 @@
 -> publishes and /api/v1/triggers.
 
 Histories of days are written into the typed tables by ClickHouse itself
-(tests/analytics/trigger_traffic.py); the reliability case sends its windows through the
+(bench/history.py); the reliability case sends its windows through the
 real OTLP receiver with the OpenTelemetry SDK, and its alerts through the real dispatcher
 to a webhook on 127.0.0.1. Each kind: quiet before its change, one episode that opens
 once while the change lasts (not one per window), and resolves once after it clears.
@@ -31,7 +31,7 @@ from analytics.runner import Leases
 from analytics.triggers import engine, episodes
 from analytics.triggers.base import Evaluation, Finding
 from dashboard.api import blueprint
-from tests.analytics.trigger_traffic import HOUR, Traffic, insert, insert_gpus
+from bench.history import HOUR, Traffic, insert, insert_gpus
 
 pytestmark = pytest.mark.integration
 
@@ -118,10 +118,12 @@ def test_a_stable_week_with_daily_swings_fires_nothing(store, make_settings) -> 
 
 # --- one kind at a time ------------------------------------------------------------------------
 
-@pytest.mark.parametrize("hour", [0, 6, 12, 18])
-def test_queue_wait_growth_is_one_episode_from_trend_to_plateau(store, make_settings, hour) -> None:
+@pytest.mark.parametrize(("hour", "severity"), [(0, "critical"), (6, "critical"), (12, "critical"), (18, "warning")])
+def test_queue_wait_growth_is_one_episode_from_trend_to_plateau(store, make_settings, hour, severity) -> None:
     """The climb starts at `hour` UTC: on the morning's rising load and on the evening's
-    falling one alike (queueing scales with load squared here), it is one episode."""
+    falling one alike (queueing scales with load squared here), it is one episode. It ends
+    past the 500 ms queue budget (critical), except from 18:00, where it tops out in the
+    night's low load, under the budget."""
     settings = make_settings(deployments=[LLAMA], triggers={"baseline": "2d"})
     base = Traffic(service="llama-svc", deployment="llama-prod", model="llama-70b", per_hour=200, diurnal=0.4,
                    queue_s=0.05, queue_load_power=2.0)
@@ -134,12 +136,13 @@ def test_queue_wait_growth_is_one_episode_from_trend_to_plateau(store, make_sett
     recorder = Recorder()
     changes = run_windows(store, settings, start + HOUR, 12, ["queue_wait_growth"], recorder)
     opened = next(i for i, c in enumerate(changes) if firing_in(c, "queue_wait_growth"))
-    # Six windows make the series: the climb is significant once most of them rise.
-    assert 2 <= opened <= 5
+    # Not on its first window (one window is a spike, not a trend); a climb this steep is
+    # significant once two windows (six of the series' points) of it are in.
+    assert 1 <= opened <= 5
     episode = assert_one_episode(store, recorder, "queue_wait_growth", {"deployment": "llama-prod"},
                                  start + opened * HOUR, start + 8 * HOUR)
     assert episode["evidence"]["trend"]["test"] == "mann_kendall" and episode["evidence"]["baseline"] == "like_hours"
-    assert episode["severity"] == "critical"  # p95 went past the 500 ms queue budget
+    assert episode["severity"] == severity
 
 
 def test_a_single_queue_spike_is_no_trend(store, make_settings) -> None:

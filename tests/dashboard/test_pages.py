@@ -119,8 +119,8 @@ def test_latency_and_stages(browser, dashboard, otlp_http, tmp_path):
     assert "binding" in _row(browser, "lat-stages", "decode") and "4,000 ms" in _row(browser, "lat-stages", "decode")
     _wait(browser, _plots("#lat-stages"))
     _wait(browser, _plots("#lat-chart"))
-    assert [a.text for a in browser.find_elements(By.CSS_SELECTOR, ".nav-link")][:6] == [
-        "Overview", "Latency & stages", "Cost", "GPUs", "Workload", "Reliability"]
+    assert [a.text for a in browser.find_elements(By.CSS_SELECTOR, ".nav-link")] == [
+        "Overview", "Latency & stages", "Cost", "GPUs", "Quality", "Workload", "Reliability", "Triggers"]
     _finish(browser, "latency", tmp_path)
 
 

@@ -1,11 +1,13 @@
-"""Synthetic serving history for the trigger tests, generated inside ClickHouse.
+"""Synthetic serving history, generated inside ClickHouse: the trigger tests' input and
+the detection benchmark's (bench/detection.py) simulated weeks.
 
 Weeks of requests are too many to send span by span, so history goes straight into the
 typed tables with INSERT ... SELECT FROM numbers(n): deterministic pseudo-random draws
 (cityHash64 of the row number and a seed), lognormal latencies and token counts (Box-
-Muller), an optional daily load swing (rows thinned by acceptance), and evaluation
-results linked to their requests. The detectors read only the typed tables, so this is
-the same input the receiver's materialized views would produce.
+Muller), a load that swings daily, dips at weekends and bursts for ten minutes at a time
+(rows thinned by acceptance against the peak load), and evaluation results linked to
+their requests. The detectors read only the typed tables, so this is the same input the
+receiver's materialized views would produce.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from analytics.query import _ns
 
 HOUR = timedelta(hours=1)
 DAY_NS = 86400 * 10**9
+BURST_NS = 600 * 10**9
 
 
 @dataclass(frozen=True)
@@ -46,6 +49,14 @@ class Traffic:
     mode: str = "interactive"
     feature: str = ""
     tenant: str = "acme"
+    weekend: float = 1.0  # load factor on Saturdays and Sundays (UTC)
+    burst_share: float = 0.0  # this share of 10-minute slots are bursts ...
+    burst_gain: float = 0.0  # ... where the load is (1 + burst_gain) times higher
+
+    @property
+    def peak(self) -> float:
+        """The highest load the swing, weekday and bursts reach: the acceptance bound."""
+        return (1 + abs(self.diurnal)) * max(1.0, self.weekend) * (1 + self.burst_gain)
 
 
 def _u(k: int) -> str:
@@ -78,9 +89,12 @@ _ROWS = f"""
            {_u(30)} AS u_eval
     FROM (
         SELECT number, {{start_ns:Int64}} + toInt64((number + {_u(0)}) * {{step_ns:Float64}}) AS ts_ns,
-               1 + {{diurnal:Float64}} * sin(2 * pi() * (ts_ns % {DAY_NS}) / {DAY_NS} - pi() / 2) AS load
+               (1 + {{diurnal:Float64}} * sin(2 * pi() * (ts_ns % {DAY_NS}) / {DAY_NS} - pi() / 2))
+                   * if(toDayOfWeek(toDateTime(intDiv(ts_ns, 1000000000), 'UTC')) >= 6, {{weekend:Float64}}, 1)
+                   * if((cityHash64(intDiv(ts_ns, {BURST_NS}), {{seed:UInt64}}, 50) % 1000000) / 1e6
+                        < {{burst_share:Float64}}, 1 + {{burst_gain:Float64}}, 1) AS load
         FROM numbers({{n:UInt64}}))
-    WHERE {_u(9)} < load / (1 + {{diurnal:Float64}})"""
+    WHERE {_u(9)} < load / {{peak:Float64}}"""
 
 _REQUEST_COLUMNS = ("Timestamp, TraceId, SpanId, ServiceName, Deployment, Model, Tenant, TaskType, Language, Mode, "
                     "Feature, InputTokens, OutputTokens, Fallback, LatencySeconds, TtftSeconds, QueueSeconds, IsError, "
@@ -89,8 +103,9 @@ _REQUEST_COLUMNS = ("Timestamp, TraceId, SpanId, ServiceName, Deployment, Model,
 
 def _params(start: datetime, end: datetime, t: Traffic, seed: int) -> dict[str, Any]:
     hours = (end - start) / HOUR
-    n = max(1, round(t.per_hour * hours * (1 + t.diurnal)))
-    return {**asdict(t), "seed": seed, "n": n, "start_ns": _ns(start), "step_ns": (_ns(end) - _ns(start)) / n}
+    n = max(1, round(t.per_hour * hours * t.peak))
+    return {**asdict(t), "peak": t.peak, "seed": seed, "n": n, "start_ns": _ns(start),
+            "step_ns": (_ns(end) - _ns(start)) / n}
 
 
 def insert(store: Any, start: datetime, end: datetime, t: Traffic, seed: int = 0,
@@ -109,15 +124,19 @@ def insert(store: Any, start: datetime, end: datetime, t: Traffic, seed: int = 0
 
 
 def insert_gpus(store: Any, start: datetime, end: datetime, host: str, util: float, gpus: int = 2,
-                every_s: int = 15, seed: int = 0) -> None:
-    """DCGM-style samples: each GPU of `host` every `every_s` seconds, utilization ~ util ± 0.03."""
+                every_s: int = 15, seed: int = 0, diurnal: float = 0.0) -> None:
+    """DCGM-style samples: each GPU of `host` every `every_s` seconds, utilization ~ util ± 0.03
+    (times the daily swing 1 + diurnal · sin, low at midnight, like Traffic's load)."""
     samples = int((end - start).total_seconds() // every_s)
     client = store.client()
     client.command(
         f"""INSERT INTO gpu_samples (Timestamp, Host, GpuUuid, GpuIndex, Util)
             SELECT fromUnixTimestamp64Nano({{start_ns:Int64}} + intDiv(number, {{gpus:UInt64}}) * {{step_ns:Int64}}),
                    {{host:String}}, concat('GPU-', {{host:String}}, '-', toString(number % {{gpus:UInt64}})),
-                   toString(number % {{gpus:UInt64}}), greatest(0., least(1., {{util:Float64}} + 0.03 * {_z(40)}))
+                   toString(number % {{gpus:UInt64}}),
+                   greatest(0., least(1., {{util:Float64}} * (1 + {{diurnal:Float64}} * sin(2 * pi()
+                       * ((({{start_ns:Int64}} + intDiv(number, {{gpus:UInt64}}) * {{step_ns:Int64}}) % {DAY_NS})
+                          / {DAY_NS}) - pi() / 2)) + 0.03 * {_z(40)}))
             FROM numbers({{n:UInt64}})""",
         parameters={"start_ns": _ns(start), "gpus": gpus, "step_ns": every_s * 10**9, "host": host, "util": util,
-                    "n": samples * gpus, "seed": seed})
+                    "n": samples * gpus, "seed": seed, "diurnal": diurnal})

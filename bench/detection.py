@@ -1,0 +1,383 @@
+"""Detection-quality benchmark: recall, delay and false alerts of every trigger kind.
+
+    .venv/bin/python -m bench.detection            20 injections per kind, 4 clean weeks; into BENCHMARKS.md
+    .venv/bin/python -m bench.detection --quick    4 injections per kind, 1 clean week (nothing written)
+
+A simulated fleet (bench/history.py, generated inside the embedded ClickHouse): five
+request streams over three services and a self-hosted deployment, four tenants, three
+languages, four task types, a nightly batch job; load that swings daily (up to ±50 %),
+dips at weekends and bursts (3 % of 10-minute slots at 2.5x); errors, retries,
+fallbacks, queue waits that grow with load squared, evaluation results on three slices,
+and the deployment's GPUs whose utilization follows the day.
+
+Clean weeks: after a week of history, every window of the following weeks is evaluated
+with every kind through the real engine (analytics.triggers.engine.evaluate: detectors,
+episodes, what the dispatcher would be handed); each episode opened is a false alert.
+
+Injections: per kind, trials in a database of their own, each on a fresh seed of the
+fleet with the kind's condition injected at a known hour (spread over the day and the
+week) and magnitude (cycled through a range a user would act on); the kind's detector
+then runs on the windows before and after the onset. Recall counts a firing on the
+injected subject within `DELAY_TARGET` windows; the delay is the number of windows from
+the onset to the end of the window that fired (1 = the first changed window). A queue
+climb is a trend: its onset is the hour it has grown 50 % over its usual level (the
+smallest growth the defaults call material, min_growth), its climb starting before.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import shutil
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from analytics.triggers import engine
+from analytics.triggers.base import KINDS
+from bench.history import Traffic, insert, insert_gpus
+from bench.report import cpu_model, write_section
+from servelens.config import Settings, load
+from servelens.migrate import migrate
+from servelens.store import Store
+
+HOUR = timedelta(hours=1)
+DAY = timedelta(days=1)
+WEEK = timedelta(days=7)
+START = datetime(2025, 6, 2, tzinfo=timezone.utc)  # a Monday: weeks start with weekdays
+DELAY_TARGET = 2  # windows
+WATCH = 4  # windows evaluated after an onset
+RECALL_TARGET, FALSE_PER_WEEK_TARGET = 0.95, 1.0
+
+BUDGET_TOTAL_S = 4.0
+CONFIG: dict[str, Any] = {
+    "pricing": {"models": [
+        {"model": "gpt-4o-mini", "input_per_mtok": 0.15, "output_per_mtok": 0.60},
+        {"model": "gpt-4o", "input_per_mtok": 2.50, "output_per_mtok": 10.00}]},
+    "deployments": [{"name": "llama-prod", "gpus": {"hosts": ["gpu-1"]}, "gpu_hourly_usd": 2.5,
+                     "primary_model": "llama-70b", "budgets": {"total": f"{BUDGET_TOTAL_S:g}s", "queue": "500ms"}}],
+}
+
+# Normal life: a daily swing, weekends at 70 %, ten-minute bursts.
+_LIFE = dict(weekend=0.7, burst_share=0.02, burst_gain=1.0)
+STREAMS: dict[str, tuple[Traffic, float | None]] = {  # name -> (traffic, evaluation pass rate)
+    "chat": (Traffic(service="chat-api", model="gpt-4o-mini", tenant="acme", per_hour=1200, diurnal=0.5,
+                     error_share=0.005, retry_share=0.01, **_LIFE), 0.92),
+    "summarize": (Traffic(service="chat-api", model="gpt-4o", tenant="globex", task_type="summarize",
+                          language="de", per_hour=300, diurnal=0.3, input_tokens=3000, **_LIFE), 0.85),
+    "search": (Traffic(service="rag-api", model="gpt-4o-mini", tenant="initech", task_type="search",
+                       language="fr", per_hour=200, diurnal=0.5, input_tokens=1500, **_LIFE), 0.75),
+    "llama": (Traffic(service="llama-svc", deployment="llama-prod", model="llama-70b", tenant="umbrella",
+                      per_hour=400, diurnal=0.4, queue_s=0.05, queue_load_power=2.0, fallback_share=0.08,
+                      fallback_latency_s=1.5, **_LIFE), None),
+    "batch": (Traffic(service="batch-api", model="gpt-4o-mini", tenant="acme", feature="nightly-eval",
+                      mode="batch", task_type="classify", per_hour=60, diurnal=-0.8, output_tokens=600), None),
+}
+GPU_HOST, GPU_UTIL, GPU_DIURNAL = "gpu-1", 0.6, 0.25
+
+
+@dataclass(frozen=True)
+class Injection:
+    """One kind's condition at one magnitude: what changes from the onset on."""
+
+    kind: str
+    label: str  # the magnitude, as a user would state it
+    stream: str = ""  # the stream whose traffic changes ("" = none)
+    change: dict[str, Any] = field(default_factory=dict)  # Traffic fields during the change
+    added: Traffic | None = None  # a new stream appearing at the onset
+    gpu_util: float | None = None  # the GPUs' mean utilization during the change
+    climb: float = 0.0  # queue: x(1 + climb·k) in the k-th window of the climb
+    # A firing on a subject holding one of these is a detection ({} = any subject).
+    subjects: tuple[dict[str, str], ...] = ({},)
+
+    def lead(self) -> int:
+        """Windows of climb before the onset (where the queue is 50 % over its usual level)."""
+        return math.ceil(0.5 / self.climb) - 1 if self.climb else 0
+
+
+def _tail_p99_rise(share: float, factor: float, sigma: float = 0.25) -> float:
+    """p99 rise of a lognormal latency when `share` of requests are `factor` times slower."""
+    z = np.random.default_rng(0).standard_normal(400_000)
+    base = np.exp(sigma * z)
+    slowed = np.where(np.random.default_rng(1).random(z.size) < share, base * factor, base)
+    return float(np.quantile(slowed, 0.99) / np.quantile(base, 0.99) - 1)
+
+
+def injections() -> dict[str, list[Injection]]:
+    """Per kind, the magnitudes the trials cycle through: each the size of change a user
+    would act on (the issue's examples: p99 +50 % with p50 flat; a slice's pass rate -10
+    points with >= 200 evaluations)."""
+    chat, search = STREAMS["chat"][0], STREAMS["search"][0]
+    new_lang = replace(chat, language="ja", per_hour=200, tenant="hooli")
+    new_task = replace(chat, task_type="legal-review", per_hour=200, tenant="hooli")
+    long_prompts = replace(chat, input_tokens=12000, per_hour=200, tenant="hooli")
+    new_batch = replace(STREAMS["batch"][0], feature="backfill", diurnal=0.0, per_hour=120)
+    out: dict[str, list[Injection]] = {
+        "p99_drift": [Injection("p99_drift", f"3 % of requests {f:g}x slower: p99 +{_tail_p99_rise(0.03, f):.0%}",
+                                "chat", {"tail_share": 0.03, "tail_factor": f}, subjects=({"deployment": "chat-api"},))
+                      for f in (2.5, 3.0, 4.0)],
+        "queue_wait_growth": [Injection("queue_wait_growth", f"queue p95 +{c:.0%} of usual per hour", "llama",
+                                        climb=c, subjects=({"deployment": "llama-prod"},)) for c in (0.15, 0.25, 0.5)],
+        "quality_regression": [Injection("quality_regression", f"summarize/de pass rate -{d * 100:.0f} points",
+                                         "summarize", {"pass_rate": 0.85 - d}, subjects=({"task_type": "summarize"}, {"language": "de"}))
+                               for d in (0.10, 0.15, 0.25)],
+        "low_utilization": [Injection("low_utilization", f"GPU utilization {u:.0%} (threshold 30 %)",
+                                      gpu_util=u, subjects=({"deployment": "llama-prod"},)) for u in (0.25, 0.15, 0.05)],
+        "new_workload_shape": [
+            Injection("new_workload_shape", "a new language at ~10 % of traffic", added=new_lang,
+                      subjects=({"language": "ja"},)),
+            Injection("new_workload_shape", "a new task type at ~10 % of traffic", added=new_task,
+                      subjects=({"task_type": "legal-review"},)),
+            Injection("new_workload_shape", "12k-token prompts at ~10 % of traffic", added=long_prompts,
+                      subjects=({},)),
+            Injection("new_workload_shape", "a new batch feature", added=new_batch, subjects=({},)),
+        ],
+        "retry_storm": [Injection("retry_storm", f"{s:.0%} of attempts are retries: {1 / (1 - s):.2f}x amplification",
+                                  "chat", {"retry_share": s}, subjects=({"service": "chat-api"},))
+                        for s in (0.4, 0.5, 0.6)],
+        "error_rate_spike": [Injection("error_rate_spike", f"error rate 0.5 % -> {e:.0%}", "chat",
+                                       {"error_share": e}, subjects=({"service": "chat-api"},)) for e in (0.03, 0.05, 0.1)],
+        "fallback_over_budget": [
+            Injection("fallback_over_budget", f"fallback median {m:g} s: p99 ~{m * math.exp(2.326 * 0.25):.1f} s "
+                      f"vs the {BUDGET_TOTAL_S:g} s budget", "llama", {"fallback_latency_s": m, "fallback_share": 0.15},
+                      subjects=({"service": "llama-svc"},)) for m in (2.8, 3.5, 5.0)],
+        "cost_anomaly": [
+            Injection("cost_anomaly", f"rag-api prompts and answers {x:g}x longer: cost per request +{x - 1:.0%}",
+                      "search", {"input_tokens": search.input_tokens * x, "output_tokens": search.output_tokens * x},
+                      subjects=({"service": "rag-api"},)) for x in (1.5, 2.0, 3.0)],
+    }
+    assert set(out) == set(KINDS)
+    return out
+
+
+# --- the simulated store ------------------------------------------------------------------------
+
+class Engine:
+    """One embedded ClickHouse for the run; each trial gets a database of its own."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.url = f"chdb://{data_dir}"
+
+    def database(self, tag: str) -> tuple[Store, Settings]:
+        name = f"{tag}_{uuid.uuid4().hex[:8]}"
+        settings = load(None, clickhouse_url=self.url, store={"database": name}, **CONFIG)
+        store = Store(settings.store_url, name)
+        migrate(store.client())
+        return store, settings
+
+    @staticmethod
+    def drop(store: Store, settings: Settings) -> None:
+        store.client().command(f"DROP DATABASE IF EXISTS `{settings.store.database}`")
+
+
+def fleet(store: Store, start: datetime, end: datetime, seed: int, skip: str = "", gpus: bool = True) -> None:
+    """The clean fleet over [start, end), every stream but `skip`."""
+    for i, (name, (traffic, pass_rate)) in enumerate(STREAMS.items()):
+        if name != skip:
+            insert(store, start, end, traffic, seed=seed * 100 + i, pass_rate=pass_rate)
+    if gpus:
+        insert_gpus(store, start, end, GPU_HOST, GPU_UTIL, seed=seed, diurnal=GPU_DIURNAL)
+
+
+def inject(store: Store, inj: Injection, start: datetime, onset: datetime, end: datetime, seed: int) -> None:
+    """The fleet over [start, end) with `inj` from `onset` (its climb from `lead` windows before)."""
+    fleet(store, start, end, seed, skip=inj.stream, gpus=inj.gpu_util is None)
+    if inj.stream:
+        traffic, pass_rate = STREAMS[inj.stream]
+        changed_from = onset - inj.lead() * HOUR
+        insert(store, start, changed_from, traffic, seed=seed * 100 + 50, pass_rate=pass_rate)
+        if inj.climb:  # one segment per window, the queue further up each time
+            for k in range(int((end - changed_from) / HOUR)):
+                at = changed_from + k * HOUR
+                insert(store, at, at + HOUR, replace(traffic, queue_s=traffic.queue_s * (1 + inj.climb * (k + 1))),
+                       seed=seed * 100 + 51 + k, pass_rate=pass_rate)
+        else:
+            change = dict(inj.change)
+            rate = change.pop("pass_rate", pass_rate)
+            insert(store, changed_from, end, replace(traffic, **change), seed=seed * 100 + 51, pass_rate=rate)
+    if inj.added is not None:
+        insert(store, onset, end, inj.added, seed=seed * 100 + 90, pass_rate=0.9)
+    if inj.gpu_util is not None:
+        insert_gpus(store, start, onset, GPU_HOST, GPU_UTIL, seed=seed, diurnal=GPU_DIURNAL)
+        insert_gpus(store, onset, end, GPU_HOST, inj.gpu_util, seed=seed + 1, diurnal=GPU_DIURNAL)
+
+
+# --- the measurements ---------------------------------------------------------------------------
+
+@dataclass
+class Trial:
+    kind: str
+    label: str
+    onset: datetime
+    delay: int | None  # windows to the first firing on the subject (None: not within WATCH)
+    early: bool  # fired on the subject before the onset
+    other_subjects: list[dict[str, str]]  # fired on subjects other than the injected one
+
+
+def _matches(subject: dict[str, str], wanted: tuple[dict[str, str], ...]) -> bool:
+    return any(all(subject.get(k) == v for k, v in w.items()) for w in wanted)
+
+
+def run_trial(eng: Engine, inj: Injection, onset: datetime, seed: int, debug: bool = False) -> Trial:
+    store, settings = eng.database("inj")
+    try:
+        first = onset - (inj.lead() + 2) * HOUR
+        history_from = first - settings.triggers.baseline - 8 * HOUR
+        inject(store, inj, history_from, onset, onset + WATCH * HOUR, seed)
+        delay, early, others = None, False, []
+        for k in range(-inj.lead() - 1, WATCH + 1):
+            at = engine.window_at(settings, onset + k * HOUR)
+            findings, ran, _ = engine.run_detectors(store, settings, at, [inj.kind])
+            assert ran == [inj.kind], f"{inj.kind} failed (see the log)"
+            fired = [f.subject for f in findings if f.firing]
+            hit = any(_matches(s, inj.subjects) for s in fired)
+            if k <= 0 and hit and not inj.climb:
+                early = True
+            if k > 0 and hit and delay is None:
+                delay = k
+            others += [s for s in fired if not _matches(s, inj.subjects) and s not in others]
+            if debug:
+                for f in findings:
+                    if _matches(f.subject, inj.subjects):
+                        print(f"    k={k} firing={f.firing} {f.subject} {f.summary}", file=sys.stderr)
+                        if "queue_p95_ms" in f.evidence:
+                            print(f"      {f.evidence['queue_p95_ms']} usual {f.evidence['usual_p95_ms']}", file=sys.stderr)
+        return Trial(inj.kind, inj.label, onset, delay, early, others)
+    finally:
+        eng.drop(store, settings)
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.opened: list[dict[str, Any]] = []
+
+    def publish(self, trigger: dict[str, Any], transition: str) -> None:
+        if transition == "firing":
+            self.opened.append(trigger)
+
+
+def clean_weeks(eng: Engine, weeks: int, seed: int = 7) -> tuple[list[dict[str, Any]], int, float]:
+    """(episodes opened, windows evaluated, seconds per window) over `weeks` clean weeks."""
+    store, settings = eng.database("clean")
+    try:
+        begin = START + settings.triggers.baseline + HOUR
+        fleet(store, START, begin + weeks * WEEK, seed)
+        recorder = Recorder()
+        windows = weeks * int(WEEK / HOUR)
+        started = time.perf_counter()
+        for k in range(windows):
+            engine.evaluate(store, settings, begin + (k + 1) * HOUR, recorder, now=begin + (k + 1) * HOUR)
+            if (k + 1) % 24 == 0:
+                print(f"  clean: day {(k + 1) // 24}, {len(recorder.opened)} opened", file=sys.stderr, flush=True)
+        return recorder.opened, windows, (time.perf_counter() - started) / windows
+    finally:
+        eng.drop(store, settings)
+
+
+def run_injections(eng: Engine, per_kind: int, kinds: list[str], debug: bool = False) -> list[Trial]:
+    trials = []
+    plan = injections()
+    for ki, kind in enumerate(kinds):
+        for i in range(per_kind):
+            inj = plan[kind][i % len(plan[kind])]
+            # Onsets spread over the hours of the day and the days of the week.
+            onset = START + 2 * WEEK + ((i * 3 + ki) % 7) * DAY + ((i * 7 + ki * 5) % 24) * HOUR
+            trial = run_trial(eng, inj, onset, seed=1000 * ki + i, debug=debug)
+            print(f"  {kind} {i + 1}/{per_kind}: {inj.label} @ {onset:%a %H:%M} -> delay {trial.delay}"
+                  f"{' EARLY' if trial.early else ''}{' others ' + str(trial.other_subjects) if trial.other_subjects else ''}",
+                  file=sys.stderr, flush=True)
+            trials.append(trial)
+    return trials
+
+
+# --- the report ---------------------------------------------------------------------------------
+
+def summarize(trials: list[Trial], opened: list[dict[str, Any]], weeks: int) -> list[dict[str, Any]]:
+    rows = []
+    for kind in KINDS:
+        mine = [t for t in trials if t.kind == kind]
+        if not mine:
+            continue
+        delays = [t.delay for t in mine if t.delay is not None]
+        caught = [d for d in delays if d <= DELAY_TARGET]
+        rows.append({
+            "kind": kind, "trials": len(mine), "recall": len(caught) / len(mine),
+            "recall_watch": len(delays) / len(mine),
+            "delay_mean": sum(delays) / len(delays) if delays else None, "delay_max": max(delays, default=None),
+            "early": sum(t.early for t in mine),
+            "false_per_week": sum(1 for o in opened if o["kind"] == kind) / weeks if weeks else float("nan"),
+            "magnitudes": sorted({t.label for t in mine}),
+        })
+    return rows
+
+
+def render(rows: list[dict[str, Any]], opened: list[dict[str, Any]], weeks: int, per_window_s: float,
+           wall_s: float, command: str) -> str:
+    total_false = len(opened) / weeks if weeks else float("nan")
+    worst_recall = min(r["recall"] for r in rows)
+    worst_delay = max((r["delay_max"] or 0) for r in rows)
+    lines = [
+        f"Measured {datetime.now(timezone.utc):%Y-%m-%d} on {cpu_model()} with `{command}` "
+        f"({wall_s / 60:.1f} min). The fleet, the injections and the rules are in bench/detection.py's docstring.",
+        "",
+        f"- **Recall** (fired on the injected subject within {DELAY_TARGET} windows): lowest kind "
+        f"**{worst_recall:.0%}** (target >= {RECALL_TARGET:.0%}) — {'met' if worst_recall >= RECALL_TARGET else 'NOT met'}.",
+        f"- **False alerts** on {weeks} clean simulated week(s) (every hourly window, every kind, through the "
+        f"engine's episodes): **{len(opened)}**, {total_false:.2f} per week all kinds together (target <= "
+        f"{FALSE_PER_WEEK_TARGET:g}) — {'met' if total_false <= FALSE_PER_WEEK_TARGET else 'NOT met'}.",
+        f"- **Delay**: at most **{worst_delay}** window(s) after the onset (target <= {DELAY_TARGET}) — "
+        f"{'met' if worst_delay <= DELAY_TARGET else 'NOT met'}; 1 = fired at the end of the first changed window.",
+        f"- One evaluation of all nine kinds over the fleet: {per_window_s * 1000:.0f} ms per window.",
+        "",
+        "| kind | trials | recall (<= 2 windows) | recall (<= 4) | delay mean / max | fired before onset "
+        "| false alerts / clean week | magnitudes injected |",
+        "|---|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for r in rows:
+        delay = f"{r['delay_mean']:.2f} / {r['delay_max']}" if r["delay_mean"] is not None else "—"
+        lines.append(f"| `{r['kind']}` | {r['trials']} | {r['recall']:.0%} | {r['recall_watch']:.0%} | {delay} "
+                     f"| {r['early']} | {r['false_per_week']:.2f} | {'; '.join(r['magnitudes'])} |")
+    if opened:
+        lines += ["", "False alerts on the clean weeks:", ""]
+        lines += [f"- {o['started_at']} `{o['kind']}` {o['subject']}: {o['summary']}" for o in opened]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.detection", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="4 injections per kind, 1 clean week, nothing written")
+    parser.add_argument("--trials", type=int, help="injections per kind (default 20)")
+    parser.add_argument("--weeks", type=int, help="clean weeks (default 4)")
+    parser.add_argument("--kinds", help="comma-separated kinds (default all)")
+    parser.add_argument("--debug", action="store_true", help="print each window's finding on the injected subject")
+    parser.add_argument("--no-write", action="store_true", help="print only, leave BENCHMARKS.md alone")
+    args = parser.parse_args(argv)
+    per_kind = args.trials or (4 if args.quick else 20)
+    weeks = args.weeks if args.weeks is not None else (1 if args.quick else 4)
+    kinds = args.kinds.split(",") if args.kinds else list(KINDS)
+    scratch = Path(tempfile.mkdtemp(prefix="servelens-detection-"))
+    started = time.monotonic()
+    try:
+        eng = Engine(scratch)
+        trials = run_injections(eng, per_kind, kinds, args.debug)
+        opened, windows, per_window = clean_weeks(eng, weeks) if weeks else ([], 0, float("nan"))
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    command = "python -m bench detection" + (f" {' '.join(argv)}" if argv else "")
+    section = render(summarize(trials, opened, weeks), opened, weeks, per_window, time.monotonic() - started,
+                     command)
+    print(section)
+    if not (args.quick or args.no_write or args.kinds or args.trials or args.weeks is not None):
+        write_section("detection", "Detection quality", section)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

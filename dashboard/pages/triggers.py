@@ -1,0 +1,120 @@
+"""Triggers: the re-evaluation episodes (SPEC 6) overlapping the window, active first, and
+the one an alert links to (/triggers?id=…) opened at the top with its evidence."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Any
+from urllib.parse import quote
+
+import dash
+from dash import dcc, html
+
+from dashboard import data
+from dashboard.components import LOADING, NULL, badge, page, panel, register_refresh, table, updated_line
+
+dash.register_page(__name__, path="/triggers", name="Triggers", title="Triggers · servelens")
+
+NO_EPISODES = "No trigger fired in this window."
+COLUMNS = (
+    ("kind_link", "Kind", str), ("subject_text", "Subject", str), ("state_badge", "State", str),
+    ("severity_badge", "Severity", str), ("started", "Started", str), ("detected", "Detected", str),
+    ("resolved", "Resolved", str), ("summary_text", "Summary", str),
+)
+
+
+def when(value: str | None) -> str:
+    """An ISO-8601 UTC time to the minute, NULL for none (an active episode's resolved_at)."""
+    if not value:
+        return NULL
+    return f"{datetime.fromisoformat(value):%Y-%m-%d %H:%M} UTC"
+
+
+def subject_text(subject: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in subject.items()) or "(all)"
+
+
+def in_scope(subject: dict[str, Any], filters: data.Filters) -> bool:
+    """False when a global filter names a key of the subject with another value: a
+    deployment's episode says nothing about another deployment; one without the key stays."""
+    return all(subject.get(key) in (None, getattr(filters, key)) for key in data.FILTER_KEYS if getattr(filters, key))
+
+
+def ordered(triggers: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Active first; each group keeps list_triggers' order, newest first."""
+    return sorted(triggers, key=lambda t: t["state"] != "active")
+
+
+def link(trigger: dict[str, Any]) -> str:
+    """The page of one episode, as alerts link to it."""
+    return f"/triggers?id={quote(trigger['id'])}"
+
+
+def _row(trigger: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "kind_link": dcc.Link(trigger["kind"], href=link(trigger)), "subject_text": subject_text(trigger["subject"]),
+        "state_badge": badge(trigger["state"]), "severity_badge": badge(trigger["severity"]),
+        "started": when(trigger["started_at"]), "detected": when(trigger["detected_at"]),
+        "resolved": when(trigger.get("resolved_at")), "summary_text": html.Span(trigger["summary"], className="wrap"),
+    }
+
+
+def _fact(label: str, value: Any) -> list[html.Dt | html.Dd]:
+    return [html.Dt(label), html.Dd(value)]
+
+
+def episode_panel(episode_id: str, trigger: dict[str, Any] | None) -> html.Section | html.Div | None:
+    """The linked episode: its facts and evidence; a note when no episode has that id."""
+    if not episode_id:
+        return None
+    if trigger is None:
+        return html.Div(f"No trigger episode with id {episode_id}.", className="alert", id="trg-episode-missing")
+    return panel(
+        f"{trigger['kind']} · {subject_text(trigger['subject'])}",
+        html.Dl(className="episode-facts", children=[
+            *_fact("State", badge(trigger["state"])), *_fact("Severity", badge(trigger["severity"])),
+            *_fact("Started", when(trigger["started_at"])), *_fact("Detected", when(trigger["detected_at"])),
+            *_fact("Resolved", when(trigger.get("resolved_at"))), *_fact("Summary", trigger["summary"]),
+            *_fact("Id", trigger["id"]),
+        ]),
+        html.Pre(json.dumps(trigger["evidence"], indent=2, sort_keys=True), id="trg-evidence", className="evidence"),
+        extra_class="gap-below",
+    )
+
+
+def totals(triggers: list[dict[str, Any]]) -> str:
+    if not triggers:
+        return ""
+    active = sum(t["state"] == "active" for t in triggers)
+    return f"{len(triggers)} episode{'s' if len(triggers) != 1 else ''}, {active} active"
+
+
+def layout(**query: str) -> html.Div:
+    episode_id = query.get("id") or ""
+    return page(
+        "trg", "Triggers",
+        # The query's episode id as a control, so the page's one refresh callback reads it.
+        dcc.Input(id="trg-id", type="hidden", value=episode_id),
+        html.Div(id="trg-episode", children=LOADING if episode_id else None),
+        html.Div(id="trg-total", className="page-summary"),
+        panel("Episodes", html.Div(id="trg-table", children=LOADING)),
+    )
+
+
+def fetch(source: data.DataSource, filters: data.Filters, episode_id: str | None) -> tuple:
+    listed = ordered([t for t in source.triggers(filters) if in_scope(t["subject"], filters)])
+    selected = None
+    if episode_id:  # the linked episode whatever the filters: the alert named it
+        selected = next((t for t in listed if t["id"] == episode_id), None) or source.trigger(episode_id)
+    return episode_id or "", listed, selected
+
+
+def render(fetched: tuple, filters: data.Filters) -> tuple:
+    episode_id, listed, selected = fetched
+    return (episode_panel(episode_id, selected), totals(listed),
+            table([_row(t) for t in listed], COLUMNS, NO_EPISODES), updated_line(filters))
+
+
+def register_callbacks(app: dash.Dash) -> None:
+    register_refresh(app, "trg", ("episode", "total", "table", "updated"), fetch, render, controls=("id",))
