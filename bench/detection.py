@@ -66,7 +66,8 @@ CONFIG: dict[str, Any] = {
 }
 
 # Normal life: a daily swing, weekends at 70 %, ten-minute bursts.
-_LIFE = dict(weekend=0.7, burst_share=0.02, burst_gain=1.0)
+WEEKEND = 0.7
+_LIFE = dict(weekend=WEEKEND, burst_share=0.02, burst_gain=1.0)
 STREAMS: dict[str, tuple[Traffic, float | None]] = {  # name -> (traffic, evaluation pass rate)
     "chat": (Traffic(service="chat-api", model="gpt-4o-mini", tenant="acme", per_hour=1200, diurnal=0.5,
                      error_share=0.005, retry_share=0.01, **_LIFE), 0.92),
@@ -80,7 +81,7 @@ STREAMS: dict[str, tuple[Traffic, float | None]] = {  # name -> (traffic, evalua
     "batch": (Traffic(service="batch-api", model="gpt-4o-mini", tenant="acme", feature="nightly-eval",
                       mode="batch", task_type="classify", per_hour=60, diurnal=-0.8, output_tokens=600), None),
 }
-GPU_HOST, GPU_UTIL, GPU_DIURNAL = "gpu-1", 0.6, 0.25
+GPU_HOST, GPU_UTIL, GPU_DIURNAL = "gpu-1", 0.65, 0.25
 
 
 @dataclass(frozen=True)
@@ -89,7 +90,7 @@ class Injection:
 
     kind: str
     label: str  # the magnitude, as a user would state it
-    stream: str = ""  # the stream whose traffic changes ("" = none)
+    streams: tuple[str, ...] = ()  # the streams whose traffic changes
     change: dict[str, Any] = field(default_factory=dict)  # Traffic fields during the change
     added: Traffic | None = None  # a new stream appearing at the onset
     gpu_util: float | None = None  # the GPUs' mean utilization during the change
@@ -121,15 +122,16 @@ def injections() -> dict[str, list[Injection]]:
     new_batch = replace(STREAMS["batch"][0], feature="backfill", diurnal=0.0, per_hour=120)
     out: dict[str, list[Injection]] = {
         "p99_drift": [Injection("p99_drift", f"3 % of requests {f:g}x slower: p99 +{_tail_p99_rise(0.03, f):.0%}",
-                                "chat", {"tail_share": 0.03, "tail_factor": f}, subjects=({"deployment": "chat-api"},))
+                                ("chat", "summarize"), {"tail_share": 0.03, "tail_factor": f}, subjects=({"deployment": "chat-api"},))
                       for f in (2.5, 3.0, 4.0)],
-        "queue_wait_growth": [Injection("queue_wait_growth", f"queue p95 +{c:.0%} of usual per hour", "llama",
+        "queue_wait_growth": [Injection("queue_wait_growth", f"queue p95 +{c:.0%} of usual per hour", ("llama",),
                                         climb=c, subjects=({"deployment": "llama-prod"},)) for c in (0.15, 0.25, 0.5)],
         "quality_regression": [Injection("quality_regression", f"summarize/de pass rate -{d * 100:.0f} points",
-                                         "summarize", {"pass_rate": 0.85 - d}, subjects=({"task_type": "summarize"}, {"language": "de"}))
+                                         ("summarize",), {"pass_rate": 0.85 - d}, subjects=({"task_type": "summarize"}, {"language": "de"}))
                                for d in (0.10, 0.15, 0.25)],
-        "low_utilization": [Injection("low_utilization", f"GPU utilization {u:.0%} (threshold 30 %)",
-                                      gpu_util=u, subjects=({"deployment": "llama-prod"},)) for u in (0.25, 0.15, 0.05)],
+        "low_utilization": [Injection("low_utilization", f"GPU utilization {u:.0%}, {u * (1 + GPU_DIURNAL):.0%} at "
+                                      f"the daily peak (threshold 30 %)", gpu_util=u,
+                                      subjects=({"deployment": "llama-prod"},)) for u in (0.22, 0.15, 0.05)],
         "new_workload_shape": [
             Injection("new_workload_shape", "a new language at ~10 % of traffic", added=new_lang,
                       subjects=({"language": "ja"},)),
@@ -140,17 +142,17 @@ def injections() -> dict[str, list[Injection]]:
             Injection("new_workload_shape", "a new batch feature", added=new_batch, subjects=({},)),
         ],
         "retry_storm": [Injection("retry_storm", f"{s:.0%} of attempts are retries: {1 / (1 - s):.2f}x amplification",
-                                  "chat", {"retry_share": s}, subjects=({"service": "chat-api"},))
+                                  ("chat", "summarize"), {"retry_share": s}, subjects=({"service": "chat-api"},))
                         for s in (0.4, 0.5, 0.6)],
-        "error_rate_spike": [Injection("error_rate_spike", f"error rate 0.5 % -> {e:.0%}", "chat",
+        "error_rate_spike": [Injection("error_rate_spike", f"error rate 0.5 % -> {e:.0%}", ("chat", "summarize"),
                                        {"error_share": e}, subjects=({"service": "chat-api"},)) for e in (0.03, 0.05, 0.1)],
         "fallback_over_budget": [
             Injection("fallback_over_budget", f"fallback median {m:g} s: p99 ~{m * math.exp(2.326 * 0.25):.1f} s "
-                      f"vs the {BUDGET_TOTAL_S:g} s budget", "llama", {"fallback_latency_s": m, "fallback_share": 0.15},
+                      f"vs the {BUDGET_TOTAL_S:g} s budget", ("llama",), {"fallback_latency_s": m, "fallback_share": 0.15},
                       subjects=({"service": "llama-svc"},)) for m in (2.8, 3.5, 5.0)],
         "cost_anomaly": [
             Injection("cost_anomaly", f"rag-api prompts and answers {x:g}x longer: cost per request +{x - 1:.0%}",
-                      "search", {"input_tokens": search.input_tokens * x, "output_tokens": search.output_tokens * x},
+                      ("search",), {"input_tokens": search.input_tokens * x, "output_tokens": search.output_tokens * x},
                       subjects=({"service": "rag-api"},)) for x in (1.5, 2.0, 3.0)],
     }
     assert set(out) == set(KINDS)
@@ -177,36 +179,38 @@ class Engine:
         store.client().command(f"DROP DATABASE IF EXISTS `{settings.store.database}`")
 
 
-def fleet(store: Store, start: datetime, end: datetime, seed: int, skip: str = "", gpus: bool = True) -> None:
-    """The clean fleet over [start, end), every stream but `skip`."""
+def fleet(store: Store, start: datetime, end: datetime, seed: int, skip: tuple[str, ...] = (),
+          gpus: bool = True) -> None:
+    """The clean fleet over [start, end), every stream but those in `skip`."""
     for i, (name, (traffic, pass_rate)) in enumerate(STREAMS.items()):
-        if name != skip:
+        if name not in skip:
             insert(store, start, end, traffic, seed=seed * 100 + i, pass_rate=pass_rate)
     if gpus:
-        insert_gpus(store, start, end, GPU_HOST, GPU_UTIL, seed=seed, diurnal=GPU_DIURNAL)
+        insert_gpus(store, start, end, GPU_HOST, GPU_UTIL, seed=seed, diurnal=GPU_DIURNAL, weekend=WEEKEND)
 
 
 def inject(store: Store, inj: Injection, start: datetime, onset: datetime, end: datetime, seed: int) -> None:
     """The fleet over [start, end) with `inj` from `onset` (its climb from `lead` windows before)."""
-    fleet(store, start, end, seed, skip=inj.stream, gpus=inj.gpu_util is None)
-    if inj.stream:
-        traffic, pass_rate = STREAMS[inj.stream]
-        changed_from = onset - inj.lead() * HOUR
-        insert(store, start, changed_from, traffic, seed=seed * 100 + 50, pass_rate=pass_rate)
+    fleet(store, start, end, seed, skip=inj.streams, gpus=inj.gpu_util is None)
+    changed_from = onset - inj.lead() * HOUR
+    for i, name in enumerate(inj.streams):
+        traffic, pass_rate = STREAMS[name]
+        seed_i = seed * 100 + 50 + 20 * i
+        insert(store, start, changed_from, traffic, seed=seed_i, pass_rate=pass_rate)
         if inj.climb:  # one segment per window, the queue further up each time
             for k in range(int((end - changed_from) / HOUR)):
                 at = changed_from + k * HOUR
                 insert(store, at, at + HOUR, replace(traffic, queue_s=traffic.queue_s * (1 + inj.climb * (k + 1))),
-                       seed=seed * 100 + 51 + k, pass_rate=pass_rate)
+                       seed=seed_i + 1 + k, pass_rate=pass_rate)
         else:
             change = dict(inj.change)
             rate = change.pop("pass_rate", pass_rate)
-            insert(store, changed_from, end, replace(traffic, **change), seed=seed * 100 + 51, pass_rate=rate)
+            insert(store, changed_from, end, replace(traffic, **change), seed=seed_i + 1, pass_rate=rate)
     if inj.added is not None:
         insert(store, onset, end, inj.added, seed=seed * 100 + 90, pass_rate=0.9)
     if inj.gpu_util is not None:
-        insert_gpus(store, start, onset, GPU_HOST, GPU_UTIL, seed=seed, diurnal=GPU_DIURNAL)
-        insert_gpus(store, onset, end, GPU_HOST, inj.gpu_util, seed=seed + 1, diurnal=GPU_DIURNAL)
+        insert_gpus(store, start, onset, GPU_HOST, GPU_UTIL, seed=seed, diurnal=GPU_DIURNAL, weekend=WEEKEND)
+        insert_gpus(store, onset, end, GPU_HOST, inj.gpu_util, seed=seed + 1, diurnal=GPU_DIURNAL, weekend=WEEKEND)
 
 
 # --- the measurements ---------------------------------------------------------------------------
@@ -275,7 +279,8 @@ def clean_weeks(eng: Engine, weeks: int, seed: int = 7) -> tuple[list[dict[str, 
         for k in range(windows):
             engine.evaluate(store, settings, begin + (k + 1) * HOUR, recorder, now=begin + (k + 1) * HOUR)
             if (k + 1) % 24 == 0:
-                print(f"  clean: day {(k + 1) // 24}, {len(recorder.opened)} opened", file=sys.stderr, flush=True)
+                print(f"  clean: day {(k + 1) // 24}, {len(recorder.opened)} opened, "
+                      f"{time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)
         return recorder.opened, windows, (time.perf_counter() - started) / windows
     finally:
         eng.drop(store, settings)
@@ -304,6 +309,10 @@ def summarize(trials: list[Trial], opened: list[dict[str, Any]], weeks: int) -> 
     for kind in KINDS:
         mine = [t for t in trials if t.kind == kind]
         if not mine:
+            if weeks:
+                rows.append({"kind": kind, "trials": 0, "recall": float("nan"), "recall_watch": float("nan"),
+                             "delay_mean": None, "delay_max": None, "early": 0, "magnitudes": [],
+                             "false_per_week": sum(1 for o in opened if o["kind"] == kind) / weeks})
             continue
         delays = [t.delay for t in mine if t.delay is not None]
         caught = [d for d in delays if d <= DELAY_TARGET]
@@ -321,8 +330,8 @@ def summarize(trials: list[Trial], opened: list[dict[str, Any]], weeks: int) -> 
 def render(rows: list[dict[str, Any]], opened: list[dict[str, Any]], weeks: int, per_window_s: float,
            wall_s: float, command: str) -> str:
     total_false = len(opened) / weeks if weeks else float("nan")
-    worst_recall = min(r["recall"] for r in rows)
-    worst_delay = max((r["delay_max"] or 0) for r in rows)
+    worst_recall = min((r["recall"] for r in rows), default=float("nan"))
+    worst_delay = max(((r["delay_max"] or 0) for r in rows), default=0)
     lines = [
         f"Measured {datetime.now(timezone.utc):%Y-%m-%d} on {cpu_model()} with `{command}` "
         f"({wall_s / 60:.1f} min). The fleet, the injections and the rules are in bench/detection.py's docstring.",
@@ -359,7 +368,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--debug", action="store_true", help="print each window's finding on the injected subject")
     parser.add_argument("--no-write", action="store_true", help="print only, leave BENCHMARKS.md alone")
     args = parser.parse_args(argv)
-    per_kind = args.trials or (4 if args.quick else 20)
+    per_kind = args.trials if args.trials is not None else (4 if args.quick else 20)
     weeks = args.weeks if args.weeks is not None else (1 if args.quick else 4)
     kinds = args.kinds.split(",") if args.kinds else list(KINDS)
     scratch = Path(tempfile.mkdtemp(prefix="servelens-detection-"))
@@ -374,7 +383,7 @@ def main(argv: list[str] | None = None) -> int:
     section = render(summarize(trials, opened, weeks), opened, weeks, per_window, time.monotonic() - started,
                      command)
     print(section)
-    if not (args.quick or args.no_write or args.kinds or args.trials or args.weeks is not None):
+    if not (args.quick or args.no_write or args.kinds or args.trials is not None or args.weeks is not None):
         write_section("detection", "Detection quality", section)
     return 0
 

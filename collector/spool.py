@@ -12,6 +12,7 @@ CRC32 so a damaged file is detected and set aside instead of replayed.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import pickle
@@ -28,6 +29,7 @@ log = logging.getLogger(__name__)
 _MAGIC = b"SLSPOOL1"
 _HEADER = struct.Struct(">8sIQ")  # magic, crc32, payload length
 _SUFFIX = ".batch"
+_GROUP = ".group"
 
 # [(table, columns, column-oriented data), ...]
 Tables = list[tuple[str, tuple[str, ...], list[list[Any]]]]
@@ -38,6 +40,10 @@ class SpooledBatch:
     path: Path
     token: str
     tables: Tables
+
+    @property
+    def rows(self) -> int:
+        return max((len(data[0]) for _, _, data in self.tables if data), default=0)
 
 
 class Spool:
@@ -65,13 +71,13 @@ class Spool:
     def count(self) -> int:
         return self._count
 
-    def append(self, token: str, tables: Tables) -> bool:
-        """Durably store a batch; False (nothing written) when it would exceed max_bytes."""
+    def append(self, token: str, tables: Tables) -> SpooledBatch | None:
+        """Durably store a batch; None (nothing written) when it would exceed max_bytes."""
         payload = pickle.dumps((token, tables), protocol=pickle.HIGHEST_PROTOCOL)
         blob = _HEADER.pack(_MAGIC, zlib.crc32(payload), len(payload)) + payload
         with self._lock:
             if self._bytes + len(blob) > self.max_bytes:
-                return False
+                return None
             self._seq = max(self._seq + 1, time.time_ns())
             final = self.directory / f"{self._seq:020d}-{token}{_SUFFIX}"
             tmp = final.with_suffix(".tmp")
@@ -83,23 +89,66 @@ class Spool:
             _fsync_dir(self.directory)
             self._bytes += len(blob)
             self._count += 1
-        return True
+        return SpooledBatch(final, token, tables)
 
     def oldest(self) -> SpooledBatch | None:
         """The oldest readable batch; damaged files are moved to corrupt/ and skipped."""
         for path in self._files():
-            try:
-                blob = path.read_bytes()
-                magic, crc, length = _HEADER.unpack_from(blob)
-                payload = blob[_HEADER.size:]
-                if magic != _MAGIC or len(payload) != length or zlib.crc32(payload) != crc:
-                    raise ValueError("bad frame")
-                token, tables = pickle.loads(payload)  # noqa: S301 - our own fsynced file
-            except (OSError, ValueError, struct.error, pickle.UnpicklingError, EOFError) as exc:
-                self._set_aside(path, f"damaged ({exc})")
-                continue
-            return SpooledBatch(path, token, tables)
+            batch = self.read(path)
+            if batch is not None:
+                return batch
         return None
+
+    def listing(self) -> list[Path]:
+        """The batch files, oldest first."""
+        return self._files()
+
+    def read(self, path: Path) -> SpooledBatch | None:
+        """One batch file; None when it is gone or damaged (moved to corrupt/)."""
+        try:
+            blob = path.read_bytes()
+            magic, crc, length = _HEADER.unpack_from(blob)
+            payload = blob[_HEADER.size:]
+            if magic != _MAGIC or len(payload) != length or zlib.crc32(payload) != crc:
+                raise ValueError("bad frame")
+            token, tables = pickle.loads(payload)  # noqa: S301 - our own fsynced file
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, struct.error, pickle.UnpicklingError, EOFError) as exc:
+            self._set_aside(path, f"damaged ({exc})")
+            return None
+        return SpooledBatch(path, token, tables)
+
+    # Groups: several batches inserted as one, under one token. The group is written down
+    # (fsynced) before its insert, so a replay after a crash inserts exactly that group
+    # again, under that token, and the store's deduplication recognises it.
+    def begin_group(self, token: str, batches: list[SpooledBatch]) -> Path:
+        path = self.directory / f"{batches[0].path.stem}{_GROUP}"
+        tmp = path.with_suffix(".tmp")
+        with open(tmp, "w") as fh:
+            json.dump({"token": token, "files": [b.path.name for b in batches]}, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+        _fsync_dir(self.directory)
+        return path
+
+    def end_group(self, group: Path, batches: list[SpooledBatch]) -> None:
+        for batch in batches:
+            self.remove(batch)
+        group.unlink(missing_ok=True)
+
+    def open_groups(self) -> list[tuple[Path, str, list[Path]]]:
+        """Groups begun and not ended (a crash between their insert and their removal)."""
+        out = []
+        for path in sorted(self.directory.glob(f"*{_GROUP}")):
+            try:
+                meta = json.loads(path.read_text())
+                out.append((path, str(meta["token"]), [self.directory / name for name in meta["files"]]))
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                log.error("spool group %s unreadable (%s); its batches replay one by one", path.name, exc)
+                path.unlink(missing_ok=True)
+        return out
 
     def quarantine(self, batch: SpooledBatch, reason: str) -> None:
         """Set aside a batch the store will never take, so the ones behind it can go."""

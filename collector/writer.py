@@ -12,10 +12,16 @@ batch the store took just before failing is not doubled.
 The queue is bounded: when full, `submit` raises QueueFull and the receiver answers
 429/503 with Retry-After. When the spool is full too, tickets fail and the receiver
 answers 503: the client keeps the data and retries; nothing acknowledged is dropped.
+
+With `acknowledge = "spooled"` the spool is a write-ahead log: every group is fsynced
+there and acknowledged at once, and the replayer inserts the log in order, several
+groups per insert (up to batch_size rows). A client then waits for a disk write, not for
+an insert and its views; the rows reach the reports a moment later.
 """
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import logging
 import queue
@@ -24,9 +30,10 @@ import struct
 import threading
 import time
 import uuid
-from collections import defaultdict
+from collections import defaultdict, deque
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import Any, Iterable
 
 from clickhouse_connect.driver.exceptions import DataError, ProgrammingError
 
@@ -65,6 +72,7 @@ class WriterSettings:
     flush_interval: float = 0.005
     # How long to retry the store before spooling (or failing, without a spool).
     store_retry: float = 2.0
+    acknowledge: str = "stored"  # or "spooled": the spool as a write-ahead log (module doc)
 
 
 class Ticket:
@@ -103,9 +111,27 @@ class Writer:
         self._replayer = threading.Thread(target=self._replay, name="servelens-replay", daemon=True)
         self._stopping = threading.Event()
         self._spooled = threading.Event()
+        self._wal = settings.acknowledge == "spooled"
+        if self._wal and spool is None:
+            raise ValueError('acknowledge = "spooled" needs the spool (spool_max_bytes > 0)')
+        # Write-ahead mode: what the replayer inserts next, oldest first: groups left open
+        # by a crash, then the batch files found at start, then what the writer logs now
+        # (in memory, so it is not read back; a path alone once too many wait).
+        self._reopened: list[tuple[Path, str, list[SpooledBatch]]] = []
+        self._backlog: deque[Path] = deque()
+        self._handoff: deque[SpooledBatch | Path] = deque()
 
     # lifecycle -------------------------------------------------------------------
     def start(self) -> None:
+        if self._wal:
+            assert self._spool is not None
+            grouped: set[Path] = set()
+            for group, token, files in self._spool.open_groups():
+                batches = [b for b in map(self._spool.read, files) if b is not None]
+                grouped.update(files)
+                self._reopened.append((group, token, batches))
+            self._backlog.extend(p for p in self._spool.listing() if p not in grouped)
+            self._replayer = threading.Thread(target=self._insert_log, name="servelens-wal", daemon=True)
         self._thread.start()
         if self._spool is not None:
             self._update_spool_metrics()
@@ -174,11 +200,30 @@ class Writer:
                 rows += sum(b.rows for b in nxt[0])
             self._metrics.queue_depth.set(self._queue.qsize())
             try:
-                self._write(pending)
+                self._log(pending) if self._wal else self._write(pending)
             except Exception as exc:  # noqa: BLE001 - the writer thread must outlive any batch
                 log.exception("writer failed on a batch; its requests are refused")
                 for _, ticket in pending:
                     ticket.resolve(WriteFailed(f"writer error: {exc}"))
+
+    def _log(self, pending: list[tuple[list[Batch], Ticket]]) -> None:
+        """Write-ahead mode: the group is durable once fsynced in the spool."""
+        assert self._spool is not None
+        tables = _merge(pending)
+        error: BaseException | None = None
+        if tables:
+            batch = self._spool.append(uuid.uuid4().hex, tables)
+            if batch is None:
+                self._metrics.spool_full.inc()
+                log.error("spool full (%d bytes, limit %d): refusing writes until the store catches up",
+                          self._spool.size_bytes, self._spool.max_bytes)
+                error = WriteFailed("write-ahead spool full")
+            else:
+                self._handoff.append(batch if len(self._handoff) < self._settings.queue_size else batch.path)
+                self._update_spool_metrics()
+                self._spooled.set()
+        for _, ticket in pending:
+            ticket.resolve(error)
 
     def _write(self, pending: list[tuple[list[Batch], Ticket]]) -> None:
         error = self._commit(_merge(pending))
@@ -274,6 +319,72 @@ class Writer:
             self._update_spool_metrics()
             backoff = 0.1
 
+    # write-ahead inserter thread ----------------------------------------------------
+    def _insert_log(self) -> None:
+        """Insert the log in order, groups of batches up to batch_size rows; a group is
+        removed from the spool only once the store has it (retried with backoff)."""
+        assert self._spool is not None
+        backoff = 0.1
+        current: tuple[Path | None, str, list[SpooledBatch]] | None = None
+        while True:
+            if current is None:
+                current = self._reopened.pop(0) if self._reopened else self._next_group()
+            if current is None:
+                if self._stopping.is_set() and not self._handoff and not self._backlog:
+                    return
+                self._spooled.wait(0.05)
+                self._spooled.clear()
+                continue
+            group, token, batches = current
+            try:
+                if group is None and len(batches) > 1:
+                    group = self._spool.begin_group(token, batches)
+                    current = (group, token, batches)
+                self._insert_all(token, _concat(t for b in batches for t in b.tables), time.monotonic())
+            except PERMANENT_ERRORS as exc:
+                for batch in batches:  # never storable: set aside with its neighbours, logged
+                    self._spool.quarantine(batch, f"{type(exc).__name__}: {exc}")
+                    self._metrics.quarantined.inc()
+                if group is not None:
+                    group.unlink(missing_ok=True)
+            except Exception as exc:  # noqa: BLE001 - the store is unavailable: wait and retry
+                if self._stopping.is_set():
+                    return  # the log stays on disk; the next start inserts it
+                log.info("write-ahead insert waiting for the store (%s); retry in %.1fs", exc, backoff)
+                self._stopping.wait(backoff)
+                backoff = min(backoff * 2, MAX_BACKOFF_SECONDS)
+                continue
+            else:
+                if group is not None:
+                    self._spool.end_group(group, batches)
+                else:
+                    for batch in batches:
+                        self._spool.remove(batch)
+            current = None
+            backoff = 0.1
+            self._update_spool_metrics()
+
+    def _next_group(self) -> tuple[None, str, list[SpooledBatch]] | None:
+        """The oldest batches, up to batch_size rows (at least one), and their token: the
+        batch's own for one, a digest of theirs for several (deterministic on replay)."""
+        batches: list[SpooledBatch] = []
+        rows = 0
+        while self._backlog or self._handoff:
+            source = self._backlog if self._backlog else self._handoff
+            head = source[0]
+            batch = head if isinstance(head, SpooledBatch) else self._spool.read(head)  # type: ignore[union-attr]
+            if batch is not None and batches and rows + batch.rows > self._settings.batch_size:
+                break
+            source.popleft()
+            if batch is not None:
+                batches.append(batch)
+                rows += batch.rows
+        if not batches:
+            return None
+        if len(batches) == 1:
+            return None, batches[0].token, batches
+        return None, hashlib.sha256("|".join(b.token for b in batches).encode()).hexdigest()[:32], batches
+
     def _update_spool_metrics(self) -> None:
         if self._spool is not None:
             self._metrics.spool_bytes.set(self._spool.size_bytes)
@@ -282,11 +393,14 @@ class Writer:
 
 def _merge(pending: list[tuple[list[Batch], Ticket]]) -> Tables:
     """Concatenate the pending requests' rows into one column-oriented block per table."""
+    return _concat((b.table, b.columns, b.data) for batches, _ in pending for b in batches if b.rows)
+
+
+def _concat(tables: Iterable[tuple[str, tuple[str, ...], list[list[Any]]]]) -> Tables:
+    """One column-oriented block per (table, columns), in first-seen order."""
     parts: dict[tuple[str, tuple[str, ...]], list[list[list[Any]]]] = defaultdict(list)
-    for batches, _ in pending:
-        for batch in batches:
-            if batch.rows:
-                parts[(batch.table, batch.columns)].append(batch.data)
+    for table, columns, data in tables:
+        parts[(table, columns)].append(data)
     merged: Tables = []
     for (table, columns), blocks in parts.items():
         data = blocks[0] if len(blocks) == 1 else [

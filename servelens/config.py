@@ -64,8 +64,18 @@ class CollectorConfig(_Strict):
     store_retry: timedelta = timedelta(seconds=2)  # retry the store this long, then spool
     write_timeout: timedelta = timedelta(seconds=30)  # a request waits at most this long
     spool_max_bytes: int = Field(1024**3, ge=0, description="0 disables the spool")
+    # When a request is answered 200: "stored" once its rows are committed in the store;
+    # "spooled" once they are fsynced in the spool, used as a write-ahead log and inserted
+    # from there in the background (export latency of a disk write, not of an insert).
+    acknowledge: Literal["stored", "spooled"] = "stored"
 
     _dur = field_validator("flush_interval", "store_retry", "write_timeout", mode="before")(parse_duration)
+
+    @model_validator(mode="after")
+    def _spool_for_wal(self) -> CollectorConfig:
+        if self.acknowledge == "spooled" and not self.spool_max_bytes:
+            raise ValueError('acknowledge "spooled" needs the spool: spool_max_bytes > 0')
+        return self
 
 
 class ScrapeTarget(_Strict):

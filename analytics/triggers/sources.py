@@ -70,32 +70,26 @@ def latency_tails(store: Any, at: Evaluation, metric: str) -> pl.DataFrame:
 
 def queue_series(store: Any, series_since: datetime, until: datetime, step: timedelta,
                  baseline: timedelta) -> pl.DataFrame:
-    """Queue-wait p95 per deployment and step, for the steps of [series_since, until)
+    """Queue-wait p95 per deployment and step: for the steps of [series_since, until)
     (recent = true, slot = 0, 1, ... in time order) and, for the baseline days before
-    them, per step-sized time-of-day phase (recent = false, slot = the phase: slot i of
-    the series has phase (i · step mod 1 day) / step).
-
-    A phase's usual p95 is the median of its daily p95s, not the p95 of the days pooled:
-    a ten-minute burst puts its queued requests right in the pooled tail, and one such
-    day would set the usual level of that hour for the whole baseline."""
+    them, per step-sized time-of-day phase and day (recent = false, slot = the phase:
+    slot i of the series has phase (i · step mod 1 day) / step; day = days before the
+    series). `weekend`: the step falls on a Saturday or Sunday (UTC)."""
     p = {"series_ns": _ns(series_since), "until_ns": _ns(until), "base_ns": _ns(series_since - baseline),
          "step_ns": int(step.total_seconds() * 1e9), "day_ns": int(DAY.total_seconds()) * 10**9}
     sql = f"""
-        SELECT deployment, recent, slot, sum(n) AS requests, median(day_p95) AS p95
-        FROM (
-            SELECT toString(Deployment) AS deployment,
-                   toBool(Timestamp >= fromUnixTimestamp64Nano({{series_ns:Int64}})) AS recent,
-                   if(recent, intDiv({_T} - {{series_ns:Int64}}, {{step_ns:Int64}}),
-                      intDiv(positiveModulo({_T} - {{series_ns:Int64}}, {{day_ns:Int64}}),
-                             {{step_ns:Int64}})) AS slot,
-                   intDiv({_T} - {{base_ns:Int64}}, {{day_ns:Int64}}) AS day,
-                   count() AS n,
-                   quantileExactInclusive(0.95)(assumeNotNull(QueueSeconds)) AS day_p95
-            FROM llm_requests
-            WHERE {_within("base_ns", "until_ns")} AND QueueSeconds IS NOT NULL
-            GROUP BY deployment, recent, slot, day)
-        GROUP BY deployment, recent, slot
-        ORDER BY deployment, recent, slot"""
+        SELECT toString(Deployment) AS deployment,
+               toBool(Timestamp >= fromUnixTimestamp64Nano({{series_ns:Int64}})) AS recent,
+               if(recent, intDiv({_T} - {{series_ns:Int64}}, {{step_ns:Int64}}),
+                  intDiv(positiveModulo({_T} - {{series_ns:Int64}}, {{day_ns:Int64}}), {{step_ns:Int64}})) AS slot,
+               if(recent, 0, intDiv({{series_ns:Int64}} - {_T} - 1, {{day_ns:Int64}}) + 1) AS day,
+               toBool(toDayOfWeek(min(Timestamp), 0, 'UTC') >= 6) AS weekend,
+               count() AS requests,
+               quantileExactInclusive(0.95)(assumeNotNull(QueueSeconds)) AS p95
+        FROM llm_requests
+        WHERE {_within("base_ns", "until_ns")} AND QueueSeconds IS NOT NULL
+        GROUP BY deployment, recent, slot, day
+        ORDER BY deployment, recent, slot, day"""
     return frame(store, sql, p)
 
 
