@@ -1,6 +1,6 @@
 """Detection-quality benchmark: recall, delay and false alerts of every trigger kind.
 
-    .venv/bin/python -m bench.detection            20 injections per kind, 4 clean weeks; into BENCHMARKS.md
+    .venv/bin/python -m bench.detection            20 injections per kind, 3 clean weeks; into BENCHMARKS.md
     .venv/bin/python -m bench.detection --quick    4 injections per kind, 1 clean week (nothing written)
 
 A simulated fleet (bench/history.py, generated inside the embedded ClickHouse): five
@@ -65,21 +65,30 @@ CONFIG: dict[str, Any] = {
                      "primary_model": "llama-70b", "budgets": {"total": f"{BUDGET_TOTAL_S:g}s", "queue": "500ms"}}],
 }
 
+@dataclass(frozen=True)
+class Stream:
+    """One stream of requests, with online evaluation results on the `evaluated` share."""
+
+    traffic: Traffic
+    pass_rate: float | None = None
+    evaluated: float = 1.0
+
+
 # Normal life: a daily swing, weekends at 70 %, ten-minute bursts.
 WEEKEND = 0.7
 _LIFE = dict(weekend=WEEKEND, burst_share=0.02, burst_gain=1.0)
-STREAMS: dict[str, tuple[Traffic, float | None]] = {  # name -> (traffic, evaluation pass rate)
-    "chat": (Traffic(service="chat-api", model="gpt-4o-mini", tenant="acme", per_hour=1200, diurnal=0.5,
-                     error_share=0.005, retry_share=0.01, **_LIFE), 0.92),
-    "summarize": (Traffic(service="chat-api", model="gpt-4o", tenant="globex", task_type="summarize",
-                          language="de", per_hour=300, diurnal=0.3, input_tokens=3000, **_LIFE), 0.85),
-    "search": (Traffic(service="rag-api", model="gpt-4o-mini", tenant="initech", task_type="search",
-                       language="fr", per_hour=200, diurnal=0.5, input_tokens=1500, **_LIFE), 0.75),
-    "llama": (Traffic(service="llama-svc", deployment="llama-prod", model="llama-70b", tenant="umbrella",
-                      per_hour=400, diurnal=0.4, queue_s=0.05, queue_load_power=2.0, fallback_share=0.08,
-                      fallback_latency_s=1.5, **_LIFE), None),
-    "batch": (Traffic(service="batch-api", model="gpt-4o-mini", tenant="acme", feature="nightly-eval",
-                      mode="batch", task_type="classify", per_hour=60, diurnal=-0.8, output_tokens=600), None),
+STREAMS: dict[str, Stream] = {
+    "chat": Stream(Traffic(service="chat-api", model="gpt-4o-mini", tenant="acme", per_hour=1200, diurnal=0.5,
+                           error_share=0.005, retry_share=0.01, **_LIFE), 0.92, evaluated=0.2),
+    "summarize": Stream(Traffic(service="chat-api", model="gpt-4o", tenant="globex", task_type="summarize",
+                                language="de", per_hour=300, diurnal=0.3, input_tokens=3000, **_LIFE), 0.85),
+    "search": Stream(Traffic(service="rag-api", model="gpt-4o-mini", tenant="initech", task_type="search",
+                             language="fr", per_hour=200, diurnal=0.5, input_tokens=1500, **_LIFE), 0.75),
+    "llama": Stream(Traffic(service="llama-svc", deployment="llama-prod", model="llama-70b", tenant="umbrella",
+                            per_hour=400, diurnal=0.4, queue_s=0.05, queue_load_power=2.0, fallback_share=0.08,
+                            fallback_latency_s=1.5, **_LIFE)),
+    "batch": Stream(Traffic(service="batch-api", model="gpt-4o-mini", tenant="acme", feature="nightly-eval",
+                            mode="batch", task_type="classify", per_hour=60, diurnal=-0.8, output_tokens=600)),
 }
 GPU_HOST, GPU_UTIL, GPU_DIURNAL = "gpu-1", 0.65, 0.25
 
@@ -115,11 +124,11 @@ def injections() -> dict[str, list[Injection]]:
     """Per kind, the magnitudes the trials cycle through: each the size of change a user
     would act on (the issue's examples: p99 +50 % with p50 flat; a slice's pass rate -10
     points with >= 200 evaluations)."""
-    chat, search = STREAMS["chat"][0], STREAMS["search"][0]
+    chat, search = STREAMS["chat"].traffic, STREAMS["search"].traffic
     new_lang = replace(chat, language="ja", per_hour=200, tenant="hooli")
     new_task = replace(chat, task_type="legal-review", per_hour=200, tenant="hooli")
     long_prompts = replace(chat, input_tokens=12000, per_hour=200, tenant="hooli")
-    new_batch = replace(STREAMS["batch"][0], feature="backfill", diurnal=0.0, per_hour=120)
+    new_batch = replace(STREAMS["batch"].traffic, feature="backfill", diurnal=0.0, per_hour=120)
     out: dict[str, list[Injection]] = {
         "p99_drift": [Injection("p99_drift", f"3 % of requests {f:g}x slower: p99 +{_tail_p99_rise(0.03, f):.0%}",
                                 ("chat", "summarize"), {"tail_share": 0.03, "tail_factor": f}, subjects=({"deployment": "chat-api"},))
@@ -145,7 +154,7 @@ def injections() -> dict[str, list[Injection]]:
                                   ("chat", "summarize"), {"retry_share": s}, subjects=({"service": "chat-api"},))
                         for s in (0.4, 0.5, 0.6)],
         "error_rate_spike": [Injection("error_rate_spike", f"error rate 0.5 % -> {e:.0%}", ("chat", "summarize"),
-                                       {"error_share": e}, subjects=({"service": "chat-api"},)) for e in (0.03, 0.05, 0.1)],
+                                       {"error_share": e}, subjects=({"service": "chat-api"},)) for e in (0.04, 0.06, 0.1)],
         "fallback_over_budget": [
             Injection("fallback_over_budget", f"fallback median {m:g} s: p99 ~{m * math.exp(2.326 * 0.25):.1f} s "
                       f"vs the {BUDGET_TOTAL_S:g} s budget", ("llama",), {"fallback_latency_s": m, "fallback_share": 0.15},
@@ -182,9 +191,10 @@ class Engine:
 def fleet(store: Store, start: datetime, end: datetime, seed: int, skip: tuple[str, ...] = (),
           gpus: bool = True) -> None:
     """The clean fleet over [start, end), every stream but those in `skip`."""
-    for i, (name, (traffic, pass_rate)) in enumerate(STREAMS.items()):
+    for i, (name, stream) in enumerate(STREAMS.items()):
         if name not in skip:
-            insert(store, start, end, traffic, seed=seed * 100 + i, pass_rate=pass_rate)
+            insert(store, start, end, stream.traffic, seed=seed * 100 + i, pass_rate=stream.pass_rate,
+                   evaluated=stream.evaluated)
     if gpus:
         insert_gpus(store, start, end, GPU_HOST, GPU_UTIL, seed=seed, diurnal=GPU_DIURNAL, weekend=WEEKEND)
 
@@ -194,20 +204,22 @@ def inject(store: Store, inj: Injection, start: datetime, onset: datetime, end: 
     fleet(store, start, end, seed, skip=inj.streams, gpus=inj.gpu_util is None)
     changed_from = onset - inj.lead() * HOUR
     for i, name in enumerate(inj.streams):
-        traffic, pass_rate = STREAMS[name]
+        stream = STREAMS[name]
+        traffic, pass_rate, evaluated = stream.traffic, stream.pass_rate, stream.evaluated
         seed_i = seed * 100 + 50 + 20 * i
-        insert(store, start, changed_from, traffic, seed=seed_i, pass_rate=pass_rate)
+        insert(store, start, changed_from, traffic, seed=seed_i, pass_rate=pass_rate, evaluated=evaluated)
         if inj.climb:  # one segment per window, the queue further up each time
             for k in range(int((end - changed_from) / HOUR)):
                 at = changed_from + k * HOUR
                 insert(store, at, at + HOUR, replace(traffic, queue_s=traffic.queue_s * (1 + inj.climb * (k + 1))),
-                       seed=seed_i + 1 + k, pass_rate=pass_rate)
+                       seed=seed_i + 1 + k, pass_rate=pass_rate, evaluated=evaluated)
         else:
             change = dict(inj.change)
             rate = change.pop("pass_rate", pass_rate)
-            insert(store, changed_from, end, replace(traffic, **change), seed=seed_i + 1, pass_rate=rate)
+            insert(store, changed_from, end, replace(traffic, **change), seed=seed_i + 1, pass_rate=rate,
+                   evaluated=evaluated)
     if inj.added is not None:
-        insert(store, onset, end, inj.added, seed=seed * 100 + 90, pass_rate=0.9)
+        insert(store, onset, end, inj.added, seed=seed * 100 + 90, pass_rate=0.9, evaluated=0.2)
     if inj.gpu_util is not None:
         insert_gpus(store, start, onset, GPU_HOST, GPU_UTIL, seed=seed, diurnal=GPU_DIURNAL, weekend=WEEKEND)
         insert_gpus(store, onset, end, GPU_HOST, inj.gpu_util, seed=seed + 1, diurnal=GPU_DIURNAL, weekend=WEEKEND)
@@ -271,7 +283,8 @@ def clean_weeks(eng: Engine, weeks: int, seed: int = 7) -> tuple[list[dict[str, 
     """(episodes opened, windows evaluated, seconds per window) over `weeks` clean weeks."""
     store, settings = eng.database("clean")
     try:
-        begin = START + settings.triggers.baseline + HOUR
+        # A full baseline behind the first window, its series and like hours included.
+        begin = START + settings.triggers.baseline + DAY
         fleet(store, START, begin + weeks * WEEK, seed)
         recorder = Recorder()
         windows = weeks * int(WEEK / HOUR)
@@ -363,13 +376,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.detection", description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="4 injections per kind, 1 clean week, nothing written")
     parser.add_argument("--trials", type=int, help="injections per kind (default 20)")
-    parser.add_argument("--weeks", type=int, help="clean weeks (default 4)")
+    parser.add_argument("--weeks", type=int, help="clean weeks (default 3)")
     parser.add_argument("--kinds", help="comma-separated kinds (default all)")
     parser.add_argument("--debug", action="store_true", help="print each window's finding on the injected subject")
     parser.add_argument("--no-write", action="store_true", help="print only, leave BENCHMARKS.md alone")
     args = parser.parse_args(argv)
     per_kind = args.trials if args.trials is not None else (4 if args.quick else 20)
-    weeks = args.weeks if args.weeks is not None else (1 if args.quick else 4)
+    weeks = args.weeks if args.weeks is not None else (1 if args.quick else 3)
     kinds = args.kinds.split(",") if args.kinds else list(KINDS)
     scratch = Path(tempfile.mkdtemp(prefix="servelens-detection-"))
     started = time.monotonic()

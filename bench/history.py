@@ -86,7 +86,8 @@ _ROWS = f"""
               {{queue_s:Float64}} * pow(load, {{queue_load_power:Float64}}) * exp(0.3 * {_z(16)})) AS QueueSeconds,
            {_u(7)} < {{error_share:Float64}} AS IsError,
            toUInt16({_u(8)} < {{retry_share:Float64}}) AS RetryAttempt,
-           {_u(30)} AS u_eval
+           {_u(30)} AS u_eval,
+           {_u(32)} AS u_sample
     FROM (
         SELECT number, {{start_ns:Int64}} + toInt64((number + {_u(0)}) * {{step_ns:Float64}}) AS ts_ns,
                (1 + {{diurnal:Float64}} * sin(2 * pi() * (ts_ns % {DAY_NS}) / {DAY_NS} - pi() / 2))
@@ -109,9 +110,10 @@ def _params(start: datetime, end: datetime, t: Traffic, seed: int) -> dict[str, 
 
 
 def insert(store: Any, start: datetime, end: datetime, t: Traffic, seed: int = 0,
-           pass_rate: float | None = None, evaluation: str = "faithfulness") -> None:
-    """Requests of `t` over [start, end); with pass_rate, one evaluation result per request
-    (passed with that probability), linked by trace and span."""
+           pass_rate: float | None = None, evaluation: str = "faithfulness", evaluated: float = 1.0) -> None:
+    """Requests of `t` over [start, end); with pass_rate, an evaluation result for the
+    `evaluated` share of them (online evaluation samples), passed with that probability,
+    linked by trace and span."""
     p = _params(start, end, t, seed)
     client = store.client()
     client.command(f"INSERT INTO llm_requests ({_REQUEST_COLUMNS}) SELECT {_REQUEST_COLUMNS} FROM ({_ROWS})",
@@ -120,7 +122,8 @@ def insert(store: Any, start: datetime, end: datetime, t: Traffic, seed: int = 0
         client.command(
             f"INSERT INTO evaluations (Timestamp, TraceId, SpanId, Name, Passed, Source) "
             f"SELECT Timestamp, TraceId, SpanId, {{evaluation:String}}, u_eval < {{pass_rate:Float64}}, 'api' "
-            f"FROM ({_ROWS})", parameters={**p, "pass_rate": pass_rate, "evaluation": evaluation})
+            f"FROM ({_ROWS}) WHERE u_sample < {{evaluated:Float64}}",
+            parameters={**p, "pass_rate": pass_rate, "evaluation": evaluation, "evaluated": evaluated})
 
 
 def insert_gpus(store: Any, start: datetime, end: datetime, host: str, util: float, gpus: int = 2,

@@ -25,7 +25,7 @@ class Collector:
         self.writer = Writer(store, WriterSettings(
             queue_size=c.queue_size, batch_size=c.batch_size,
             flush_interval=c.flush_interval.total_seconds(), store_retry=c.store_retry.total_seconds(),
-            acknowledge=c.acknowledge,
+            acknowledge=c.acknowledge, linger=c.spool_linger.total_seconds(),
         ), self.metrics, spool)
         self.intake = Intake(self.writer, self.metrics, tuple(settings.attributes.tenant), c.tokens,
                              write_timeout=c.write_timeout.total_seconds())

@@ -73,6 +73,9 @@ class WriterSettings:
     # How long to retry the store before spooling (or failing, without a spool).
     store_retry: float = 2.0
     acknowledge: str = "stored"  # or "spooled": the spool as a write-ahead log (module doc)
+    # Write-ahead mode: logged rows wait up to this long to fill an insert of batch_size
+    # (nobody waits on them; every insert has a large fixed cost).
+    linger: float = 1.0
 
 
 class Ticket:
@@ -367,6 +370,12 @@ class Writer:
     def _next_group(self) -> tuple[None, str, list[SpooledBatch]] | None:
         """The oldest batches, up to batch_size rows (at least one), and their token: the
         batch's own for one, a digest of theirs for several (deterministic on replay)."""
+        if not self._backlog and not self._stopping.is_set() and self._handoff:
+            waiting = list(self._handoff)
+            if all(isinstance(b, SpooledBatch) for b in waiting) and sum(
+                    b.rows for b in waiting) < self._settings.batch_size:  # type: ignore[union-attr]
+                if time.time() - _logged_at(waiting[0]) < self._settings.linger:
+                    return None  # not a full insert yet: let more arrive
         batches: list[SpooledBatch] = []
         rows = 0
         while self._backlog or self._handoff:
@@ -389,6 +398,15 @@ class Writer:
         if self._spool is not None:
             self._metrics.spool_bytes.set(self._spool.size_bytes)
             self._metrics.spool_batches.set(self._spool.count)
+
+
+def _logged_at(batch: SpooledBatch | Path) -> float:
+    """When a batch was logged: spool file names start with their time in ns."""
+    path = batch.path if isinstance(batch, SpooledBatch) else batch
+    try:
+        return int(path.name[:20]) / 1e9
+    except ValueError:
+        return 0.0
 
 
 def _merge(pending: list[tuple[list[Batch], Ticket]]) -> Tables:

@@ -68,8 +68,10 @@ class CollectorConfig(_Strict):
     # "spooled" once they are fsynced in the spool, used as a write-ahead log and inserted
     # from there in the background (export latency of a disk write, not of an insert).
     acknowledge: Literal["stored", "spooled"] = "stored"
+    spool_linger: timedelta = timedelta(seconds=1)  # "spooled": logged rows wait this long to fill an insert
 
-    _dur = field_validator("flush_interval", "store_retry", "write_timeout", mode="before")(parse_duration)
+    _dur = field_validator("flush_interval", "store_retry", "write_timeout", "spool_linger",
+                           mode="before")(parse_duration)
 
     @model_validator(mode="after")
     def _spool_for_wal(self) -> CollectorConfig:

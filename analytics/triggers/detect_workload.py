@@ -74,9 +74,22 @@ def _day_to_day_auc(baseline: pl.DataFrame, min_minutes: int) -> list[float]:
     return aucs
 
 
+def _same_kind_of_day(current: pl.DataFrame, baseline: pl.DataFrame, min_minutes: int) -> pl.DataFrame:
+    """The baseline's weekdays for a weekday window, its weekend days for a weekend one,
+    when two or more such days hold `min_minutes`: a Sunday night has fewer arrivals than
+    a weekday night, every week, and that is no new shape. Else the whole baseline."""
+    if current.is_empty():
+        return baseline
+    weekend = current.get_column("weekend").mean() >= 0.5
+    alike = baseline.filter(pl.col("weekend") == weekend)
+    if alike.get_column("day").n_unique() >= 2 and alike.height >= min_minutes:
+        return alike
+    return baseline
+
+
 def distribution_shift(store: Any, settings: Settings, at: Evaluation) -> list[Finding]:
     """Domain-classifier AUC of the window's minutes against the baseline's like-hour
-    minutes: at least `shift_min_auc`, significant at `shift_alpha`, and `shift_margin`
+    minutes (on days of the same kind, weekday or weekend, when there are enough): at least `shift_min_auc`, significant at `shift_alpha`, and `shift_margin`
     above the AUC of any baseline day against the others. Per-feature KS and normalized
     Wasserstein distances say which features moved."""
     cfg = settings.triggers.new_workload_shape
@@ -84,6 +97,7 @@ def distribution_shift(store: Any, settings: Settings, at: Evaluation) -> list[F
     findings = []
     for (service,), rows in minutes.partition_by("service", as_dict=True).items():
         current, baseline = rows.filter(pl.col("current")), rows.filter(~pl.col("current"))
+        baseline = _same_kind_of_day(current, baseline, cfg.shift_min_baseline_minutes)
         if current.height < cfg.shift_min_minutes or baseline.height < cfg.shift_min_baseline_minutes:
             continue
         x_cur, x_base = _matrix(current), _matrix(baseline)

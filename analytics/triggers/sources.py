@@ -182,12 +182,14 @@ def category_counts(store: Any, settings: Settings, at: Evaluation, dimensions: 
 def minute_features(store: Any, at: Evaluation) -> pl.DataFrame:
     """Per service and minute with arrivals, in the window (current) and the baseline's
     like hours: arrivals, mean log input / output tokens and batch share, with the day
-    (0 = the window's, -1 the day before ...) for day-against-day comparisons."""
+    (0 = the window's, -1 the day before ...) for day-against-day comparisons and whether
+    the minute falls on a Saturday or Sunday (UTC)."""
     sql = f"""
         SELECT toString(ServiceName) AS service,
                intDiv({_T} - {{base_ns:Int64}}, 60000000000) AS minute,
                toBool(Timestamp >= fromUnixTimestamp64Nano({{since_ns:Int64}})) AS current,
                toInt64(floor(({_T} - {{since_ns:Int64}}) / {{day_ns:Int64}})) AS day,
+               toBool(toDayOfWeek(min(Timestamp), 0, 'UTC') >= 6) AS weekend,
                count() AS arrivals,
                avg(log1p(InputTokens)) AS log_input,
                avg(log1p(OutputTokens)) AS log_output,
