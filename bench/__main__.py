@@ -1,14 +1,15 @@
-"""`python -m bench` (what `make bench` runs): ingest, then analytics; figures into BENCHMARKS.md.
+"""`python -m bench` (what `make bench` runs): ingest, analytics, then detection quality;
+figures into BENCHMARKS.md.
 
-`python -m bench ingest [...]` or `python -m bench analytics [...]` runs one of them,
-passing the remaining arguments on (`--quick`, `--no-write`, ...).
+`python -m bench ingest|analytics|detection [...]` runs one of them, passing the
+remaining arguments on (`--quick`, `--no-write`, ...).
 """
 
 import sys
 
-from bench import analytics, ingest
+from bench import analytics, detection, ingest
 
-BENCHES = {"ingest": ingest.main, "analytics": analytics.main}
+BENCHES = {"ingest": ingest.main, "analytics": analytics.main, "detection": detection.main}
 
 
 def main(argv: list[str]) -> int:
