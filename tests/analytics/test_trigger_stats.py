@@ -69,6 +69,18 @@ def test_mann_kendall_with_ties_uses_the_corrected_normal_approximation() -> Non
     assert not stats.mann_kendall([0.0] * 6).detected
 
 
+def test_running_median3_drops_an_isolated_spike_and_keeps_a_climb() -> None:
+    climb = [1.0, 1.2, 1.5, 1.9, 2.4, 3.0]
+    assert stats.running_median3(climb).tolist() == climb
+    spiky = [1.0, 1.1, 9.0, 1.2, 1.1, 1.3]
+    assert stats.running_median3(spiky).tolist() == [1.0, 1.1, 1.2, 1.2, 1.2, 1.3]
+    # an early spike would cost a rank test most of a steady climb's pairs; smoothed, it costs none
+    early = [1.0, 9.0, 1.2, 1.4, 1.6, 1.8, 2.0, 2.2]
+    assert not stats.mann_kendall(early, 0.01).detected
+    assert stats.mann_kendall(stats.running_median3(early), 0.01).detected
+    assert stats.running_median3([3.0, 1.0]).tolist() == [3.0, 1.0]
+
+
 def test_theil_sen_slope_and_interval() -> None:
     rng = np.random.default_rng(1)
     x = np.arange(10)
