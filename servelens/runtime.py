@@ -91,10 +91,13 @@ def run(command: str, settings: Settings, demo: bool = False, once: bool = False
         if command in ("up", "analytics"):
             from analytics.alerts import Dispatcher
             from analytics.runner import Scheduler
+            from analytics.triggers.engine import active_triggers
 
             # started before the scheduler and stopped after it, so its last resolves go out
             dispatcher = Dispatcher(settings, None)
             dispatcher.start()
+            # Alertmanager expires what is not re-posted: the episodes still open go out again.
+            dispatcher.restore(active_triggers(store))
             components.append(dispatcher)
             scheduler = Scheduler(store, settings, dispatcher)
             scheduler.start()

@@ -123,3 +123,8 @@ def get_trigger(store: Any, episode_id: str) -> dict[str, Any] | None:
     """SPEC 5's trigger object of one episode, or None."""
     episode = episodes.get(store, episode_id)
     return episode.trigger() if episode else None
+
+
+def active_triggers(store: Any) -> list[dict[str, Any]]:
+    """SPEC 5's trigger objects of every episode still open, whenever it started."""
+    return [e.trigger() for e in episodes.load_active(store).values()]

@@ -16,7 +16,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -268,6 +268,32 @@ def test_alertmanager_keepalive_until_resolved(receivers, dispatcher) -> None:
     time.sleep(0.35)
     assert len(am.requests) == count  # resolved: no more keepalives
     assert until(lambda: d.stats()["alertmanager:127.0.0.1"]["sent"] == 2)
+
+
+def test_restart_reposts_open_episodes_to_alertmanager_only(store, receivers, dispatcher) -> None:
+    """After a restart the open episodes (read from the store) go to Alertmanager again,
+    which expires what is not re-posted; a webhook already had its one message."""
+    from analytics.triggers import engine, episodes
+
+    started = datetime(2026, 3, 1, 10, tzinfo=UTC)
+
+    def episode(kind: str, state: str) -> episodes.Episode:
+        return episodes.Episode(
+            id=f"{kind}-1", kind=kind, subject_key=f"service={kind}", subject={"service": kind}, state=state,
+            severity="critical", started_at=started, detected_at=started + timedelta(hours=1),
+            resolved_at=None if state == "active" else started + timedelta(hours=3), clear_since=None,
+            clear_windows=0, summary=f"{kind} summary", evidence={"n": 1}, window_until=started + timedelta(hours=3))
+    episodes.write(store, [episode("error_rate_spike", "active"), episode("retry_storm", "resolved")], "test")
+
+    am, hook = receivers(), receivers()
+    d = dispatcher({"type": "alertmanager", "url": am.url}, {"type": "webhook", "url": hook.url})
+    d.restore(engine.active_triggers(store))
+    [request] = am.wait_for(1)
+    [alert] = request["body"]
+    assert alert["labels"]["alertname"] == "error_rate_spike" and alert["labels"]["servelens_id"] == "error_rate_spike-1"
+    assert datetime.fromisoformat(alert["endsAt"]) > datetime.now(UTC)
+    time.sleep(0.3)
+    assert hook.requests == [] and len(am.requests) == 1
 
 
 def test_email_firing_and_resolved(smtp, dispatcher) -> None:
