@@ -37,6 +37,7 @@ from typing import Any, Iterable
 
 from clickhouse_connect.driver.exceptions import DataError, ProgrammingError
 
+from collector import priority
 from collector.spans import Batch
 from collector.spool import Spool, SpooledBatch, Tables
 from collector.telemetry import SelfMetrics
@@ -327,9 +328,14 @@ class Writer:
         """Insert the log in order, groups of batches up to batch_size rows; a group is
         removed from the spool only once the store has it (retried with backoff)."""
         assert self._spool is not None
+        priority.lower_this_thread()  # receivers first when the CPU is contended (collector.priority)
         backoff = 0.1
+        renice_at = 0.0
         current: tuple[Path | None, str, list[SpooledBatch]] | None = None
         while True:
+            if time.monotonic() >= renice_at:  # the engine starts pool threads as it needs them
+                priority.lower_engine_threads()
+                renice_at = time.monotonic() + 10.0
             if current is None:
                 current = self._reopened.pop(0) if self._reopened else self._next_group()
             if current is None:
