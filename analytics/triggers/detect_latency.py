@@ -25,8 +25,9 @@ def queue_wait_growth(store: Any, settings: Settings, at: Evaluation) -> list[Fi
     phase's daily p95s, on days of the same kind, weekday or weekend): the morning ramp of a diurnal load grows the queue every day,
     and is no growth against its usual level. Mann-Kendall (one-sided) then decides that
     the series rises consistently, and the growth is the last window's median point over
-    the first window's: a burst is one point of its window (and a spike at the end of a
-    flat series is no consistent rise), so a single spike is no trend.
+    the first window's (and, against like hours, over the usual level too): a burst is
+    one point of its window (and a spike at the end of a flat series is no consistent
+    rise), so a single spike is no trend.
     """
     cfg = settings.triggers.queue_wait_growth
     window = at.until - at.since
@@ -66,7 +67,10 @@ def queue_wait_growth(store: Any, settings: Settings, at: Evaluation) -> list[Fi
         growth = now / first - 1
         # In seconds: the queue now over where it would be had it kept its first level.
         rise = (now - first) * (float(np.median(expected[-cfg.points:])) if adjusted else 1)
-        firing = trend.detected and rise >= cfg.min_increase.total_seconds() and growth >= cfg.min_growth
+        # Against like hours, the queue must also stand above its usual level by as much:
+        # a climb back from a quiet spell to the usual is no growth.
+        above = not adjusted or now >= 1 + cfg.min_growth
+        firing = trend.detected and above and rise >= cfg.min_increase.total_seconds() and growth >= cfg.min_growth
         configured = settings.deployment(deployment)
         budget = configured.budgets.get("queue") if configured else None
         last = float(raw[-cfg.points:].max())
