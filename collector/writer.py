@@ -38,6 +38,7 @@ from typing import Any, Iterable
 from clickhouse_connect.driver.exceptions import DataError, ProgrammingError
 
 from collector import priority
+from collector.collection import Collection
 from collector.spans import Batch
 from collector.spool import Spool, SpooledBatch, Tables
 from collector.telemetry import SelfMetrics
@@ -124,6 +125,7 @@ class Writer:
         self._reopened: list[tuple[Path, str, list[SpooledBatch]]] = []
         self._backlog: deque[Path] = deque()
         self._handoff: deque[SpooledBatch | Path] = deque()
+        self._collection = Collection() if self._wal else None
 
     # lifecycle -------------------------------------------------------------------
     def start(self) -> None:
@@ -136,6 +138,8 @@ class Writer:
                 self._reopened.append((group, token, batches))
             self._backlog.extend(p for p in self._spool.listing() if p not in grouped)
             self._replayer = threading.Thread(target=self._insert_log, name="servelens-wal", daemon=True)
+            assert self._collection is not None
+            self._collection.start()
         self._thread.start()
         if self._spool is not None:
             self._update_spool_metrics()
@@ -150,6 +154,8 @@ class Writer:
         self._spooled.set()
         if self._replayer.is_alive():
             self._replayer.join(timeout)
+        if self._collection is not None:
+            self._collection.stop()
 
     def force_flush(self, timeout: float = 30.0) -> bool:
         """Wait until everything submitted so far is durable."""
@@ -341,6 +347,8 @@ class Writer:
             if current is None:
                 if self._stopping.is_set() and not self._handoff and not self._backlog:
                     return
+                assert self._collection is not None
+                self._collection.collect(force=False)
                 self._spooled.wait(0.05)
                 self._spooled.clear()
                 continue
@@ -372,6 +380,9 @@ class Writer:
             current = None
             backoff = 0.1
             self._update_spool_metrics()
+            del group, batches  # the inserted rows go now, before the collection below
+            assert self._collection is not None
+            self._collection.collect()
 
     def _next_group(self) -> tuple[None, str, list[SpooledBatch]] | None:
         """The oldest batches, up to batch_size rows (at least one), and their token: the
