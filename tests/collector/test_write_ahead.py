@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -25,37 +26,34 @@ pytestmark = pytest.mark.integration
 WAL = {"acknowledge": "spooled", "store_retry": "200ms"}
 
 
-def test_acknowledged_from_the_log_then_stored_once(make_settings, store):
-    settings = make_settings(collector=WAL)
-    collector = Collector(settings, store)
+@pytest.fixture
+def logged(make_settings, store) -> Iterator[tuple[Collector, str]]:
+    """A collector in write-ahead mode and its OTLP/HTTP traces URL."""
+    collector = Collector(make_settings(collector=WAL), store)
     collector.start()
-    url = f"http://127.0.0.1:{collector.http.port}/v1/traces"
-    try:
-        statuses = [post(url, llm_request(4).SerializeToString())[0] for _ in range(40)]
-        assert statuses == [200] * 40
-        assert collector.writer.drain_spool(timeout=30)
-        assert count(store) == 160 and count(store, "llm_requests") == 160
-        assert collector.metrics.snapshot()["servelens_spool_batches"] == 0
-    finally:
-        collector.shutdown()
+    yield collector, f"http://127.0.0.1:{collector.http.port}/v1/traces"
+    collector.shutdown()
 
 
-def test_store_outage_keeps_acknowledging_and_loses_nothing(make_settings, store):
-    settings = make_settings(collector=WAL)
-    collector = Collector(settings, store)
-    collector.start()
-    url = f"http://127.0.0.1:{collector.http.port}/v1/traces"
-    try:
-        store.client().command("DETACH TABLE otel_traces")  # every insert now fails
-        statuses = [post(url, llm_request(3).SerializeToString())[0] for _ in range(10)]
-        assert statuses == [200] * 10  # answered from the log, not from the store
-        time.sleep(0.5)
-        assert collector.writer._spool.count >= 1
-        store.client().command("ATTACH TABLE otel_traces")
-        assert collector.writer.drain_spool(timeout=30)
-        assert count(store) == 30 and count(store, "llm_requests") == 30
-    finally:
-        collector.shutdown()
+def test_acknowledged_from_the_log_then_stored_once(logged, store):
+    collector, url = logged
+    statuses = [post(url, llm_request(4).SerializeToString())[0] for _ in range(40)]
+    assert statuses == [200] * 40
+    assert collector.writer.drain_spool(timeout=30)
+    assert count(store) == 160 and count(store, "llm_requests") == 160
+    assert collector.metrics.snapshot()["servelens_spool_batches"] == 0
+
+
+def test_store_outage_keeps_acknowledging_and_loses_nothing(logged, store):
+    collector, url = logged
+    store.client().command("DETACH TABLE otel_traces")  # every insert now fails
+    statuses = [post(url, llm_request(3).SerializeToString())[0] for _ in range(10)]
+    assert statuses == [200] * 10  # answered from the log, not from the store
+    time.sleep(0.5)
+    assert collector.writer._spool.count >= 1
+    store.client().command("ATTACH TABLE otel_traces")
+    assert collector.writer.drain_spool(timeout=30)
+    assert count(store) == 30 and count(store, "llm_requests") == 30
 
 
 def test_a_group_inserted_before_a_crash_is_not_doubled_on_restart(store, tmp_path: Path):
