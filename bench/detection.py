@@ -36,7 +36,7 @@ import uuid
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -131,12 +131,14 @@ def injections() -> dict[str, list[Injection]]:
     new_batch = replace(STREAMS["batch"].traffic, feature="backfill", diurnal=0.0, per_hour=120)
     out: dict[str, list[Injection]] = {
         "p99_drift": [Injection("p99_drift", f"3 % of requests {f:g}x slower: p99 +{_tail_p99_rise(0.03, f):.0%}",
-                                ("chat", "summarize"), {"tail_share": 0.03, "tail_factor": f}, subjects=({"deployment": "chat-api"},))
+                                ("chat", "summarize"), {"tail_share": 0.03, "tail_factor": f},
+                                subjects=({"deployment": "chat-api"},))
                       for f in (2.5, 3.0, 4.0)],
         "queue_wait_growth": [Injection("queue_wait_growth", f"queue p95 +{c:.0%} of usual per hour", ("llama",),
                                         climb=c, subjects=({"deployment": "llama-prod"},)) for c in (0.15, 0.25, 0.5)],
         "quality_regression": [Injection("quality_regression", f"summarize/de pass rate -{d * 100:.0f} points",
-                                         ("summarize",), {"pass_rate": 0.85 - d}, subjects=({"task_type": "summarize"}, {"language": "de"}))
+                                         ("summarize",), {"pass_rate": 0.85 - d},
+                                         subjects=({"task_type": "summarize"}, {"language": "de"}))
                                for d in (0.10, 0.15, 0.25)],
         "low_utilization": [Injection("low_utilization", f"GPU utilization {u:.0%}, {u * (1 + GPU_DIURNAL):.0%} at "
                                       f"the daily peak (threshold 30 %)", gpu_util=u,
@@ -154,10 +156,12 @@ def injections() -> dict[str, list[Injection]]:
                                   ("chat", "summarize"), {"retry_share": s}, subjects=({"service": "chat-api"},))
                         for s in (0.4, 0.5, 0.6)],
         "error_rate_spike": [Injection("error_rate_spike", f"error rate 0.5 % -> {e:.0%}", ("chat", "summarize"),
-                                       {"error_share": e}, subjects=({"service": "chat-api"},)) for e in (0.04, 0.06, 0.1)],
+                                       {"error_share": e}, subjects=({"service": "chat-api"},))
+                             for e in (0.04, 0.06, 0.1)],
         "fallback_over_budget": [
             Injection("fallback_over_budget", f"fallback median {m:g} s: p99 ~{m * math.exp(2.326 * 0.25):.1f} s "
-                      f"vs the {BUDGET_TOTAL_S:g} s budget", ("llama",), {"fallback_latency_s": m, "fallback_share": 0.15},
+                      f"vs the {BUDGET_TOTAL_S:g} s budget", ("llama",),
+                      {"fallback_latency_s": m, "fallback_share": 0.15},
                       subjects=({"service": "llama-svc"},)) for m in (2.8, 3.5, 5.0)],
         "cost_anomaly": [
             Injection("cost_anomaly", f"rag-api prompts and answers {x:g}x longer: cost per request +{x - 1:.0%}",
@@ -263,8 +267,6 @@ def run_trial(eng: Engine, inj: Injection, onset: datetime, seed: int, debug: bo
                 for f in findings:
                     if _matches(f.subject, inj.subjects):
                         print(f"    k={k} firing={f.firing} {f.subject} {f.summary}", file=sys.stderr)
-                        if "queue_p95_ms" in f.evidence:
-                            print(f"      {f.evidence['queue_p95_ms']} usual {f.evidence['usual_p95_ms']}", file=sys.stderr)
         return Trial(inj.kind, inj.label, onset, delay, early, others)
     finally:
         eng.drop(store, settings)
@@ -308,9 +310,9 @@ def run_injections(eng: Engine, per_kind: int, kinds: list[str], debug: bool = F
             # Onsets spread over the hours of the day and the days of the week.
             onset = START + 2 * WEEK + ((i * 3 + ki) % 7) * DAY + ((i * 7 + ki * 5) % 24) * HOUR
             trial = run_trial(eng, inj, onset, seed=1000 * ki + i, debug=debug)
+            others = f" others {trial.other_subjects}" if trial.other_subjects else ""
             print(f"  {kind} {i + 1}/{per_kind}: {inj.label} @ {onset:%a %H:%M} -> delay {trial.delay}"
-                  f"{' EARLY' if trial.early else ''}{' others ' + str(trial.other_subjects) if trial.other_subjects else ''}",
-                  file=sys.stderr, flush=True)
+                  f"{' EARLY' if trial.early else ''}{others}", file=sys.stderr, flush=True)
             trials.append(trial)
     return trials
 
@@ -350,7 +352,8 @@ def render(rows: list[dict[str, Any]], opened: list[dict[str, Any]], weeks: int,
         f"({wall_s / 60:.1f} min). The fleet, the injections and the rules are in bench/detection.py's docstring.",
         "",
         f"- **Recall** (fired on the injected subject within {DELAY_TARGET} windows): lowest kind "
-        f"**{worst_recall:.0%}** (target >= {RECALL_TARGET:.0%}) — {'met' if worst_recall >= RECALL_TARGET else 'NOT met'}.",
+        f"**{worst_recall:.0%}** (target >= {RECALL_TARGET:.0%}) — "
+        f"{'met' if worst_recall >= RECALL_TARGET else 'NOT met'}.",
         f"- **False alerts** on {weeks} clean simulated week(s) (every hourly window, every kind, through the "
         f"engine's episodes): **{len(opened)}**, {total_false:.2f} per week all kinds together (target <= "
         f"{FALSE_PER_WEEK_TARGET:g}) — {'met' if total_false <= FALSE_PER_WEEK_TARGET else 'NOT met'}.",

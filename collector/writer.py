@@ -113,12 +113,14 @@ class Writer:
         self._spool = spool
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=settings.queue_size)
         self._thread = threading.Thread(target=self._run, name="servelens-writer", daemon=True)
-        self._replayer = threading.Thread(target=self._replay, name="servelens-replay", daemon=True)
-        self._stopping = threading.Event()
-        self._spooled = threading.Event()
         self._wal = settings.acknowledge == "spooled"
         if self._wal and spool is None:
             raise ValueError('acknowledge = "spooled" needs the spool (spool_max_bytes > 0)')
+        # The spool's reader: the write-ahead log's inserter, or the outage replayer.
+        self._replayer = (threading.Thread(target=self._insert_log, name="servelens-wal", daemon=True) if self._wal
+                          else threading.Thread(target=self._replay, name="servelens-replay", daemon=True))
+        self._stopping = threading.Event()
+        self._spooled = threading.Event()
         # Write-ahead mode: what the replayer inserts next, oldest first: groups left open
         # by a crash, then the batch files found at start, then what the writer logs now
         # (in memory, so it is not read back; a path alone once too many wait).
@@ -137,7 +139,6 @@ class Writer:
                 grouped.update(files)
                 self._reopened.append((group, token, batches))
             self._backlog.extend(p for p in self._spool.listing() if p not in grouped)
-            self._replayer = threading.Thread(target=self._insert_log, name="servelens-wal", daemon=True)
             assert self._collection is not None
             self._collection.start()
         self._thread.start()

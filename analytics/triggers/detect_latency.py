@@ -22,12 +22,12 @@ def queue_wait_growth(store: Any, settings: Settings, at: Evaluation) -> list[Fi
 
     The series has `points` p95s per window. When the baseline allows, each is first
     compared with the same time of day on earlier days (p95 over the median of that
-    phase's daily p95s, on days of the same kind, weekday or weekend): the morning ramp of a diurnal load grows the queue every day,
-    and is no growth against its usual level. Mann-Kendall (one-sided) then decides that
-    the series rises consistently, and the growth is the last window's median point over
-    the first window's (and, against like hours, over the usual level too): a burst is
-    one point of its window (and a spike at the end of a flat series is no consistent
-    rise), so a single spike is no trend.
+    phase's daily p95s, on days of the same kind, weekday or weekend): the morning ramp
+    of a diurnal load grows the queue every day, and is no growth against its usual level.
+    Mann-Kendall (one-sided) then decides that the series rises consistently, and the
+    growth is the last window's median point over the first window's (and, against like
+    hours, over the usual level too): a burst is one point of its window (and a spike at
+    the end of a flat series is no consistent rise), so a single spike is no trend.
     """
     cfg = settings.triggers.queue_wait_growth
     window = at.until - at.since
@@ -44,8 +44,8 @@ def queue_wait_growth(store: Any, settings: Settings, at: Evaluation) -> list[Fi
         if counts.min() == 0 or counts.reshape(cfg.windows, cfg.points).sum(axis=1).min() < cfg.min_requests:
             continue  # a gap or a thin window: no trend can be read
         raw = np.array([recent[i]["p95"] for i in range(n)], dtype=float)
-        days = rows.filter(~pl.col("recent"))
-        usual = [_usual(days, i % per_day, recent[i]["weekend"]) for i in range(n)] if use_phase else []
+        phases = rows.filter(~pl.col("recent")).partition_by("slot", as_dict=True)
+        usual = [_usual(phases.get((i % per_day,)), recent[i]["weekend"]) for i in range(n)] if use_phase else []
         adjusted = bool(usual) and all(u is not None and u[1] >= least for u in usual)
         expected = np.array([u[0] for u in usual], dtype=float) if adjusted else np.zeros(n)
         level = float(expected.mean()) if adjusted else float(raw[: cfg.points].mean())
@@ -89,15 +89,14 @@ def queue_wait_growth(store: Any, settings: Settings, at: Evaluation) -> list[Fi
     return findings
 
 
-def _usual(days: pl.DataFrame, phase: int, weekend: bool) -> tuple[float, int] | None:
-    """(median of the phase's daily p95s, their requests), over the baseline days of the
+def _usual(at: pl.DataFrame | None, weekend: bool) -> tuple[float, int] | None:
+    """(median of one phase's daily p95s, their requests), over the baseline days of the
     same kind (weekdays or weekend days) when two or more are there, else over all: a
     weekday morning's queue is not the quieter Sunday's, and Monday is no growth."""
-    at = days.filter(pl.col("slot") == phase)
+    if at is None:
+        return None
     alike = at.filter(pl.col("weekend") == weekend)
     pick = alike if alike.height >= 2 else at
-    if pick.is_empty():
-        return None
     return float(pick.get_column("p95").median()), int(pick.get_column("requests").sum())
 
 

@@ -89,8 +89,9 @@ def _same_kind_of_day(current: pl.DataFrame, baseline: pl.DataFrame, min_minutes
 
 def distribution_shift(store: Any, settings: Settings, at: Evaluation) -> list[Finding]:
     """Domain-classifier AUC of the window's minutes against the baseline's like-hour
-    minutes (on days of the same kind, weekday or weekend, when there are enough): at least `shift_min_auc`, significant at `shift_alpha`, and `shift_margin`
-    above the AUC of any baseline day against the others. Per-feature KS and normalized
+    minutes (on days of the same kind, weekday or weekend, when there are enough): at
+    least `shift_min_auc`, significant at `shift_alpha`, and `shift_margin` above the AUC
+    of any baseline day against the others. Per-feature KS and normalized
     Wasserstein distances say which features moved."""
     cfg = settings.triggers.new_workload_shape
     minutes = sources.minute_features(store, at)

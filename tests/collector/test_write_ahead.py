@@ -18,7 +18,6 @@ from collector.service import Collector
 from collector.spans import spans_to_rows
 from collector.spool import Spool
 from collector.writer import Writer, WriterSettings, _concat
-from servelens.store import Store
 from tests.collector.otlp_payloads import llm_request
 from tests.collector.test_durability import count, post
 
