@@ -18,7 +18,7 @@ from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsSer
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceResponse
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
-from collector.decode import JSON, PayloadError, decode, encode_response, gunzip, media_type
+from collector.decode import JSON, PROTOBUF, PayloadError, decode, encode_response, gunzip, media_type
 from collector.intake import RETRY_AFTER_SECONDS, Busy, ExportResult, Intake
 from collector.writer import DataRejected, WriteFailed
 from servelens.serving import WaitressServer
@@ -101,7 +101,8 @@ class OtlpHttpApp:
         if encoding == "gzip":
             body = gunzip(body, self.max_request_bytes)
         request = decode(signal, body, content_type)
-        result = self.intake.export(signal, request, "http", tenant)
+        raw = body if content_type == PROTOBUF else None  # the engine can map the client's own bytes
+        result = self.intake.export(signal, request, "http", tenant, raw=raw)
         return _reply(start_response, 200, content_type, encode_response(export_response(signal, result), content_type))
 
 

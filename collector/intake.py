@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from collector.engine_spans import spans_to_request
 from collector.logs import logs_to_rows
 from collector.metrics import metrics_to_rows
 from collector.spans import Batch, spans_to_rows
@@ -31,8 +32,10 @@ class ExportResult:
 
 class Intake:
     def __init__(self, writer: Writer, metrics: SelfMetrics, tenant_keys: tuple[str, ...],
-                 tokens: dict[str, str] | None = None, write_timeout: float = 30.0) -> None:
+                 tokens: dict[str, str] | None = None, write_timeout: float = 30.0,
+                 trace_mapping: str = "python") -> None:
         self.writer = writer
+        self.trace_mapping = trace_mapping
         self.metrics = metrics
         self.tenant_keys = tenant_keys
         self.tokens = dict(tokens or {})
@@ -50,8 +53,10 @@ class Intake:
             raise PermissionError("missing or invalid bearer token")
         return self.tokens[token]
 
-    def export(self, signal: str, request: Any, transport: str, tenant: str | None = None) -> ExportResult:
-        batches = self._map(signal, request, tenant)
+    def export(self, signal: str, request: Any, transport: str, tenant: str | None = None,
+               raw: bytes | None = None) -> ExportResult:
+        """`raw`: the protobuf bytes `request` was parsed from, when the client sent protobuf."""
+        batches = self._map(signal, request, tenant, raw)
         rejected = sum(b.rejected for b in batches)
         accepted = sum(b.rows for b in batches)
         errors = [e for b in batches for e in b.errors]
@@ -77,7 +82,9 @@ class Intake:
             self.metrics.rejected.labels(signal, transport).inc(rejected)
         return ExportResult(accepted, rejected, "; ".join(errors))
 
-    def _map(self, signal: str, request: Any, tenant: str | None) -> list[Batch]:
+    def _map(self, signal: str, request: Any, tenant: str | None, raw: bytes | None) -> list[Batch]:
+        if signal == "traces" and self.trace_mapping == "engine":
+            return [spans_to_request(request, raw, tenant, self.tenant_keys)]
         if signal == "traces":
             return [spans_to_rows(request, tenant, self.tenant_keys)]
         if signal == "metrics":

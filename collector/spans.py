@@ -42,7 +42,19 @@ class Batch:
 
     @property
     def rows(self) -> int:
-        return len(self.data[0]) if self.data else 0
+        return block_rows(self.columns, self.data)
+
+
+# A block of encoded export requests the engine maps itself (collector.engine_spans): the
+# messages, and the spans each carries (a block's rows are its spans).
+PROTOBUF_COLUMNS = ("@protobuf", "@spans")
+
+
+def block_rows(columns: tuple[str, ...], data: list[list[Any]]) -> int:
+    """Rows in a column-oriented block; for a protobuf block (collector.engine_spans), spans."""
+    if not data or not data[0]:
+        return 0
+    return sum(data[1]) if columns == PROTOBUF_COLUMNS else len(data[0])
 
 
 def _enum(names: tuple[str, ...], value: int) -> str:
@@ -64,7 +76,7 @@ def spans_to_rows(request: Any, tenant: str | None = None, tenant_keys: tuple[st
         for scope_spans in resource_spans.scope_spans:
             scope = scope_spans.scope
             for span in scope_spans.spans:
-                problem = _invalid(span)
+                problem = invalid_span(span)
                 if problem:
                     batch.rejected += 1
                     if len(batch.errors) < 5:
@@ -99,7 +111,8 @@ def spans_to_rows(request: Any, tenant: str | None = None, tenant_keys: tuple[st
     return batch
 
 
-def _invalid(span: Any) -> str | None:
+def invalid_span(span: Any) -> str | None:
+    """Why a span cannot be stored (ids OTLP does not allow, a time beyond 2262), or None."""
     if len(span.trace_id) != TRACE_ID_BYTES or not any(span.trace_id):
         return f"span {span.name!r}: trace_id must be {TRACE_ID_BYTES} non-zero bytes, got {len(span.trace_id)}"
     if len(span.span_id) != SPAN_ID_BYTES or not any(span.span_id):

@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from collector.spans import block_rows
+
 log = logging.getLogger(__name__)
 
 _MAGIC = b"SLSPOOL1"
@@ -43,7 +45,7 @@ class SpooledBatch:
 
     @property
     def rows(self) -> int:
-        return max((len(data[0]) for _, _, data in self.tables if data), default=0)
+        return max((block_rows(columns, data) for _, columns, data in self.tables), default=0)
 
 
 class Spool:

@@ -37,9 +37,9 @@ from typing import Any, Iterable
 
 from clickhouse_connect.driver.exceptions import DataError, ProgrammingError
 
-from collector import priority
+from collector import engine_spans, priority
 from collector.collection import Collection
-from collector.spans import Batch
+from collector.spans import PROTOBUF_COLUMNS, Batch, block_rows
 from collector.spool import Spool, SpooledBatch, Tables
 from collector.telemetry import SelfMetrics
 
@@ -281,21 +281,28 @@ class Writer:
                 deadline: float) -> None:
         settings = {"insert_deduplication_token": f"{token}:{table}",
                     "deduplicate_blocks_in_dependent_materialized_views": 1}
+        engine_mapped = columns == PROTOBUF_COLUMNS
+        # Encoded requests the engine parses and maps into otel_traces (collector.engine_spans).
+        label = "otel_traces" if engine_mapped else table
         delay = 0.05
         while True:
             started = time.perf_counter()
             try:
-                self._store.client().insert(table, data, column_names=list(columns), column_oriented=True,
-                                            settings=settings)
+                if engine_mapped:
+                    self._store.client().raw_insert(table, None, engine_spans.frame(data[0]), fmt="Protobuf",
+                                                    settings={**engine_spans.INSERT_SETTINGS, **settings})
+                else:
+                    self._store.client().insert(table, data, column_names=list(columns), column_oriented=True,
+                                                settings=settings)
             except Exception as exc:
-                self._metrics.write_errors.labels(table).inc()
+                self._metrics.write_errors.labels(label).inc()
                 if isinstance(exc, PERMANENT_ERRORS) or time.monotonic() + delay > deadline:
                     raise
                 time.sleep(delay * (0.5 + random.random()))
                 delay = min(delay * 2, 1.0)
                 continue
-            self._metrics.write_seconds.labels(table).observe(time.perf_counter() - started)
-            self._metrics.written.labels(table).inc(len(data[0]))
+            self._metrics.write_seconds.labels(label).observe(time.perf_counter() - started)
+            self._metrics.written.labels(label).inc(block_rows(columns, data))
             return
 
     # replayer thread -------------------------------------------------------------

@@ -69,6 +69,9 @@ class CollectorConfig(_Strict):
     # from there in the background (export latency of a disk write, not of an insert).
     acknowledge: Literal["stored", "spooled"] = "stored"
     spool_linger: timedelta = timedelta(seconds=1)  # "spooled": logged rows wait this long to fill an insert
+    # Who maps spans to otel_traces rows: "python" (collector.spans), or "engine": ClickHouse
+    # parses the request's protobuf itself and a view maps it (collector.engine_spans).
+    trace_mapping: Literal["python", "engine"] = "python"
 
     _dur = field_validator("flush_interval", "store_retry", "write_timeout", "spool_linger",
                            mode="before")(parse_duration)

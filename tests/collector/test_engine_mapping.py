@@ -1,0 +1,180 @@
+"""trace_mapping: engine: the engine parses OTLP protobuf and its view maps the spans.
+
+The reference is the Python mapping (collector.spans, tested in test_mapping.py): every
+request below goes through both into the real embedded ClickHouse, and the otel_traces
+rows must be the same, column for column. Then the whole path through a running collector:
+real OTel SDK exporters, partial success, tenant tokens.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+import time
+import urllib.request
+import uuid
+from typing import Iterator
+
+import pytest
+from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcSpanExporter
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpSpanExporter
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyValueList
+from opentelemetry.proto.trace.v1 import trace_pb2
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+from collector.engine_spans import spans_to_request
+from collector.service import Collector
+from collector.spans import spans_to_rows
+from collector.writer import Writer, WriterSettings
+from servelens.migrate import migrate
+from servelens.store import Store
+from tests.collector.test_mapping import PARENT_ID, SPAN_ID, T0, TENANT_KEYS, kv, span, trace_request
+
+ARRAY = ArrayValue(values=[AnyValue(string_value="a/b"), AnyValue(int_value=1), AnyValue(bool_value=True), AnyValue(),
+                           AnyValue(bytes_value=b"\x00\xff"), AnyValue(string_value='q"uo\\te é')])
+KVLIST = KeyValueList(values=[kv("k", string_value="v"), kv("n", int_value=-7), kv("none")])
+VALUES = [
+    AnyValue(string_value="héllo"), AnyValue(string_value=""), AnyValue(int_value=-42), AnyValue(int_value=2**63 - 1),
+    AnyValue(double_value=0.25), AnyValue(double_value=3.0), AnyValue(double_value=-0.0), AnyValue(double_value=1e21),
+    AnyValue(double_value=-1.5e22), AnyValue(double_value=2.5e-5), AnyValue(double_value=1.5e-7),
+    AnyValue(double_value=123456789.125), AnyValue(double_value=math.inf), AnyValue(double_value=-math.inf),
+    AnyValue(double_value=math.nan), AnyValue(bool_value=True), AnyValue(bool_value=False),
+    AnyValue(bytes_value=b"\x00\xffab"), AnyValue(), AnyValue(array_value=ARRAY), AnyValue(kvlist_value=KVLIST),
+    AnyValue(array_value=ArrayValue()),
+]
+
+
+def _cases() -> dict[str, tuple[ExportTraceServiceRequest, str | None, tuple[str, ...]]]:
+    everything = span(
+        parent_span_id=PARENT_ID, trace_state="vendor=x", kind=trace_pb2.Span.SPAN_KIND_SERVER,
+        attributes=[kv(f"v{i}", **{v.WhichOneof("value"): getattr(v, v.WhichOneof("value"))} if v.WhichOneof("value")
+                       else {}) for i, v in enumerate(VALUES)],
+        status=trace_pb2.Status(code=trace_pb2.Status.STATUS_CODE_ERROR, message="upstream 500"),
+        events=[trace_pb2.Span.Event(time_unix_nano=T0 + 5, name="gen_ai.evaluation.result",
+                                     attributes=[kv("gen_ai.evaluation.score.value", double_value=0.5)]),
+                trace_pb2.Span.Event(time_unix_nano=T0 + 6, name="retry")],
+        links=[trace_pb2.Span.Link(trace_id=bytes(range(1, 17)), span_id=bytes(range(1, 9)), trace_state="a=b",
+                                   attributes=[kv("link.kind", string_value="follows")])])
+    several = trace_request(span(name="a", span_id=b"\x0a" * 8), span(name="bad", trace_id=b"\x01"),
+                            span(name="b", span_id=b"\x0b" * 8, start_time_unix_nano=T0 + 10, end_time_unix_nano=T0))
+    rs = several.resource_spans.add()
+    rs.resource.attributes.append(kv("service.name", string_value="rag"))
+    ss = rs.scope_spans.add()
+    ss.scope.name = "retriever"
+    ss.spans.extend([span(name=f"k{k}", span_id=bytes([k + 1]) * 8, kind=k, status=trace_pb2.Status(code=k % 4))
+                     for k in (0, 1, 2, 3, 4, 5, 99)])
+    tenant_span = span(attributes=[kv("app.tenant", string_value="evil"), kv("tenant.id", string_value="evil2"),
+                                   kv("org", string_value="evil3"), kv("app.feature", string_value="search")])
+    tenant_resource = [kv("service.name", string_value="chat-api"), kv("tenant.id", string_value="evil3"),
+                       kv("app.tenant", string_value="evil4")]
+    repeated = span(attributes=[kv("a", string_value="1"), kv("b", int_value=2), kv("a", string_value="3")])
+    return {
+        "every column and attribute kind": (trace_request(everything), None, TENANT_KEYS),
+        "resources, scopes, kinds, status codes, a rejected span": (several, None, TENANT_KEYS),
+        "no resource attributes": (trace_request(span(), resource=[]), None, TENANT_KEYS),
+        "tenant token": (trace_request(tenant_span, resource=tenant_resource), "acme", TENANT_KEYS),
+        "tenant token, a custom tenant key": (trace_request(tenant_span, resource=tenant_resource), "acme", ("org",)),
+        "tenant token, no tenant keys": (trace_request(tenant_span, resource=tenant_resource), "acme", ()),
+        "repeated key: the last value wins": (trace_request(repeated), None, TENANT_KEYS),
+    }
+
+
+CASES = _cases()
+
+
+def _stored(store: Store) -> list[dict]:
+    rows = list(store.client().query("SELECT * FROM otel_traces ORDER BY ServiceName, SpanName").named_results())
+    store.client().command("TRUNCATE TABLE otel_traces")
+    return rows
+
+
+@pytest.fixture
+def writer(store: Store) -> Iterator[Writer]:
+    yield Writer(store, WriterSettings())
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_engine_writes_the_rows_the_python_mapping_writes(case: str, store: Store, writer: Writer) -> None:
+    request, tenant, tenant_keys = CASES[case]
+    raw = request.SerializeToString()
+    expected = spans_to_rows(ExportTraceServiceRequest.FromString(raw), tenant, tenant_keys)
+    engine = spans_to_request(ExportTraceServiceRequest.FromString(raw), raw, tenant, tenant_keys)
+    assert (engine.rows, engine.rejected, engine.errors) == (expected.rows, expected.rejected, expected.errors)
+    stored = []
+    for batch in (expected, engine):
+        writer._insert_all(uuid.uuid4().hex, [(batch.table, batch.columns, batch.data)], time.monotonic() + 5)
+        stored.append(_stored(store))
+    python_rows, engine_rows = stored
+    assert len(engine_rows) == expected.rows > 0
+    assert engine_rows == python_rows
+
+
+def test_an_array_or_map_nested_in_another_is_kept_as_its_protobuf_bytes(store: Store, writer: Writer) -> None:
+    """The engine's schema unrolls two levels (a column type cannot contain itself): a
+    third level is stored, not dropped, as the base64 of its protobuf encoding."""
+    inner = ArrayValue(values=[AnyValue(string_value="x")])
+    value = AnyValue(kvlist_value=KeyValueList(values=[kv("nested", array_value=inner), kv("n", int_value=1)]))
+    request = trace_request(span(attributes=[kv("meta", kvlist_value=value.kvlist_value)]))
+    batch = spans_to_request(request, request.SerializeToString())
+    writer._insert_all(uuid.uuid4().hex, [(batch.table, batch.columns, batch.data)], time.monotonic() + 5)
+    stored = json.loads(_stored(store)[0]["SpanAttributes"]["meta"])
+    assert stored["n"] == 1
+    assert ArrayValue.FromString(base64.b64decode(stored["nested"])) == inner
+
+
+@pytest.fixture
+def engine_collector(make_settings) -> Iterator[tuple[Collector, Store]]:
+    settings = make_settings(collector={"trace_mapping": "engine", "tokens": {"s3cret": "acme"}})
+    store = Store(settings.store_url, settings.store.database)
+    migrate(store.client())
+    collector = Collector(settings, store)
+    collector.start()
+    yield collector, store
+    collector.shutdown()
+    store.client().command(f"DROP DATABASE IF EXISTS `{settings.store.database}`")
+
+
+def test_sdk_exporters_over_http_and_grpc_land_through_the_engine(engine_collector) -> None:
+    collector, store = engine_collector
+    headers = {"authorization": "Bearer s3cret"}
+    exporters = [HttpSpanExporter(endpoint=f"http://127.0.0.1:{collector.http.port}/v1/traces", headers=headers),
+                 GrpcSpanExporter(endpoint=f"127.0.0.1:{collector.grpc.port}", insecure=True, headers=headers)]
+    for i, exporter in enumerate(exporters):
+        provider = TracerProvider(resource=Resource.create({"service.name": f"svc-{i}"}))
+        provider.add_span_processor(SimpleSpanProcessor(exporter))
+        tracer = provider.get_tracer("engine-test")
+        for n in range(25):
+            with tracer.start_as_current_span("chat gpt-4o") as s:
+                s.set_attributes({"gen_ai.operation.name": "chat", "gen_ai.request.model": "gpt-4o",
+                                  "gen_ai.usage.input_tokens": 100 + n, "app.tenant": "evil",
+                                  "gen_ai.response.finish_reasons": ["stop"]})
+        provider.shutdown()
+    rows = store.client().query(
+        "SELECT ServiceName, count(), countIf(SpanAttributes['app.tenant'] = 'acme'), "
+        "countIf(SpanAttributes['gen_ai.response.finish_reasons'] = '[\"stop\"]') "
+        "FROM otel_traces GROUP BY ServiceName ORDER BY ServiceName").result_rows
+    assert rows == [("svc-0", 25, 25, 25), ("svc-1", 25, 25, 25)]
+    # the cascade below otel_traces ran too, and the self-metrics count spans
+    assert store.client().command("SELECT count() FROM llm_requests WHERE Tenant = 'acme'") == 50
+    assert collector.metrics.snapshot()["servelens_writer_rows_total{table=otel_traces}"] == 50
+
+
+def test_a_bad_span_is_rejected_alone_with_partial_success(engine_collector) -> None:
+    collector, store = engine_collector
+    request = trace_request(span(name="a", span_id=b"\x0a" * 8), span(name="bad", span_id=b"\x01" * 3),
+                            span(name="b", span_id=b"\x0b" * 8))
+    reply = urllib.request.urlopen(urllib.request.Request(
+        f"http://127.0.0.1:{collector.http.port}/v1/traces", data=request.SerializeToString(),
+        headers={"Content-Type": "application/x-protobuf", "Authorization": "Bearer s3cret"}), timeout=30)
+    response = ExportTraceServiceResponse.FromString(reply.read())
+    assert reply.status == 200 and response.partial_success.rejected_spans == 1
+    assert "'bad'" in response.partial_success.error_message
+    names = [r[0] for r in store.client().query("SELECT SpanName FROM otel_traces ORDER BY SpanName").result_rows]
+    assert names == ["a", "b"]
