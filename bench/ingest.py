@@ -304,8 +304,9 @@ def closed_loop(collector: CollectorProcess, payloads: list[bytes], warmup: floa
     spent = {k: v - threads0.get(k, 0.0) for k, v in threads1.items()}
     run.threads_cpu = {k: v / sum(spent.values()) for k, v in spent.items() if v > 0}
     key = '{table="otel_traces"}'
-    run.insert_seconds = m1[f"servelens_writer_insert_seconds_sum{key}"] - m0.get(f"servelens_writer_insert_seconds_sum{key}", 0)
-    run.inserts = int(m1[f"servelens_writer_insert_seconds_count{key}"] - m0.get(f"servelens_writer_insert_seconds_count{key}", 0))
+    # .get: in write-ahead mode no insert need finish inside the window
+    run.insert_seconds = m1.get(f"servelens_writer_insert_seconds_sum{key}", 0) - m0.get(f"servelens_writer_insert_seconds_sum{key}", 0)
+    run.inserts = int(m1.get(f"servelens_writer_insert_seconds_count{key}", 0) - m0.get(f"servelens_writer_insert_seconds_count{key}", 0))
     rows = f"servelens_writer_rows_total{key}"
     run.committed_in_window = int(m1.get(rows, 0) - m0.get(rows, 0))
     run.spool_batches = (m0.get("servelens_spool_batches", 0.0), m1.get("servelens_spool_batches", 0.0))
