@@ -111,19 +111,25 @@ def spans_to_rows(request: Any, tenant: str | None = None, tenant_keys: tuple[st
     return batch
 
 
+_ZERO_TRACE_ID, _ZERO_SPAN_ID = bytes(TRACE_ID_BYTES), bytes(SPAN_ID_BYTES)
+
+
 def invalid_span(span: Any) -> str | None:
-    """Why a span cannot be stored (ids OTLP does not allow, a time beyond 2262), or None."""
-    if len(span.trace_id) != TRACE_ID_BYTES or not any(span.trace_id):
-        return f"span {span.name!r}: trace_id must be {TRACE_ID_BYTES} non-zero bytes, got {len(span.trace_id)}"
-    if len(span.span_id) != SPAN_ID_BYTES or not any(span.span_id):
-        return f"span {span.name!r}: span_id must be {SPAN_ID_BYTES} non-zero bytes, got {len(span.span_id)}"
+    """Why a span cannot be stored (ids OTLP does not allow, a time beyond 2262), or None.
+
+    Runs on every span received, so the common case is a few C-level comparisons."""
+    trace_id, span_id = span.trace_id, span.span_id
+    if len(trace_id) != TRACE_ID_BYTES or trace_id == _ZERO_TRACE_ID:
+        return f"span {span.name!r}: trace_id must be {TRACE_ID_BYTES} non-zero bytes, got {len(trace_id)}"
+    if len(span_id) != SPAN_ID_BYTES or span_id == _ZERO_SPAN_ID:
+        return f"span {span.name!r}: span_id must be {SPAN_ID_BYTES} non-zero bytes, got {len(span_id)}"
     if len(span.parent_span_id) not in (0, SPAN_ID_BYTES):
         return f"span {span.name!r}: parent_span_id must be empty or {SPAN_ID_BYTES} bytes"
-    for link in span.links:
-        if len(link.trace_id) != TRACE_ID_BYTES or len(link.span_id) != SPAN_ID_BYTES:
-            return f"span {span.name!r}: a link has an invalid trace_id/span_id length"
-    if max(span.start_time_unix_nano, span.end_time_unix_nano,
-           *(e.time_unix_nano for e in span.events)) > MAX_TIME_NS:
+    if span.links and any(len(link.trace_id) != TRACE_ID_BYTES or len(link.span_id) != SPAN_ID_BYTES
+                          for link in span.links):
+        return f"span {span.name!r}: a link has an invalid trace_id/span_id length"
+    if (span.start_time_unix_nano > MAX_TIME_NS or span.end_time_unix_nano > MAX_TIME_NS
+            or (span.events and max(e.time_unix_nano for e in span.events) > MAX_TIME_NS)):
         return f"span {span.name!r}: a timestamp is beyond 2262 (not storable in DateTime64(9))"
     return None
 

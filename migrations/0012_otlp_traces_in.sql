@@ -96,19 +96,24 @@ WITH
                  concat('{', arrayStringConcat(arrayMap(p -> concat(toJSONString(p.key), ':', ifNull(toJSONString(otlp_element(p.value)), 'null')),
                                                         v.kvlist_value.values), ','), '}')) AS otlp_other_text,
     -- Plain values, the common case, cheaply: strings as they are, ints and bools as Go
-    -- prints them, doubles whose toString is already positional.
-    v -> v.kind IN ('none', 'string', 'int', 'bool')
-         OR (v.kind = 'double' AND (v.double_value = 0 OR (abs(v.double_value) >= 1e-6 AND abs(v.double_value) < 1e21))) AS otlp_plain,
-    v -> multiIf(v.kind = 'string', v.string_value, v.kind = 'int', toString(v.int_value),
-                 v.kind = 'double', toString(v.double_value), v.kind = 'bool', if(v.bool_value, 'true', 'false'), '') AS otlp_plain_text,
+    -- prints them, doubles whose toString is already positional. They are read through a
+    -- slim tuple (key, kind, string, int, double, bool): filtering the full attribute
+    -- tuples would copy every nested array and map along.
+    kv -> tuple(kv.key, kv.value.kind, kv.value.string_value, kv.value.int_value, kv.value.double_value,
+                kv.value.bool_value) AS otlp_slim,
+    x -> x.2 IN ('none', 'string', 'int', 'bool')
+         OR (x.2 = 'double' AND (x.5 = 0 OR (abs(x.5) >= 1e-6 AND abs(x.5) < 1e21))) AS otlp_plain,
+    x -> multiIf(x.2 = 'string', x.3, x.2 = 'int', toString(x.4), x.2 = 'double', toString(x.5),
+                 x.2 = 'bool', if(x.6, 'true', 'false'), '') AS otlp_plain_text,
     -- A repeated key keeps its last value, as a Go or Python map does; the quadratic
     -- search runs only on lists that have a repeat (arraySlice empties the others).
     kvs -> arraySlice(kvs, 1, if(arrayUniq(arrayMap(kv -> kv.key, kvs)) = length(kvs), 0, length(kvs))) AS otlp_repeats,
     kvs -> arrayFilter((kv, i) -> NOT has(arraySlice(arrayMap(x -> x.key, kvs), i + 1), kv.key), kvs, arrayEnumerate(kvs)) AS otlp_last_of_each,
     kvs -> if(empty(otlp_repeats(kvs)), kvs, otlp_last_of_each(otlp_repeats(kvs))) AS otlp_unique,
     -- KeyValue list -> Map(String, String): plain values first, then the others.
-    kvs -> arrayConcat(arrayMap(kv -> tuple(kv.key, otlp_plain_text(kv.value)), arrayFilter(kv -> otlp_plain(kv.value), kvs)),
-                       arrayMap(kv -> tuple(kv.key, otlp_other_text(kv.value)), arrayFilter(kv -> NOT otlp_plain(kv.value), kvs))) AS otlp_pairs,
+    kvs -> arrayConcat(
+        arrayMap(x -> tuple(x.1, otlp_plain_text(x)), arrayFilter(x -> otlp_plain(x), arrayMap(kv -> otlp_slim(kv), kvs))),
+        arrayMap(kv -> tuple(kv.key, otlp_other_text(kv.value)), arrayFilter(kv -> NOT otlp_plain(otlp_slim(kv)), kvs))) AS otlp_pairs,
     kvs -> CAST(otlp_pairs(otlp_unique(kvs)), 'Map(String, String)') AS otlp_map,
     -- A bearer token's tenant replaces every tenant spelling: app.tenant and the configured
     -- keys go from the resource and the span, and the span gets app.tenant (and the first
