@@ -16,6 +16,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+from google.protobuf.message import DecodeError
+
+from collector.attributes import MAX_TIME_NS, SPAN_ID_BYTES, TRACE_ID_BYTES
+from collector.decode import PayloadError
 from collector.spans import PROTOBUF_COLUMNS, Batch, invalid_span
 
 TABLE = "otlp_traces_in"
@@ -33,6 +38,41 @@ INSERT_SETTINGS = {
 }
 
 _TENANT_FIELD, _TENANT_KEYS_FIELD = 1000, 1001
+_ZERO_TRACE_ID, _ZERO_SPAN_ID = bytes(TRACE_ID_BYTES), bytes(SPAN_ID_BYTES)
+
+
+def _validation_request_class() -> type:
+    """ExportTraceServiceRequest with only what validation reads (ids, times, names).
+
+    Parsing it skips attributes, the bulk of a request, as unknown fields: a quarter of
+    the full parse's cost. Unknown fields are kept, so a request re-encoded after
+    dropping a rejected span still carries everything else."""
+    field = descriptor_pb2.FieldDescriptorProto
+    proto = descriptor_pb2.FileDescriptorProto(name="servelens_span_validation.proto",
+                                               package="servelens.validation", syntax="proto3")
+
+    def message(name: str, *fields: tuple[str, int, int, str]) -> None:
+        added = proto.message_type.add(name=name)
+        for field_name, number, kind, message_type in fields:
+            label = field.LABEL_REPEATED if message_type else field.LABEL_OPTIONAL
+            added.field.add(name=field_name, number=number, type=kind, label=label,
+                            type_name=f".servelens.validation.{message_type}" if message_type else None)
+
+    message("Event", ("time_unix_nano", 1, field.TYPE_FIXED64, ""))
+    message("Link", ("trace_id", 1, field.TYPE_BYTES, ""), ("span_id", 2, field.TYPE_BYTES, ""))
+    message("Span", ("trace_id", 1, field.TYPE_BYTES, ""), ("span_id", 2, field.TYPE_BYTES, ""),
+            ("parent_span_id", 4, field.TYPE_BYTES, ""), ("name", 5, field.TYPE_STRING, ""),
+            ("start_time_unix_nano", 7, field.TYPE_FIXED64, ""), ("end_time_unix_nano", 8, field.TYPE_FIXED64, ""),
+            ("events", 11, field.TYPE_MESSAGE, "Event"), ("links", 13, field.TYPE_MESSAGE, "Link"))
+    message("ScopeSpans", ("spans", 2, field.TYPE_MESSAGE, "Span"))
+    message("ResourceSpans", ("scope_spans", 2, field.TYPE_MESSAGE, "ScopeSpans"))
+    message("ExportTraceServiceRequest", ("resource_spans", 1, field.TYPE_MESSAGE, "ResourceSpans"))
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(proto)
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName("servelens.validation.ExportTraceServiceRequest"))
+
+
+_ValidationRequest = _validation_request_class()
 
 
 def frame(messages: list[bytes]) -> bytes:
@@ -40,14 +80,20 @@ def frame(messages: list[bytes]) -> bytes:
     return b"".join(_varint(len(m)) + m for m in messages)
 
 
-def spans_to_request(request: Any, raw: bytes | None = None, tenant: str | None = None,
+def spans_to_request(request: Any | None, raw: bytes | None = None, tenant: str | None = None,
                      tenant_keys: tuple[str, ...] = ()) -> Batch:
-    """Validate `request` (parsed from `raw` when given) into a one-row engine batch."""
+    """Validate an export request into a one-row engine batch: `request` parsed, or, when
+    it is None, the protobuf bytes `raw` (parsed here, for validation only)."""
+    if request is None:
+        try:
+            request = _ValidationRequest.FromString(raw)
+        except (DecodeError, RuntimeError, ValueError) as exc:
+            raise PayloadError(f"invalid protobuf ExportTraceServiceRequest: {exc}") from None
     batch = Batch(TABLE, PROTOBUF_COLUMNS, [[], []])
     spans = 0
     for resource_spans in request.resource_spans:
         for scope_spans in resource_spans.scope_spans:
-            bad = [i for i, span in enumerate(scope_spans.spans) if _reject(batch, span)]
+            bad = _rejected(batch, scope_spans.spans)
             for i in reversed(bad):
                 del scope_spans.spans[i]
             spans += len(scope_spans.spans)
@@ -62,13 +108,27 @@ def spans_to_request(request: Any, raw: bytes | None = None, tenant: str | None 
     return batch
 
 
-def _reject(batch: Batch, span: Any) -> bool:
-    problem = invalid_span(span)
-    if problem:
-        batch.rejected += 1
-        if len(batch.errors) < 5:
-            batch.errors.append(problem)
-    return problem is not None
+def _rejected(batch: Batch, spans: Any) -> list[int]:
+    """Indexes of the spans collector.spans.invalid_span refuses, counted on `batch`.
+
+    This loop runs for every span received: a span that is plainly valid (ids of the
+    right lengths, not zero, no links or events, times in range) is passed with a few
+    comparisons, and only the others get the full check."""
+    bad = []
+    for i, span in enumerate(spans):
+        trace_id, span_id = span.trace_id, span.span_id
+        if (len(trace_id) == TRACE_ID_BYTES and len(span_id) == SPAN_ID_BYTES and trace_id != _ZERO_TRACE_ID
+                and span_id != _ZERO_SPAN_ID and len(span.parent_span_id) in (0, SPAN_ID_BYTES)
+                and not span.links and not span.events
+                and span.start_time_unix_nano <= MAX_TIME_NS and span.end_time_unix_nano <= MAX_TIME_NS):
+            continue
+        problem = invalid_span(span)
+        if problem:
+            bad.append(i)
+            batch.rejected += 1
+            if len(batch.errors) < 5:
+                batch.errors.append(problem)
+    return bad
 
 
 def _field(number: int, value: bytes) -> bytes:

@@ -53,9 +53,14 @@ class Intake:
             raise PermissionError("missing or invalid bearer token")
         return self.tokens[token]
 
+    def maps_raw(self, signal: str) -> bool:
+        """Whether export takes this signal's protobuf bytes unparsed (the engine maps them)."""
+        return signal == "traces" and self.trace_mapping == "engine"
+
     def export(self, signal: str, request: Any, transport: str, tenant: str | None = None,
                raw: bytes | None = None) -> ExportResult:
-        """`raw`: the protobuf bytes `request` was parsed from, when the client sent protobuf."""
+        """`request`: the parsed export request, or None with `raw`, its protobuf bytes,
+        for a signal `maps_raw` accepts."""
         batches = self._map(signal, request, tenant, raw)
         rejected = sum(b.rejected for b in batches)
         accepted = sum(b.rows for b in batches)
@@ -83,7 +88,7 @@ class Intake:
         return ExportResult(accepted, rejected, "; ".join(errors))
 
     def _map(self, signal: str, request: Any, tenant: str | None, raw: bytes | None) -> list[Batch]:
-        if signal == "traces" and self.trace_mapping == "engine":
+        if self.maps_raw(signal):
             return [spans_to_request(request, raw, tenant, self.tenant_keys)]
         if signal == "traces":
             return [spans_to_rows(request, tenant, self.tenant_keys)]

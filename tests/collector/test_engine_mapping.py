@@ -12,6 +12,7 @@ import base64
 import json
 import math
 import time
+import urllib.error
 import urllib.request
 import uuid
 from typing import Iterator
@@ -168,13 +169,28 @@ def test_sdk_exporters_over_http_and_grpc_land_through_the_engine(engine_collect
 
 def test_a_bad_span_is_rejected_alone_with_partial_success(engine_collector) -> None:
     collector, store = engine_collector
-    request = trace_request(span(name="a", span_id=b"\x0a" * 8), span(name="bad", span_id=b"\x01" * 3),
-                            span(name="b", span_id=b"\x0b" * 8))
+    request = trace_request(span(name="a", span_id=b"\x0a" * 8, attributes=[kv("k", string_value="kept")]),
+                            span(name="bad", span_id=b"\x01" * 3), span(name="b", span_id=b"\x0b" * 8))
     reply = urllib.request.urlopen(urllib.request.Request(
         f"http://127.0.0.1:{collector.http.port}/v1/traces", data=request.SerializeToString(),
         headers={"Content-Type": "application/x-protobuf", "Authorization": "Bearer s3cret"}), timeout=30)
     response = ExportTraceServiceResponse.FromString(reply.read())
     assert reply.status == 200 and response.partial_success.rejected_spans == 1
     assert "'bad'" in response.partial_success.error_message
-    names = [r[0] for r in store.client().query("SELECT SpanName FROM otel_traces ORDER BY SpanName").result_rows]
-    assert names == ["a", "b"]
+    # the request is re-encoded without the bad span from a parse that read only ids and
+    # times: everything else (attributes, resource) rides along as unknown fields
+    rows = store.client().query("SELECT SpanName, SpanAttributes, ServiceName FROM otel_traces ORDER BY SpanName").result_rows
+    assert rows == [("a", {"k": "kept", "app.tenant": "acme"}, "chat-api"), ("b", {"app.tenant": "acme"}, "chat-api")]
+
+
+def test_a_malformed_body_is_a_400_and_the_next_request_lands(engine_collector) -> None:
+    collector, store = engine_collector
+    url = f"http://127.0.0.1:{collector.http.port}/v1/traces"
+    headers = {"Content-Type": "application/x-protobuf", "Authorization": "Bearer s3cret"}
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(urllib.request.Request(url, data=b"\x0a\xff\xff\xff", headers=headers), timeout=30)
+    assert refused.value.code == 400 and b"invalid protobuf" in refused.value.read()
+    good = trace_request(span(name="after"))
+    assert urllib.request.urlopen(urllib.request.Request(url, data=good.SerializeToString(), headers=headers),
+                                  timeout=30).status == 200
+    assert store.client().command("SELECT count() FROM otel_traces WHERE SpanName = 'after'") == 1
