@@ -15,11 +15,15 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
-from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcSpanExporter
-from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpSpanExporter
+from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
+    OTLPSpanExporter as GrpcSpanExporter,
+)
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
+    OTLPSpanExporter as HttpSpanExporter,
+)
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,
@@ -36,7 +40,14 @@ from collector.spans import spans_to_rows
 from collector.writer import Writer, WriterSettings
 from servelens.migrate import migrate
 from servelens.store import Store
-from tests.collector.test_mapping import PARENT_ID, SPAN_ID, T0, TENANT_KEYS, kv, span, trace_request
+from tests.collector.test_mapping import (
+    PARENT_ID,
+    T0,
+    TENANT_KEYS,
+    kv,
+    span,
+    trace_request,
+)
 
 ARRAY = ArrayValue(values=[AnyValue(string_value="a/b"), AnyValue(int_value=1), AnyValue(bool_value=True), AnyValue(),
                            AnyValue(bytes_value=b"\x00\xff"), AnyValue(string_value='q"uo\\te é')])
