@@ -476,7 +476,7 @@ def demo_traffic(collector: CollectorProcess, minutes: int) -> int:
 
 # --- the run ---------------------------------------------------------------------------
 
-ENGINE_BATCH_SIZE = 65_536
+ENGINE_BATCH_SIZE = 131_072
 ENGINE_ENV = {"SERVELENS_COLLECTOR__TRACE_MAPPING": "engine", "SERVELENS_COLLECTOR__ACKNOWLEDGE": "spooled",
               "SERVELENS_COLLECTOR__BATCH_SIZE": str(ENGINE_BATCH_SIZE)}
 
@@ -566,7 +566,13 @@ def run(durations: Durations, scratch: Path) -> dict[str, Any]:
         f"batch_size={ENGINE_BATCH_SIZE:,}): closed loop, then until every acknowledged span is committed")
     c = CollectorProcess(scratch / "engine", env=ENGINE_ENV)
     try:
-        r["engine"] = until_committed(c, payloads, durations.warmup, durations.short)
+        eng = r["engine"] = until_committed(c, payloads, durations.warmup, durations.short)
+        r["engine_hwm_kib"] = c.status()["VmHWM"]
+        r["engine_settle_s"] = wait_idle(c, limit=180.0)
+        say(f"latency in the same configuration at half its maximum: {eng.spans_per_s / 2:,.0f} spans/s "
+            f"for {durations.latency:.0f}s")
+        r["engine_latency"] = open_loop(c, payloads, eng.spans_per_s / 2, durations.latency)
+        r["engine_sent"] = eng.spans + len(r["engine_latency"].latencies) * SPANS_PER_REQUEST
     finally:
         c.stop()
     r["engine_store"] = store_probe("count", scratch / "engine")["tables"]
@@ -611,8 +617,9 @@ def report(r: dict[str, Any]) -> str:
     wal, walt = r["wal_latency"], r["wal_throughput"]
     wal_p50, wal_p99 = wal.percentile(50), wal.percentile(99)
     wal_rows = r["wal_store"].get("otel_traces", {}).get("rows", 0)
-    eng = r["engine"]
+    eng, eng_lat = r["engine"], r["engine_latency"]
     eng_rows = r["engine_store"].get("otel_traces", {}).get("rows", 0)
+    eng_p50, eng_p99 = eng_lat.percentile(50), eng_lat.percentile(99)
     demo, demo_views = r["demo_store"]["tables"], r["demo_store"]["span_views"]
     spans = demo["otel_traces"]["rows"]
     all_compressed = sum(t["compressed"] for t in demo.values())
@@ -674,6 +681,14 @@ def report(r: dict[str, Any]) -> str:
         f"batch_size={ENGINE_BATCH_SIZE:,}): {eng.spans:,} spans from the first send until the last is committed "
         f"({eng.seconds:.1f}s; stored otel_traces rows: {eng_rows:,}) | {eng.spans_per_s:,.0f} | >= {TARGET_SPANS_PER_S:,} "
         f"| {_ok(eng.spans_per_s >= TARGET_SPANS_PER_S)} |",
+        f"| the same configuration per CPU-second the collector got | {eng.spans / eng.cpu_seconds:,.0f} "
+        f"| >= {TARGET_SPANS_PER_S:,} | {_ok(eng.spans / eng.cpu_seconds >= TARGET_SPANS_PER_S)} |",
+        f"| the same configuration: export latency at half its maximum ({eng_lat.target_spans_per_s:,.0f} spans/s, "
+        f"open loop, {len(eng_lat.latencies)} requests, {eng_lat.refused} non-200), p50 / p99 | {eng_p50:.0f} / "
+        f"{eng_p99:.0f} ms | < {TARGET_P99_MS:.0f} ms | {_ok(eng_p99 < TARGET_P99_MS)} |",
+        f"| the same configuration: peak RSS (VmHWM) after its throughput run; rows stored / acknowledged "
+        f"after exit | {r['engine_hwm_kib'] / 1024:,.0f} MiB; {eng_rows:,} / {r['engine_sent']:,} | | "
+        f"{'equal' if eng_rows == r['engine_sent'] else 'NOT EQUAL'} |",
         f"| the same per CPU-second the collector got ({best.collector_cpu:.0%} of its core) "
         f"| {best.spans_per_cpu_s:,.0f} | >= {TARGET_SPANS_PER_S:,} | {_ok(best.spans_per_cpu_s >= TARGET_SPANS_PER_S)} |",
         f"| protobuf parse-only, one core (spans per CPU-second) | {r['parse']:,.0f} | | |",

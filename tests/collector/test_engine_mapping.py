@@ -205,3 +205,19 @@ def test_a_malformed_body_is_a_400_and_the_next_request_lands(engine_collector) 
     assert urllib.request.urlopen(urllib.request.Request(url, data=good.SerializeToString(), headers=headers),
                                   timeout=30).status == 200
     assert store.client().command("SELECT count() FROM otel_traces WHERE SpanName = 'after'") == 1
+
+
+def test_a_replayed_engine_insert_is_not_doubled(store: Store, writer: Writer) -> None:
+    """A spool replay reuses the insert's token: the store must drop the second copy in
+    otel_traces and in the views below it, though the rows went through the Null table."""
+    request = trace_request(*[span(name=f"s{i}", span_id=bytes([i + 1]) * 8,
+                                   attributes=[kv("gen_ai.request.model", string_value="gpt-4o"),
+                                               kv("gen_ai.usage.input_tokens", int_value=10)]) for i in range(5)])
+    batch = spans_to_request(request, request.SerializeToString())
+    tables = [(batch.table, batch.columns, batch.data)]
+    for _ in range(2):
+        writer._insert_all("0123456789abcdef", tables, time.monotonic() + 5)
+    assert store.client().command("SELECT count() FROM otel_traces") == 5
+    assert store.client().command("SELECT count() FROM llm_requests") == 5
+    writer._insert_all("fedcba9876543210", tables, time.monotonic() + 5)  # a new token is new data
+    assert store.client().command("SELECT count() FROM otel_traces") == 10
