@@ -477,6 +477,7 @@ def demo_traffic(collector: CollectorProcess, minutes: int) -> int:
 # --- the run ---------------------------------------------------------------------------
 
 ENGINE_BATCH_SIZE = 131_072
+ENGINE_RUNS = 3  # the machine's noise moves one run by +-5 %: report the median and the range
 ENGINE_ENV = {"SERVELENS_COLLECTOR__TRACE_MAPPING": "engine", "SERVELENS_COLLECTOR__ACKNOWLEDGE": "spooled",
               "SERVELENS_COLLECTOR__BATCH_SIZE": str(ENGINE_BATCH_SIZE)}
 
@@ -562,21 +563,29 @@ def run(durations: Durations, scratch: Path) -> dict[str, Any]:
     r["wal_store"] = store_probe("count", scratch / "wal")["tables"]
     shutil.rmtree(scratch / "wal", ignore_errors=True)
 
-    say("engine mapping + write-ahead (collector.trace_mapping=engine, acknowledge=spooled, "
-        f"batch_size={ENGINE_BATCH_SIZE:,}): closed loop, then until every acknowledged span is committed")
-    c = CollectorProcess(scratch / "engine", env=ENGINE_ENV)
-    try:
-        eng = r["engine"] = until_committed(c, payloads, durations.warmup, durations.short)
-        r["engine_hwm_kib"] = c.status()["VmHWM"]
-        r["engine_settle_s"] = wait_idle(c, limit=180.0)
-        say(f"latency in the same configuration at half its maximum: {eng.spans_per_s / 2:,.0f} spans/s "
-            f"for {durations.latency:.0f}s")
-        r["engine_latency"] = open_loop(c, payloads, eng.spans_per_s / 2, durations.latency)
-        r["engine_sent"] = eng.spans + len(r["engine_latency"].latencies) * SPANS_PER_REQUEST
-    finally:
-        c.stop()
-    r["engine_store"] = store_probe("count", scratch / "engine")["tables"]
-    shutil.rmtree(scratch / "engine", ignore_errors=True)
+    say(f"engine mapping + write-ahead (collector.trace_mapping=engine, acknowledge=spooled, "
+        f"batch_size={ENGINE_BATCH_SIZE:,}): {ENGINE_RUNS} fresh collectors, each a closed loop, then until every "
+        "acknowledged span is committed; latency on the last")
+    r["engine_runs"] = []
+    for run in range(ENGINE_RUNS):
+        c = CollectorProcess(scratch / f"engine{run}", env=ENGINE_ENV)
+        try:
+            r["engine_runs"].append(until_committed(c, payloads, durations.warmup, durations.short))
+            if run < ENGINE_RUNS - 1:
+                continue
+            # latency at half the median maximum, on the last run's collector once idle
+            eng = r["engine"] = sorted(r["engine_runs"], key=lambda e: e.spans_per_s)[ENGINE_RUNS // 2]
+            r["engine_hwm_kib"] = c.status()["VmHWM"]
+            r["engine_settle_s"] = wait_idle(c, limit=180.0)
+            say(f"latency in the same configuration at half its maximum: {eng.spans_per_s / 2:,.0f} spans/s "
+                f"for {durations.latency:.0f}s")
+            r["engine_latency"] = open_loop(c, payloads, eng.spans_per_s / 2, durations.latency)
+            r["engine_sent"] = r["engine_runs"][-1].spans + len(r["engine_latency"].latencies) * SPANS_PER_REQUEST
+        finally:
+            c.stop()
+        if run == ENGINE_RUNS - 1:
+            r["engine_store"] = store_probe("count", scratch / f"engine{run}")["tables"]
+        shutil.rmtree(scratch / f"engine{run}", ignore_errors=True)
 
     say("counting rows in the long run's store (after the collector exited)")
     r["long_store"] = store_probe("count", scratch / "long")["tables"]
@@ -618,6 +627,7 @@ def report(r: dict[str, Any]) -> str:
     wal_p50, wal_p99 = wal.percentile(50), wal.percentile(99)
     wal_rows = r["wal_store"].get("otel_traces", {}).get("rows", 0)
     eng, eng_lat = r["engine"], r["engine_latency"]
+    runs = [e.spans_per_s for e in r["engine_runs"]]
     eng_rows = r["engine_store"].get("otel_traces", {}).get("rows", 0)
     eng_p50, eng_p99 = eng_lat.percentile(50), eng_lat.percentile(99)
     demo, demo_views = r["demo_store"]["tables"], r["demo_store"]["span_views"]
@@ -678,8 +688,9 @@ def report(r: dict[str, Any]) -> str:
         f"{d.short:.0f}s window (acknowledged: {walt.spans_per_s:,.0f}) | {walt.committed_in_window / walt.seconds:,.0f} "
         f"| >= {TARGET_SPANS_PER_S:,} | {_ok(walt.committed_in_window / walt.seconds >= TARGET_SPANS_PER_S)} |",
         f"| the same with the engine mapping and write-ahead (`trace_mapping: engine`, `acknowledge: spooled`, "
-        f"batch_size={ENGINE_BATCH_SIZE:,}): {eng.spans:,} spans from the first send until the last is committed "
-        f"({eng.seconds:.1f}s; stored otel_traces rows: {eng_rows:,}) | {eng.spans_per_s:,.0f} | >= {TARGET_SPANS_PER_S:,} "
+        f"batch_size={ENGINE_BATCH_SIZE:,}): spans from the first send until the last is committed, median of "
+        f"{ENGINE_RUNS} runs on fresh collectors (each ~{eng.spans / 1e6:.1f}M spans in ~{eng.seconds:.0f}s; "
+        f"range {min(runs):,.0f}..{max(runs):,.0f}) | {eng.spans_per_s:,.0f} | >= {TARGET_SPANS_PER_S:,} "
         f"| {_ok(eng.spans_per_s >= TARGET_SPANS_PER_S)} |",
         f"| the same configuration per CPU-second the collector got | {eng.spans / eng.cpu_seconds:,.0f} "
         f"| >= {TARGET_SPANS_PER_S:,} | {_ok(eng.spans / eng.cpu_seconds >= TARGET_SPANS_PER_S)} |",
