@@ -3,9 +3,10 @@
 The engine parses the request itself (FORMAT Protobuf, collector/schemas/otlp_traces.proto)
 into the Null table otlp_traces_in, whose materialized view (migrations/0012) writes the
 same otel_traces rows collector.spans builds in Python. Python still parses the request
-once, to validate it: spans with invalid ids or timestamps are rejected on their own
-(partial success), as the Python mapping does, and the request is re-encoded without
-them. Clean requests (nearly all) go to the engine as the client's own bytes.
+once, to validate it, with a class that reads only ids, times and names: spans with
+invalid ids or timestamps are rejected on their own (partial success), as the Python
+mapping does, and the request is re-encoded without them. Clean requests (nearly all) go
+to the engine as the client's own bytes.
 
 A token's tenant rides on the request as two fields of servelens' own (1000, 1001),
 appended to the bytes: protobuf decoders merge a concatenation as one message.
@@ -67,6 +68,10 @@ def _validation_request_class() -> type:
     message("ScopeSpans", ("spans", 2, field.TYPE_MESSAGE, "Span"))
     message("ResourceSpans", ("scope_spans", 2, field.TYPE_MESSAGE, "ScopeSpans"))
     message("ExportTraceServiceRequest", ("resource_spans", 1, field.TYPE_MESSAGE, "ResourceSpans"))
+    # servelens' own fields, declared repeated so that any occurrence a client sent shows
+    request = proto.message_type[-1]
+    for name, number in (("servelens_tenant", _TENANT_FIELD), ("servelens_tenant_keys", _TENANT_KEYS_FIELD)):
+        request.field.add(name=name, number=number, type=field.TYPE_STRING, label=field.LABEL_REPEATED)
     pool = descriptor_pool.DescriptorPool()
     pool.Add(proto)
     return message_factory.GetMessageClass(pool.FindMessageTypeByName("servelens.validation.ExportTraceServiceRequest"))
@@ -89,6 +94,18 @@ def spans_to_request(request: Any | None, raw: bytes | None = None, tenant: str 
             request = _ValidationRequest.FromString(raw)
         except (DecodeError, RuntimeError, ValueError) as exc:
             raise PayloadError(f"invalid protobuf ExportTraceServiceRequest: {exc}") from None
+        if len(request.servelens_tenant) or len(request.servelens_tenant_keys):
+            # Only the collector speaks in fields 1000 and 1001: a client's own would
+            # blank the token's tenant in the engine (a repeated singular field reads as
+            # empty there), so they go, and the request is re-encoded.
+            request.ClearField("servelens_tenant")
+            request.ClearField("servelens_tenant_keys")
+            raw = None
+    else:
+        # A request parsed with the OTLP classes keeps unknown fields, 1000 and 1001
+        # included: drop them (the view reads no other unknown field).
+        request.DiscardUnknownFields()
+        raw = None
     batch = Batch(TABLE, PROTOBUF_COLUMNS, [[], []])
     spans = 0
     for resource_spans in request.resource_spans:

@@ -117,7 +117,7 @@ def test_engine_writes_the_rows_the_python_mapping_writes(case: str, store: Stor
     request, tenant, tenant_keys = CASES[case]
     raw = request.SerializeToString()
     expected = spans_to_rows(ExportTraceServiceRequest.FromString(raw), tenant, tenant_keys)
-    engine = spans_to_request(ExportTraceServiceRequest.FromString(raw), raw, tenant, tenant_keys)
+    engine = spans_to_request(None, raw, tenant, tenant_keys)
     assert (engine.rows, engine.rejected, engine.errors) == (expected.rows, expected.rejected, expected.errors)
     stored = []
     for batch in (expected, engine):
@@ -134,7 +134,7 @@ def test_an_array_or_map_nested_in_another_is_kept_as_its_protobuf_bytes(store: 
     inner = ArrayValue(values=[AnyValue(string_value="x")])
     value = AnyValue(kvlist_value=KeyValueList(values=[kv("nested", array_value=inner), kv("n", int_value=1)]))
     request = trace_request(span(attributes=[kv("meta", kvlist_value=value.kvlist_value)]))
-    batch = spans_to_request(request, request.SerializeToString())
+    batch = spans_to_request(None, request.SerializeToString())
     writer._insert_all(uuid.uuid4().hex, [(batch.table, batch.columns, batch.data)], time.monotonic() + 5)
     stored = json.loads(_stored(store)[0]["SpanAttributes"]["meta"])
     assert stored["n"] == 1
@@ -213,7 +213,7 @@ def test_a_replayed_engine_insert_is_not_doubled(store: Store, writer: Writer) -
     request = trace_request(*[span(name=f"s{i}", span_id=bytes([i + 1]) * 8,
                                    attributes=[kv("gen_ai.request.model", string_value="gpt-4o"),
                                                kv("gen_ai.usage.input_tokens", int_value=10)]) for i in range(5)])
-    batch = spans_to_request(request, request.SerializeToString())
+    batch = spans_to_request(None, request.SerializeToString())
     tables = [(batch.table, batch.columns, batch.data)]
     for _ in range(2):
         writer._insert_all("0123456789abcdef", tables, time.monotonic() + 5)
@@ -221,3 +221,16 @@ def test_a_replayed_engine_insert_is_not_doubled(store: Store, writer: Writer) -
     assert store.client().command("SELECT count() FROM llm_requests") == 5
     writer._insert_all("fedcba9876543210", tables, time.monotonic() + 5)  # a new token is new data
     assert store.client().command("SELECT count() FROM otel_traces") == 10
+
+
+@pytest.mark.parametrize("parsed", [False, True], ids=["protobuf bytes", "parsed (gRPC, JSON)"])
+def test_a_client_cannot_speak_in_the_collectors_tenant_fields(parsed: bool, store: Store, writer: Writer) -> None:
+    """Fields 1000 and 1001 carry the token's tenant to the engine; a client that sends
+    its own (empty included) must not blank or replace it."""
+    request = trace_request(span(attributes=[kv("app.tenant", string_value="evil")]))
+    raw = request.SerializeToString() + bytes([0xC2, 0x3E, 0x00]) + bytes([0xCA, 0x3E, 0x03]) + b"org"
+    assert ExportTraceServiceRequest.FromString(raw).resource_spans == request.resource_spans  # unknown to OTLP
+    batch = (spans_to_request(ExportTraceServiceRequest.FromString(raw), None, "acme", TENANT_KEYS) if parsed
+             else spans_to_request(None, raw, "acme", TENANT_KEYS))
+    writer._insert_all(uuid.uuid4().hex, [(batch.table, batch.columns, batch.data)], time.monotonic() + 5)
+    assert _stored(store)[0]["SpanAttributes"] == {"app.tenant": "acme"}
