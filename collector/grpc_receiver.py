@@ -15,7 +15,11 @@ from google.rpc import code_pb2, error_details_pb2, status_pb2
 from opentelemetry.proto.collector.logs.v1 import logs_service_pb2_grpc
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2_grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceResponse,
+)
 
+from collector.decode import PayloadError
 from collector.http_receiver import export_response
 from collector.intake import RETRY_AFTER_SECONDS, Busy, Intake
 from collector.writer import DataRejected, WriteFailed
@@ -42,15 +46,23 @@ class _Export:
     def __init__(self, intake: Intake, signal: str) -> None:
         self._intake = intake
         self._signal = signal
+        # The engine maps this signal from the request's own bytes (trace_mapping: engine):
+        # then `request` arrives unparsed (see GrpcReceiver).
+        self._raw = intake.maps_raw(signal)
 
-    def Export(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802 - gRPC name
+    def Export(self, request: Any, context: grpc.ServicerContext) -> Any:
         try:
             tenant = self._intake.tenant_for(_token(context))
         except PermissionError as exc:
             self._intake.metrics.refused.labels(self._signal, "grpc", "unauthorized").inc()
             context.abort(grpc.StatusCode.UNAUTHENTICATED, str(exc))
         try:
-            result = self._intake.export(self._signal, request, "grpc", tenant)
+            if self._raw:
+                result = self._intake.export(self._signal, None, "grpc", tenant, raw=request)
+            else:
+                result = self._intake.export(self._signal, request, "grpc", tenant)
+        except PayloadError as exc:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         except Busy as exc:
             _unavailable(context, str(exc))
         except DataRejected as exc:
@@ -78,7 +90,15 @@ class GrpcReceiver:
             futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="otlp-grpc"),
             options=[("grpc.max_receive_message_length", max_request_bytes)],
         )
-        trace_service_pb2_grpc.add_TraceServiceServicer_to_server(_Trace(intake, "traces"), self._server)
+        if intake.maps_raw("traces"):
+            # The generated registration parses every request; the engine wants the bytes.
+            export = grpc.unary_unary_rpc_method_handler(
+                _Trace(intake, "traces").Export, request_deserializer=None,
+                response_serializer=ExportTraceServiceResponse.SerializeToString)
+            self._server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
+                "opentelemetry.proto.collector.trace.v1.TraceService", {"Export": export}),))
+        else:
+            trace_service_pb2_grpc.add_TraceServiceServicer_to_server(_Trace(intake, "traces"), self._server)
         metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(_Metrics(intake, "metrics"), self._server)
         logs_service_pb2_grpc.add_LogsServiceServicer_to_server(_Logs(intake, "logs"), self._server)
         self.port = self._server.add_insecure_port(f"{host}:{port}")

@@ -167,7 +167,10 @@ class GpuFleet:
             "DCGM_FI_DEV_MEM_COPY_UTIL": min(100, max(0, round(util * 0.55 + rng.gauss(0, 1.5)))),
             "DCGM_FI_DEV_FB_USED": fb_used,
             "DCGM_FI_DEV_FB_FREE": FB_TOTAL_MIB - FB_RESERVED_MIB - fb_used,
-            "DCGM_FI_DEV_POWER_USAGE": round(IDLE_WATTS + (MAX_WATTS - IDLE_WATTS) * u ** 1.3 + rng.gauss(0, 5), 3),
+            # Noise around the curve, capped at the board's power limit (the 700 W TDP), as
+            # the GPU's power management caps it: at full load the noise would pass it.
+            "DCGM_FI_DEV_POWER_USAGE": round(min(MAX_WATTS, IDLE_WATTS + (MAX_WATTS - IDLE_WATTS) * u ** 1.3
+                                                 + rng.gauss(0, 5)), 3),
             "DCGM_FI_DEV_GPU_TEMP": round(30 + 38 * u + rng.gauss(0, 0.7)),
             "DCGM_FI_PROF_GR_ENGINE_ACTIVE": round(min(1.0, u * 0.96), 6),
             # Decode is memory-bound: the tensor pipe idles much of the time a kernel runs.

@@ -17,6 +17,7 @@ import urllib.request
 import uuid
 from collections.abc import Iterator
 
+import grpc
 import pytest
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
     OTLPSpanExporter as GrpcSpanExporter,
@@ -234,3 +235,20 @@ def test_a_client_cannot_speak_in_the_collectors_tenant_fields(parsed: bool, sto
              else spans_to_request(None, raw, "acme", TENANT_KEYS))
     writer._insert_all(uuid.uuid4().hex, [(batch.table, batch.columns, batch.data)], time.monotonic() + 5)
     assert _stored(store)[0]["SpanAttributes"] == {"app.tenant": "acme"}
+
+
+def test_grpc_hands_the_engine_the_request_bytes_and_refuses_garbage(engine_collector) -> None:
+    collector, store = engine_collector
+    channel = grpc.insecure_channel(f"127.0.0.1:{collector.grpc.port}")
+    export = channel.unary_unary("/opentelemetry.proto.collector.trace.v1.TraceService/Export",
+                                 request_serializer=None, response_deserializer=ExportTraceServiceResponse.FromString)
+    metadata = (("authorization", "Bearer s3cret"),)
+    with pytest.raises(grpc.RpcError) as refused:
+        export(b"\x0a\xff\xff\xff", metadata=metadata, timeout=30)
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    bad_and_good = trace_request(span(name="ok", span_id=b"\x0c" * 8), span(name="bad", span_id=b"\x01"))
+    response = export(bad_and_good.SerializeToString(), metadata=metadata, timeout=30)
+    assert response.partial_success.rejected_spans == 1
+    assert store.client().query("SELECT SpanName, SpanAttributes['app.tenant'] FROM otel_traces").result_rows == [
+        ("ok", "acme")]
+    channel.close()
