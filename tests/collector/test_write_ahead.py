@@ -25,10 +25,10 @@ pytestmark = pytest.mark.integration
 WAL = {"acknowledge": "spooled", "store_retry": "200ms"}
 
 
-@pytest.fixture
-def logged(make_settings, store) -> Iterator[tuple[Collector, str]]:
-    """A collector in write-ahead mode and its OTLP/HTTP traces URL."""
-    collector = Collector(make_settings(collector=WAL), store)
+@pytest.fixture(params=["python", "engine"])
+def logged(request, make_settings, store) -> Iterator[tuple[Collector, str]]:
+    """A collector in write-ahead mode and its OTLP/HTTP traces URL, with either span mapping."""
+    collector = Collector(make_settings(collector={**WAL, "trace_mapping": request.param}), store)
     collector.start()
     yield collector, f"http://127.0.0.1:{collector.http.port}/v1/traces"
     collector.shutdown()
