@@ -67,7 +67,7 @@ CREATE MATERIALIZED VIEW IF NOT EXISTS otlp_traces_in_mv TO otel_traces AS
 WITH
     -- Every lambda below is inlined where it is used, and the engine analyses the whole
     -- expression again for every insert: a lambda used twice doubles everything inside it.
-    -- So the big pieces are each used once, and the rare values (arrays, maps, bytes,
+    -- So each big piece is inlined once per attribute list, and the rare values (arrays, maps, bytes,
     -- doubles that toString prints with an exponent) are split off and rendered alone.
     --
     -- A double as the exporter's pcommon AsString writes it: positional, shortest digits.
