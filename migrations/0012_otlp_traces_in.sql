@@ -79,21 +79,18 @@ WITH
     (neg, mantissa, exponent) -> otlp_positional(neg, replace(mantissa, '.', ''),
         if(position(mantissa, '.') > 0, toInt64(position(mantissa, '.')) - 1, toInt64(length(mantissa))) + exponent) AS otlp_unexponent,
     d -> multiIf(isNaN(d), 'NaN', isInfinite(d), if(d > 0, '+Inf', '-Inf'),
-                 otlp_unexponent(d < 0, splitByChar('e', ltrim(toString(d), '-'))[1],
+                 otlp_unexponent(d < 0, splitByChar('e', if(d < 0, substring(toString(d), 2), toString(d)))[1],
                                  toInt64OrZero(splitByChar('e', toString(d))[2]))) AS otlp_double_text,
-    -- An element of an array or map, for toJSONString: strings quoted, bytes base64, an
-    -- array or map nested inside as the base64 of its protobuf bytes, null when empty.
-    v -> multiIf(v.kind = 'string', CAST(v.string_value, 'Variant(Bool, Float64, Int64, String)'),
-                 v.kind = 'int', CAST(v.int_value, 'Variant(Bool, Float64, Int64, String)'),
-                 v.kind = 'double', CAST(v.double_value, 'Variant(Bool, Float64, Int64, String)'),
-                 v.kind = 'bool', CAST(v.bool_value, 'Variant(Bool, Float64, Int64, String)'),
-                 v.kind = 'none', CAST(NULL, 'Variant(Bool, Float64, Int64, String)'),
-                 CAST(base64Encode(concat(v.bytes_value, v.array_value, v.kvlist_value)),
-                      'Variant(Bool, Float64, Int64, String)')) AS otlp_element,
+    -- An element of an array or map as JSON: strings quoted, bytes base64, an array or
+    -- map nested inside as the base64 of its protobuf bytes, null when empty.
+    v -> multiIf(v.kind = 'string', toJSONString(v.string_value), v.kind = 'int', toString(v.int_value),
+                 v.kind = 'double', toJSONString(v.double_value), v.kind = 'bool', if(v.bool_value, 'true', 'false'),
+                 v.kind = 'none', 'null',
+                 toJSONString(base64Encode(concat(v.bytes_value, v.array_value, v.kvlist_value)))) AS otlp_element,
     -- The text of a value that is not plain: bytes base64, arrays and maps as JSON.
     v -> multiIf(v.kind = 'double', otlp_double_text(v.double_value), v.kind = 'bytes', base64Encode(v.bytes_value),
-                 v.kind = 'array', concat('[', arrayStringConcat(arrayMap(x -> ifNull(toJSONString(otlp_element(x)), 'null'), v.array_value.values), ','), ']'),
-                 concat('{', arrayStringConcat(arrayMap(p -> concat(toJSONString(p.key), ':', ifNull(toJSONString(otlp_element(p.value)), 'null')),
+                 v.kind = 'array', concat('[', arrayStringConcat(arrayMap(x -> otlp_element(x), v.array_value.values), ','), ']'),
+                 concat('{', arrayStringConcat(arrayMap(p -> concat(toJSONString(p.key), ':', otlp_element(p.value)),
                                                         v.kvlist_value.values), ','), '}')) AS otlp_other_text,
     -- Plain values, the common case, cheaply: strings as they are, ints and bools as Go
     -- prints them, doubles whose toString is already positional. They are read through a
