@@ -25,18 +25,25 @@ from collector.decode import PayloadError
 from collector.spans import PROTOBUF_COLUMNS, Batch, invalid_span
 
 TABLE = "otlp_traces_in"
-SCHEMA = (Path(__file__).resolve().parent / "schemas" / "otlp_traces.proto").read_text()
+SCHEMA_PATH = Path(__file__).resolve().parent / "schemas" / "otlp_traces.proto"
 
-# How the writer's insert tells the engine to read the rows (collector.writer).
-INSERT_SETTINGS = {
-    "format_schema_source": "string",
-    "format_schema": SCHEMA,
+_FORMAT_SETTINGS = {
     "format_schema_message_name": "ExportTraceServiceRequest",
     "input_format_protobuf_oneof_presence": 1,
-    # the view renders arrays and maps with toJSONString: as Go and Python's json write them
+    # the view renders strings inside arrays and maps with toJSONString, as JSON encoders do
     "output_format_json_escape_forward_slashes": 0,
-    "output_format_json_quote_64bit_integers": 0,
 }
+# The embedded engine reads the schema file itself (an absolute path is allowed in a local
+# engine; an inline schema would be cached under __cache__/ in the process's working
+# directory). A server gets it inline: its schema directory is not ours (ClickHouse >= 25.6).
+_EMBEDDED_SETTINGS = {"format_schema_source": "file", "format_schema": str(SCHEMA_PATH), **_FORMAT_SETTINGS}
+_SERVER_SETTINGS = {"format_schema_source": "string", "format_schema": SCHEMA_PATH.read_text(), **_FORMAT_SETTINGS}
+
+
+def insert_settings(embedded: bool) -> dict[str, Any]:
+    """How the writer's insert tells the engine to read the rows (collector.writer)."""
+    return _EMBEDDED_SETTINGS if embedded else _SERVER_SETTINGS
+
 
 _TENANT_FIELD, _TENANT_KEYS_FIELD = 1000, 1001
 _ZERO_TRACE_ID, _ZERO_SPAN_ID = bytes(TRACE_ID_BYTES), bytes(SPAN_ID_BYTES)

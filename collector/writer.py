@@ -42,6 +42,7 @@ from collector.collection import Collection
 from collector.spans import PROTOBUF_COLUMNS, Batch, block_rows
 from collector.spool import Spool, SpooledBatch, Tables
 from collector.telemetry import SelfMetrics
+from servelens.store import is_embedded
 
 log = logging.getLogger(__name__)
 
@@ -128,6 +129,7 @@ class Writer:
         self._backlog: deque[Path] = deque()
         self._handoff: deque[SpooledBatch | Path] = deque()
         self._collection = Collection() if self._wal else None
+        self._protobuf_settings = engine_spans.insert_settings(is_embedded(store.url))
 
     # lifecycle -------------------------------------------------------------------
     def start(self) -> None:
@@ -290,7 +292,7 @@ class Writer:
             try:
                 if engine_mapped:
                     self._store.client().raw_insert(table, None, engine_spans.frame(data[0]), fmt="Protobuf",
-                                                    settings={**engine_spans.INSERT_SETTINGS, **settings})
+                                                    settings={**self._protobuf_settings, **settings})
                 else:
                     self._store.client().insert(table, data, column_names=list(columns), column_oriented=True,
                                                 settings=settings)
