@@ -26,6 +26,7 @@ import itertools
 import logging
 import queue
 import random
+import re
 import struct
 import threading
 import time
@@ -35,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
-from clickhouse_connect.driver.exceptions import DataError, ProgrammingError
+from clickhouse_connect.driver.exceptions import DataError, DatabaseError, ProgrammingError
 
 from collector import engine_spans, priority
 from collector.collection import Collection
@@ -298,6 +299,8 @@ class Writer:
                                                 settings=settings)
             except Exception as exc:
                 self._metrics.write_errors.labels(label).inc()
+                if engine_mapped and _engine_rejected(exc):
+                    raise DataError(f"the engine cannot parse these requests: {exc}") from exc
                 if isinstance(exc, PERMANENT_ERRORS) or time.monotonic() + delay > deadline:
                     raise
                 time.sleep(delay * (0.5 + random.random()))
@@ -369,9 +372,24 @@ class Writer:
                     current = (group, token, batches)
                 self._insert_all(token, _concat(t for b in batches for t in b.tables), time.monotonic())
             except PERMANENT_ERRORS as exc:
-                for batch in batches:  # never storable: set aside with its neighbours, logged
-                    self._spool.quarantine(batch, f"{type(exc).__name__}: {exc}")
-                    self._metrics.quarantined.inc()
+                if len(batches) == 1:
+                    self._quarantine(batches[0], exc)
+                else:
+                    # One batch the store will never take must not take its neighbours
+                    # with it: each goes alone, under its own token (after a crash here,
+                    # those already in the store are deduplicated on the next try).
+                    try:
+                        for batch in batches:
+                            self._insert_or_quarantine(batch)
+                    except Exception as retry_exc:  # noqa: BLE001 - the store went away meanwhile: retry
+                        if self._stopping.is_set():
+                            return
+                        log.info("write-ahead insert waiting for the store (%s); retry in %.1fs", retry_exc, backoff)
+                        self._stopping.wait(backoff)
+                        backoff = min(backoff * 2, MAX_BACKOFF_SECONDS)
+                        continue
+                    for batch in batches:
+                        self._spool.remove(batch)  # the ones set aside are gone already
                 if group is not None:
                     group.unlink(missing_ok=True)
             except Exception as exc:  # noqa: BLE001 - the store is unavailable: wait and retry
@@ -393,6 +411,17 @@ class Writer:
             del group, batches  # the inserted rows go now, before the collection below
             assert self._collection is not None
             self._collection.collect()
+
+    def _insert_or_quarantine(self, batch: SpooledBatch) -> None:
+        """Insert one logged batch alone; set it aside (kept, logged) if it is never storable."""
+        try:
+            self._insert_all(batch.token, batch.tables, time.monotonic())
+        except PERMANENT_ERRORS as exc:
+            self._quarantine(batch, exc)
+
+    def _quarantine(self, batch: SpooledBatch, exc: BaseException) -> None:
+        self._spool.quarantine(batch, f"{type(exc).__name__}: {exc}")
+        self._metrics.quarantined.inc()
 
     def _next_group(self) -> tuple[None, str, list[SpooledBatch]] | None:
         """The oldest batches, up to batch_size rows (at least one), and their token: the
@@ -425,6 +454,17 @@ class Writer:
         if self._spool is not None:
             self._metrics.spool_bytes.set(self._spool.size_bytes)
             self._metrics.spool_batches.set(self._spool.count)
+
+
+# The engine's answers to a request it cannot parse, though Python's validation passed it:
+# protobuf a parser may skip (a known field with another wire type) but the engine's schema
+# cannot read. Such a block is a data error, never storable: retrying or spooling it would
+# hold up every block behind it.
+_ENGINE_PARSE_ERRORS = re.compile(r"\bCode: (27|33|444)\b")
+
+
+def _engine_rejected(exc: BaseException) -> bool:
+    return isinstance(exc, DatabaseError) and bool(_ENGINE_PARSE_ERRORS.search(str(exc)))
 
 
 def _logged_at(batch: SpooledBatch | Path) -> float:

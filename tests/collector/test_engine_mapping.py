@@ -35,7 +35,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
-from collector.engine_spans import spans_to_request
+from collector.engine_spans import _varint, spans_to_request
 from collector.service import Collector
 from collector.spans import spans_to_rows
 from collector.writer import Writer, WriterSettings
@@ -252,3 +252,46 @@ def test_grpc_hands_the_engine_the_request_bytes_and_refuses_garbage(engine_coll
     assert store.client().query("SELECT SpanName, SpanAttributes['app.tenant'] FROM otel_traces").result_rows == [
         ("ok", "acme")]
     channel.close()
+
+
+def _poison() -> bytes:
+    """A request upb parses (an attributes field sent as a varint is skipped as unknown)
+    but the engine's schema cannot read: the engine refuses the whole insert."""
+    body = span(name="poison").SerializeToString() + _varint(9 << 3) + _varint(5)
+    scope = b"\x12" + _varint(len(body)) + body
+    resource = b"\x12" + _varint(len(scope)) + scope
+    return b"\x0a" + _varint(len(resource)) + resource
+
+
+def test_a_request_the_engine_cannot_parse_is_refused_alone_and_ingest_goes_on(engine_collector) -> None:
+    collector, store = engine_collector
+    url = f"http://127.0.0.1:{collector.http.port}/v1/traces"
+    headers = {"Content-Type": "application/x-protobuf", "Authorization": "Bearer s3cret"}
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(urllib.request.Request(url, data=_poison(), headers=headers), timeout=30)
+    assert refused.value.code == 400  # not retried, not spooled: it would hold up everything behind it
+    assert collector.writer._spool.count == 0
+    good = trace_request(span(name="after"))
+    assert urllib.request.urlopen(urllib.request.Request(url, data=good.SerializeToString(), headers=headers),
+                                  timeout=30).status == 200
+    assert store.client().query("SELECT SpanName FROM otel_traces").result_rows == [("after",)]
+
+
+def test_write_ahead_sets_aside_only_the_batch_the_engine_cannot_parse(make_settings, store: Store) -> None:
+    settings = make_settings(collector={"trace_mapping": "engine", "acknowledge": "spooled", "spool_linger": "2s"})
+    collector = Collector(settings, store)
+    collector.start()
+    url = f"http://127.0.0.1:{collector.http.port}/v1/traces"
+    headers = {"Content-Type": "application/x-protobuf"}
+    try:
+        bodies = [trace_request(span(name=f"ok{i}", span_id=bytes([i + 1]) * 8)).SerializeToString() for i in range(3)]
+        bodies.insert(1, _poison())
+        for body in bodies:  # acknowledged from the log, within one linger: one group
+            assert urllib.request.urlopen(urllib.request.Request(url, data=body, headers=headers), timeout=30).status == 200
+        assert collector.writer.drain_spool(timeout=60)
+        names = [r[0] for r in store.client().query("SELECT SpanName FROM otel_traces ORDER BY SpanName").result_rows]
+        assert names == ["ok0", "ok1", "ok2"]
+        assert collector.metrics.snapshot()["servelens_spool_quarantined_batches_total"] == 1
+        assert len(list((collector.writer._spool.directory / "corrupt").iterdir())) == 1
+    finally:
+        collector.shutdown()
