@@ -36,7 +36,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
-from clickhouse_connect.driver.exceptions import DataError, DatabaseError, ProgrammingError
+from clickhouse_connect.driver.exceptions import (
+    DatabaseError,
+    DataError,
+    ProgrammingError,
+)
 
 from collector import engine_spans, priority
 from collector.collection import Collection
