@@ -374,28 +374,7 @@ class Writer:
                 if group is None and len(batches) > 1:
                     group = self._spool.begin_group(token, batches)
                     current = (group, token, batches)
-                self._insert_all(token, _concat(t for b in batches for t in b.tables), time.monotonic())
-            except PERMANENT_ERRORS as exc:
-                if len(batches) == 1:
-                    self._quarantine(batches[0], exc)
-                else:
-                    # One batch the store will never take must not take its neighbours
-                    # with it: each goes alone, under its own token (after a crash here,
-                    # those already in the store are deduplicated on the next try).
-                    try:
-                        for batch in batches:
-                            self._insert_or_quarantine(batch)
-                    except Exception as retry_exc:  # noqa: BLE001 - the store went away meanwhile: retry
-                        if self._stopping.is_set():
-                            return
-                        log.info("write-ahead insert waiting for the store (%s); retry in %.1fs", retry_exc, backoff)
-                        self._stopping.wait(backoff)
-                        backoff = min(backoff * 2, MAX_BACKOFF_SECONDS)
-                        continue
-                    for batch in batches:
-                        self._spool.remove(batch)  # the ones set aside are gone already
-                if group is not None:
-                    group.unlink(missing_ok=True)
+                self._insert_group(token, batches)
             except Exception as exc:  # noqa: BLE001 - the store is unavailable: wait and retry
                 if self._stopping.is_set():
                     return  # the log stays on disk; the next start inserts it
@@ -416,12 +395,22 @@ class Writer:
             assert self._collection is not None
             self._collection.collect()
 
-    def _insert_or_quarantine(self, batch: SpooledBatch) -> None:
-        """Insert one logged batch alone; set it aside (kept, logged) if it is never storable."""
+    def _insert_group(self, token: str, batches: list[SpooledBatch]) -> None:
+        """Insert logged batches as one. A batch the store will never take is set aside
+        (kept, logged) without its neighbours: after a group's data error each batch goes
+        alone, under its own token, so a retry after a crash finds those already in the
+        store deduplicated. Availability errors propagate: the caller retries the group."""
         try:
-            self._insert_all(batch.token, batch.tables, time.monotonic())
+            self._insert_all(token, _concat(t for b in batches for t in b.tables), time.monotonic())
         except PERMANENT_ERRORS as exc:
-            self._quarantine(batch, exc)
+            if len(batches) == 1:
+                self._quarantine(batches[0], exc)
+                return
+            for batch in batches:
+                try:
+                    self._insert_all(batch.token, batch.tables, time.monotonic())
+                except PERMANENT_ERRORS as alone:
+                    self._quarantine(batch, alone)
 
     def _quarantine(self, batch: SpooledBatch, exc: BaseException) -> None:
         self._spool.quarantine(batch, f"{type(exc).__name__}: {exc}")
