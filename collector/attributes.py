@@ -7,6 +7,7 @@ doubles in shortest round-trip positional form; arrays and maps as JSON; bytes b
 from __future__ import annotations
 
 import base64
+import datetime
 import json
 import math
 from decimal import Decimal
@@ -17,6 +18,43 @@ TRACE_ID_BYTES = 16
 SPAN_ID_BYTES = 8
 # DateTime64(9) holds times up to 2262-04-11; an OTLP fixed64 can say more.
 MAX_TIME_NS = 2**63 - 1
+# The tables partition by toDate(time) and expire by toDateTime(time) + retention: both
+# 32-bit, so a time past 2106-02-07 (or whose expiry is) wraps around, and the TTL drops
+# the row as soon as it is written. Such times are refused at ingest instead (TimeWindow).
+_DATETIME_MAX_NS = (2**32 - 1) * 1_000_000_000
+_DAY_NS = 86_400 * 1_000_000_000
+
+
+class TimeWindow:
+    """The times a row can be stored at and stay: not older than the retention (the TTL
+    would drop it at once), and expiring before DateTime's end (2106-02-07)."""
+
+    __slots__ = ("low", "high", "retention_days")
+
+    def __init__(self, now_ns: int, retention_days: int | None) -> None:
+        self.retention_days = retention_days
+        keep = (retention_days or 0) * _DAY_NS
+        self.low = now_ns - keep if retention_days else 1
+        self.high = _DATETIME_MAX_NS - keep - _DAY_NS  # a day's slack for the partition's own expiry
+
+    def problem(self, time_ns: int, what: str) -> str | None:
+        """Why `time_ns` cannot be stored, or None."""
+        if time_ns < self.low:
+            if self.retention_days:
+                return f"{what} is older than the {self.retention_days}-day retention (it would be dropped at once)"
+            return f"{what} is unset (1970-01-01)"
+        if time_ns > self.high:
+            return f"{what} is beyond {_iso(self.high)} (not storable with this retention)"
+        return None
+
+
+# Only DateTime64(9)'s own limit: for mappings called without a window (tests, tools).
+UNBOUNDED = TimeWindow(0, None)
+UNBOUNDED.low, UNBOUNDED.high = 0, MAX_TIME_NS
+
+
+def _iso(time_ns: int) -> str:
+    return datetime.datetime.fromtimestamp(time_ns / 1e9, datetime.timezone.utc).strftime("%Y-%m-%d")
 
 
 def format_double(value: float) -> str:

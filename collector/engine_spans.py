@@ -9,7 +9,14 @@ mapping does, and the request is re-encoded without them. Clean requests (nearly
 to the engine as the client's own bytes.
 
 A token's tenant rides on the request as two fields of servelens' own (1000, 1001),
-appended to the bytes: protobuf decoders merge a concatenation as one message.
+appended to the bytes: protobuf decoders merge a concatenation as one message. Every
+top-level field a client sends other than resource_spans is cut from its bytes first,
+whatever its wire type, so no client bytes can speak for the collector.
+
+The engine's parser is stricter than protobuf's (an AnyValue with two oneof members, a
+known field sent with another wire type): a request it refuses is re-encoded by the
+full OTLP parser, whose reading is the reference (`canonical`), and inserted again
+(collector.writer).
 """
 
 from __future__ import annotations
@@ -19,8 +26,9 @@ from typing import Any
 
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.message import DecodeError
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from collector.attributes import MAX_TIME_NS, SPAN_ID_BYTES, TRACE_ID_BYTES
+from collector.attributes import MAX_TIME_NS, SPAN_ID_BYTES, TRACE_ID_BYTES, UNBOUNDED, TimeWindow
 from collector.decode import PayloadError
 from collector.spans import PROTOBUF_COLUMNS, Batch, invalid_span
 
@@ -75,10 +83,6 @@ def _validation_request_class() -> type:
     message("ScopeSpans", ("spans", 2, field.TYPE_MESSAGE, "Span"))
     message("ResourceSpans", ("scope_spans", 2, field.TYPE_MESSAGE, "ScopeSpans"))
     message("ExportTraceServiceRequest", ("resource_spans", 1, field.TYPE_MESSAGE, "ResourceSpans"))
-    # servelens' own fields, declared repeated so that any occurrence a client sent shows
-    request = proto.message_type[-1]
-    for name, number in (("servelens_tenant", _TENANT_FIELD), ("servelens_tenant_keys", _TENANT_KEYS_FIELD)):
-        request.field.add(name=name, number=number, type=field.TYPE_STRING, label=field.LABEL_REPEATED)
     pool = descriptor_pool.DescriptorPool()
     pool.Add(proto)
     return message_factory.GetMessageClass(pool.FindMessageTypeByName("servelens.validation.ExportTraceServiceRequest"))
@@ -93,21 +97,16 @@ def frame(messages: list[bytes]) -> bytes:
 
 
 def spans_to_request(request: Any | None, raw: bytes | None = None, tenant: str | None = None,
-                     tenant_keys: tuple[str, ...] = ()) -> Batch:
+                     tenant_keys: tuple[str, ...] = (), window: TimeWindow = UNBOUNDED) -> Batch:
     """Validate an export request into a one-row engine batch: `request` parsed, or, when
     it is None, the protobuf bytes `raw` (parsed here, for validation only)."""
     if request is None:
+        assert raw is not None
+        raw = _resource_spans_only(raw)[0]
         try:
             request = _ValidationRequest.FromString(raw)
-        except (DecodeError, RuntimeError, ValueError) as exc:
+        except (DecodeError, RuntimeError, ValueError, RecursionError) as exc:
             raise PayloadError(f"invalid protobuf ExportTraceServiceRequest: {exc}") from None
-        if len(request.servelens_tenant) or len(request.servelens_tenant_keys):
-            # Only the collector speaks in fields 1000 and 1001: a client's own would
-            # blank the token's tenant in the engine (a repeated singular field reads as
-            # empty there), so they go, and the request is re-encoded.
-            request.ClearField("servelens_tenant")
-            request.ClearField("servelens_tenant_keys")
-            raw = None
     else:
         # A request parsed with the OTLP classes keeps unknown fields, 1000 and 1001
         # included: drop them (the view reads no other unknown field).
@@ -117,7 +116,7 @@ def spans_to_request(request: Any | None, raw: bytes | None = None, tenant: str 
     spans = 0
     for resource_spans in request.resource_spans:
         for scope_spans in resource_spans.scope_spans:
-            bad = _rejected(batch, scope_spans.spans)
+            bad = _rejected(batch, scope_spans.spans, window)
             for i in reversed(bad):
                 del scope_spans.spans[i]
             spans += len(scope_spans.spans)
@@ -132,27 +131,93 @@ def spans_to_request(request: Any | None, raw: bytes | None = None, tenant: str 
     return batch
 
 
-def _rejected(batch: Batch, spans: Any) -> list[int]:
+def _rejected(batch: Batch, spans: Any, window: TimeWindow) -> list[int]:
     """Indexes of the spans collector.spans.invalid_span refuses, counted on `batch`.
 
     This loop runs for every span received: a span that is plainly valid (ids of the
     right lengths, not zero, no links or events, times in range) is passed with a few
     comparisons, and only the others get the full check."""
     bad = []
+    low, high = window.low, window.high
     for i, span in enumerate(spans):
         trace_id, span_id = span.trace_id, span.span_id
         if (len(trace_id) == TRACE_ID_BYTES and len(span_id) == SPAN_ID_BYTES and trace_id != _ZERO_TRACE_ID
                 and span_id != _ZERO_SPAN_ID and len(span.parent_span_id) in (0, SPAN_ID_BYTES)
                 and not span.links and not span.events
-                and span.start_time_unix_nano <= MAX_TIME_NS and span.end_time_unix_nano <= MAX_TIME_NS):
+                and low <= span.start_time_unix_nano <= high and span.end_time_unix_nano <= MAX_TIME_NS):
             continue
-        problem = invalid_span(span)
+        problem = invalid_span(span, window)
         if problem:
             bad.append(i)
             batch.rejected += 1
             if len(batch.errors) < 5:
                 batch.errors.append(problem)
     return bad
+
+
+def canonical(message: bytes) -> bytes:
+    """A request row as the full OTLP parser reads it, re-encoded: one member per oneof
+    (the last, as protobuf reads it), fields of another wire type dropped as unknown;
+    servelens' own tenant fields kept as they are. Raises PayloadError when the full
+    parser refuses it too (invalid UTF-8 in a string, say)."""
+    client, own = _resource_spans_only(message, keep=(_TENANT_FIELD, _TENANT_KEYS_FIELD))
+    try:
+        request = ExportTraceServiceRequest.FromString(client)
+    except (DecodeError, RuntimeError, ValueError, RecursionError) as exc:
+        raise PayloadError(f"invalid protobuf ExportTraceServiceRequest: {exc}") from None
+    request.DiscardUnknownFields()
+    return request.SerializeToString() + own
+
+
+def _resource_spans_only(raw: bytes, keep: tuple[int, ...] = ()) -> tuple[bytes, bytes]:
+    """`raw` with only its top-level resource_spans fields (number 1, length-delimited),
+    and, apart, the top-level fields numbered in `keep`. A request has a few top-level
+    fields (one per resource), so this walk is cheap; the bytes are copied only when
+    something is cut."""
+    view, pos, end = memoryview(raw), 0, len(raw)
+    spans: list[tuple[int, int]] = []
+    kept: list[tuple[int, int]] = []
+    while pos < end:
+        start = pos
+        tag, pos = _read_varint(view, pos)
+        number, wire = tag >> 3, tag & 7
+        if wire == 0:
+            pos = _read_varint(view, pos)[1]
+        elif wire == 1:
+            pos += 8
+        elif wire == 2:
+            length, pos = _read_varint(view, pos)
+            pos += length
+        elif wire == 5:
+            pos += 4
+        else:
+            raise PayloadError("invalid protobuf ExportTraceServiceRequest: a top-level group or wire type "
+                               f"{wire} (field {number})")
+        if pos > end:
+            raise PayloadError("invalid protobuf ExportTraceServiceRequest: truncated")
+        if number == 1 and wire == 2:
+            spans.append((start, pos))
+        elif number in keep:
+            kept.append((start, pos))
+    own = b"".join(raw[a:b] for a, b in kept)
+    if len(spans) == 1 and spans[0] == (0, end):
+        return raw, own
+    if sum(b - a for a, b in spans) == end:
+        return raw, own
+    return b"".join(raw[a:b] for a, b in spans), own
+
+
+def _read_varint(view: memoryview, pos: int) -> tuple[int, int]:
+    result = shift = 0
+    while True:
+        if pos >= len(view) or shift > 63:
+            raise PayloadError("invalid protobuf ExportTraceServiceRequest: bad varint")
+        byte = view[pos]
+        pos += 1
+        result |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return result, pos
+        shift += 7
 
 
 def _field(number: int, value: bytes) -> bytes:

@@ -6,9 +6,11 @@ receiver maps to its own status (HTTP 503 + Retry-After, gRPC UNAVAILABLE + Retr
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
+from collector.attributes import TimeWindow
 from collector.engine_spans import spans_to_request
 from collector.logs import logs_to_rows
 from collector.metrics import metrics_to_rows
@@ -17,6 +19,13 @@ from collector.telemetry import SelfMetrics
 from collector.writer import DataRejected, QueueFull, WriteFailed, Writer
 
 RETRY_AFTER_SECONDS = 1
+# A token bound to this "tenant" is the operator's: not scoped to a tenant (its spans keep
+# their own tenant attributes; its GPU and engine metrics count as the fleet's).
+OPERATOR_TENANT = "*"
+# Metrics and logs written with a tenant's token carry it here (ResourceAttributes): the
+# fleet's tables built from metrics (gpu_samples) ignore them, so one tenant cannot report
+# GPUs and shift another's GPU cost (migrations/0013).
+WRITER_TENANT_ATTRIBUTE = "servelens.tenant"
 
 
 class Busy(Exception):
@@ -33,8 +42,9 @@ class ExportResult:
 class Intake:
     def __init__(self, writer: Writer, metrics: SelfMetrics, tenant_keys: tuple[str, ...],
                  tokens: dict[str, str] | None = None, write_timeout: float = 30.0,
-                 trace_mapping: str = "python") -> None:
+                 trace_mapping: str = "python", retention_days: int | None = None) -> None:
         self.writer = writer
+        self.retention_days = retention_days
         self.trace_mapping = trace_mapping
         self.metrics = metrics
         self.tenant_keys = tenant_keys
@@ -51,7 +61,8 @@ class Intake:
             return None
         if token is None or token not in self.tokens:
             raise PermissionError("missing or invalid bearer token")
-        return self.tokens[token]
+        tenant = self.tokens[token]
+        return None if tenant == OPERATOR_TENANT else tenant
 
     def maps_raw(self, signal: str) -> bool:
         """Whether export takes this signal's protobuf bytes unparsed (the engine maps them)."""
@@ -65,6 +76,7 @@ class Intake:
         rejected = sum(b.rejected for b in batches)
         accepted = sum(b.rows for b in batches)
         errors = [e for b in batches for e in b.errors]
+        refused = 0
         if accepted:
             try:
                 ticket = self.writer.submit(batches)
@@ -82,16 +94,41 @@ class Intake:
             if not committed:
                 self.metrics.refused.labels(signal, transport, "write_timeout").inc()
                 raise Busy("store write timed out")
+            # items the store refused on their own, the rest stored (collector.writer)
+            refused = ticket.rejected
+            if refused:
+                accepted, rejected = accepted - refused, rejected + refused
+                errors.insert(0, ticket.message)
         self.metrics.accepted.labels(signal, transport).inc(accepted)
         if rejected:
             self.metrics.rejected.labels(signal, transport).inc(rejected)
         return ExportResult(accepted, rejected, "; ".join(errors))
 
     def _map(self, signal: str, request: Any, tenant: str | None, raw: bytes | None) -> list[Batch]:
+        window = TimeWindow(time.time_ns(), self.retention_days)
         if self.maps_raw(signal):
-            return [spans_to_request(request, raw, tenant, self.tenant_keys)]
+            return [spans_to_request(request, raw, tenant, self.tenant_keys, window)]
         if signal == "traces":
-            return [spans_to_rows(request, tenant, self.tenant_keys)]
-        if signal == "metrics":
-            return metrics_to_rows(request)
-        return [logs_to_rows(request)]
+            return [spans_to_rows(request, tenant, self.tenant_keys, window)]
+        batches = metrics_to_rows(request) if signal == "metrics" else [logs_to_rows(request)]
+        if self.tokens:
+            for batch in batches:
+                _stamp_writer(batch, tenant)
+        return batches
+
+
+def _stamp_writer(batch: Batch, tenant: str | None) -> None:
+    """Metrics and logs from a tenant's token carry the tenant; a client's own spelling of
+    the attribute is removed whatever the token."""
+    resources = batch.data[batch.columns.index("ResourceAttributes")]
+    # rows of one resource share its dict: copy it once (the original is kept alive
+    # beside its copy, so its id cannot be reused meanwhile)
+    stamped: dict[int, tuple[dict[str, str], dict[str, str]]] = {}
+    for i, resource in enumerate(resources):
+        pair = stamped.get(id(resource))
+        if pair is None:
+            copy = {k: v for k, v in resource.items() if k != WRITER_TENANT_ATTRIBUTE}
+            if tenant is not None:
+                copy[WRITER_TENANT_ATTRIBUTE] = tenant
+            pair = stamped[id(resource)] = (resource, copy)
+        resources[i] = pair[1]

@@ -28,7 +28,8 @@ class Collector:
             acknowledge=c.acknowledge, linger=c.spool_linger.total_seconds(),
         ), self.metrics, spool)
         self.intake = Intake(self.writer, self.metrics, tuple(settings.attributes.tenant), c.tokens,
-                             write_timeout=c.write_timeout.total_seconds(), trace_mapping=c.trace_mapping)
+                             write_timeout=c.write_timeout.total_seconds(), trace_mapping=c.trace_mapping,
+                             retention_days=settings.store.retention_days)
         app = OtlpHttpApp(self.intake, c.max_request_bytes,
                           extra_routes={"/metrics": lambda: ("text/plain; version=0.0.4", self.metrics.exposition())})
         self.http = HttpReceiver(app, settings.host, settings.otlp_http_port)

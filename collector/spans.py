@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from collector.attributes import MAX_TIME_NS, SPAN_ID_BYTES, TRACE_ID_BYTES, to_map
+from collector.attributes import MAX_TIME_NS, SPAN_ID_BYTES, TRACE_ID_BYTES, UNBOUNDED, TimeWindow, to_map
 
 TRACE_COLUMNS = (
     "Timestamp", "TraceId", "SpanId", "ParentSpanId", "TraceState", "SpanName", "SpanKind",
@@ -61,8 +61,10 @@ def _enum(names: tuple[str, ...], value: int) -> str:
     return names[value] if 0 <= value < len(names) else names[0]
 
 
-def spans_to_rows(request: Any, tenant: str | None = None, tenant_keys: tuple[str, ...] = ()) -> Batch:
-    """Map every span of `request`; `tenant` (from an auth token) overrides `tenant_keys`."""
+def spans_to_rows(request: Any, tenant: str | None = None, tenant_keys: tuple[str, ...] = (),
+                  window: TimeWindow = UNBOUNDED) -> Batch:
+    """Map every span of `request`; `tenant` (from an auth token) overrides `tenant_keys`;
+    a span starting outside `window` is rejected (partial success)."""
     cols: list[list[Any]] = [[] for _ in TRACE_COLUMNS]
     (ts, trace_id, span_id, parent, state, name, kind, service, res_attrs, scope_name,
      scope_version, span_attrs, duration, status, status_msg, ev_ts, ev_name, ev_attrs,
@@ -76,7 +78,7 @@ def spans_to_rows(request: Any, tenant: str | None = None, tenant_keys: tuple[st
         for scope_spans in resource_spans.scope_spans:
             scope = scope_spans.scope
             for span in scope_spans.spans:
-                problem = invalid_span(span)
+                problem = invalid_span(span, window)
                 if problem:
                     batch.rejected += 1
                     if len(batch.errors) < 5:
@@ -114,8 +116,9 @@ def spans_to_rows(request: Any, tenant: str | None = None, tenant_keys: tuple[st
 _ZERO_TRACE_ID, _ZERO_SPAN_ID = bytes(TRACE_ID_BYTES), bytes(SPAN_ID_BYTES)
 
 
-def invalid_span(span: Any) -> str | None:
-    """Why a span cannot be stored (ids OTLP does not allow, a time beyond 2262), or None.
+def invalid_span(span: Any, window: TimeWindow = UNBOUNDED) -> str | None:
+    """Why a span cannot be stored (ids OTLP does not allow, a start outside `window`, a
+    time beyond 2262), or None.
 
     Runs on every span received, so the common case is a few C-level comparisons."""
     trace_id, span_id = span.trace_id, span.span_id
@@ -131,7 +134,8 @@ def invalid_span(span: Any) -> str | None:
     if (span.start_time_unix_nano > MAX_TIME_NS or span.end_time_unix_nano > MAX_TIME_NS
             or (span.events and max(e.time_unix_nano for e in span.events) > MAX_TIME_NS)):
         return f"span {span.name!r}: a timestamp is beyond 2262 (not storable in DateTime64(9))"
-    return None
+    problem = window.problem(span.start_time_unix_nano, "start time")
+    return f"span {span.name!r}: {problem}" if problem else None
 
 
 def _stamp(attrs: dict[str, str], tenant: str, tenant_keys: tuple[str, ...], set_key: bool) -> dict[str, str]:

@@ -75,8 +75,7 @@ class Spool:
 
     def append(self, token: str, tables: Tables) -> SpooledBatch | None:
         """Durably store a batch; None (nothing written) when it would exceed max_bytes."""
-        payload = pickle.dumps((token, tables), protocol=pickle.HIGHEST_PROTOCOL)
-        blob = _HEADER.pack(_MAGIC, zlib.crc32(payload), len(payload)) + payload
+        blob = _frame(token, tables)
         with self._lock:
             if self._bytes + len(blob) > self.max_bytes:
                 return None
@@ -152,9 +151,55 @@ class Spool:
                 path.unlink(missing_ok=True)
         return out
 
-    def quarantine(self, batch: SpooledBatch, reason: str) -> None:
-        """Set aside a batch the store will never take, so the ones behind it can go."""
-        self._set_aside(batch.path, f"rejected by the store: {reason}")
+    # Quarantine: acknowledged rows the store refused on their own (collector.isolation),
+    # kept with why, so the batches behind them go on. `servelens spool` lists them and
+    # releases them back into the spool, to be inserted again once the cause is fixed.
+    @property
+    def quarantine_dir(self) -> Path:
+        return self.directory / "quarantine"
+
+    def quarantine_rows(self, token: str, tables: Tables, reason: str) -> Path:
+        """Durably keep refused rows apart; the same token again replaces its file (a
+        batch isolated twice, after a crash, is quarantined once)."""
+        self.quarantine_dir.mkdir(exist_ok=True)
+        path = self.quarantine_dir / f"{time.time_ns():020d}-{token}{_SUFFIX}"
+        for earlier in self.quarantine_dir.glob(f"*-{token}{_SUFFIX}"):
+            earlier.unlink(missing_ok=True)
+            earlier.with_suffix(".json").unlink(missing_ok=True)
+        note = {"token": token, "reason": reason, "quarantined_at": time.time(),
+                "rows": {table: block_rows(columns, data) for table, columns, data in tables}}
+        _write_durably(path.with_suffix(".json"), json.dumps(note).encode())
+        _write_durably(path, _frame(token, tables))
+        _fsync_dir(self.quarantine_dir)
+        log.error("quarantined %s rows the store refused (%s) in %s", sum(note["rows"].values()), reason, path)
+        return path
+
+    def quarantined(self) -> list[dict[str, Any]]:
+        """The quarantined batches, oldest first: id, token, reason, time, rows per table."""
+        out = []
+        for path in sorted(self.quarantine_dir.glob(f"*{_SUFFIX}")) if self.quarantine_dir.is_dir() else []:
+            try:
+                note = json.loads(path.with_suffix(".json").read_text())
+            except (OSError, ValueError):
+                note = {"reason": "(note missing)", "rows": {}}
+            out.append({"id": path.stem, "bytes": path.stat().st_size, **note})
+        return out
+
+    def read_quarantined(self, batch_id: str) -> SpooledBatch | None:
+        path = self.quarantine_dir / f"{Path(batch_id).name}{_SUFFIX}"
+        return self.read(path) if path.is_file() else None
+
+    def release(self, batch_id: str) -> bool:
+        """Put a quarantined batch back in the spool, to be inserted again (in order of
+        its name: before what was logged after it)."""
+        path = self.quarantine_dir / f"{Path(batch_id).name}{_SUFFIX}"
+        if not path.is_file():
+            return False
+        os.replace(path, self.directory / path.name)
+        path.with_suffix(".json").unlink(missing_ok=True)
+        _fsync_dir(self.directory)
+        self._recount()
+        return True
 
     def _set_aside(self, path: Path, reason: str) -> None:
         log.error("spool file %s %s; moved to %s", path.name, reason, self.directory / "corrupt")
@@ -176,6 +221,20 @@ class Spool:
             files = self._files()
             self._bytes = sum(p.stat().st_size for p in files)
             self._count = len(files)
+
+
+def _frame(token: str, tables: Tables) -> bytes:
+    payload = pickle.dumps((token, tables), protocol=pickle.HIGHEST_PROTOCOL)
+    return _HEADER.pack(_MAGIC, zlib.crc32(payload), len(payload)) + payload
+
+
+def _write_durably(path: Path, blob: bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as fh:
+        fh.write(blob)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
 
 
 def _fsync_dir(directory: Path) -> None:

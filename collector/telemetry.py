@@ -30,8 +30,11 @@ class SelfMetrics:
         self.spool_full = Counter("servelens_spool_full", "Times a batch was refused because the spool was full",
                                   registry=self.registry)
         self.quarantined = Counter("servelens_spool_quarantined_batches",
-                                   "Spooled batches the store rejected as data, set aside in spool/corrupt",
+                                   "Acknowledged batches whose refused rows were set aside in spool/quarantine",
                                    registry=self.registry)
+        self.rows_refused = Counter("servelens_writer_refused_rows",
+                                    "Rows the store refused on their own (answered as rejected, or quarantined)",
+                                    ["table"], registry=self.registry)
         self.replayed = Counter("servelens_spool_replayed_batches", "Spooled batches replayed into the store",
                                 registry=self.registry)
 

@@ -4,10 +4,17 @@ Receivers submit decoded batches and wait for the returned Ticket. The writer gr
 whatever queued while its previous insert ran, plus what arrives within `flush_interval`,
 into one insert per table (at most `batch_size` rows): under load batches grow by
 themselves, at low load nobody waits long. It resolves every ticket only once
-its rows are durable: committed in the store, or, when the store is down or refusing,
-fsynced in the on-disk spool, from which a replayer inserts them in order when the store
-returns. Every group carries an insert-deduplication token that a replay reuses, so a
-batch the store took just before failing is not doubled.
+its rows are durable: committed in the store, or, when the store is down, fsynced in
+the on-disk spool, from which a replayer inserts them in order when the store returns.
+Every group carries an insert-deduplication token that a replay reuses, so a batch the
+store took just before failing is not doubled.
+
+No batch can hold up the ones behind it. Whether a failed insert is the store's outage
+or the rows' fault is decided by probing the store (an insert into `ingest_probe`), not
+from the batch's error: rows that keep failing while the store takes the probe are
+bisected (collector.isolation), the rows the store takes are stored, and the rest are
+answered as rejected (stored mode: partial success, or 400) or, once acknowledged,
+quarantined in spool/quarantine/ (`servelens spool`).
 
 The queue is bounded: when full, `submit` raises QueueFull and the receiver answers
 429/503 with Retry-After. When the spool is full too, tickets fail and the receiver
@@ -26,8 +33,6 @@ import itertools
 import logging
 import queue
 import random
-import re
-import struct
 import threading
 import time
 import uuid
@@ -36,16 +41,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
-from clickhouse_connect.driver.exceptions import (
-    DatabaseError,
-    DataError,
-    ProgrammingError,
-)
-
 from collector import engine_spans, priority
 from collector.collection import Collection
+from collector.isolation import Rejected, StoreUnavailable, isolate
 from collector.spans import PROTOBUF_COLUMNS, Batch, block_rows
 from collector.spool import Spool, SpooledBatch, Tables
+from collector.store_errors import describe, is_data_error, is_store_error
 from collector.telemetry import SelfMetrics
 from servelens.store import is_embedded
 
@@ -64,13 +65,20 @@ class WriteFailed(Exception):
 
 
 class DataRejected(WriteFailed):
-    """The store cannot take these rows whatever the retries (a data error): answer 400."""
+    """The store cannot take these rows whatever the retries: answer 400."""
 
 
-# Raised while serializing or by the store for the data itself, not for its availability:
-# retrying or spooling such a batch would block every batch behind it forever.
-PERMANENT_ERRORS: tuple[type[BaseException], ...] = (
-    DataError, ProgrammingError, TypeError, ValueError, OverflowError, struct.error)
+# Every insert: a request's rows may fall on any day of the retention (a backfill), and
+# each day is a partition; the default cap of 100 per insert would refuse such a request
+# whatever the retries. batch_size bounds the parts one insert creates.
+_INSERT_SETTINGS = {"max_partitions_per_insert_block": 0,
+                    "deduplicate_blocks_in_dependent_materialized_views": 1}
+# The store answers its probe: a block that fails this many times is the rows' fault.
+ATTEMPTS_WHILE_AVAILABLE = 3
+PROBE_TTL_SECONDS = 1.0
+RESCAN_SECONDS = 5.0
+# Whose fault a failed insert is (Writer._fault).
+STORE, ROWS, BLOCK = "store", "rows", "block"  # write-ahead mode, idle: how often to look for released batches
 
 
 @dataclass(frozen=True)
@@ -87,24 +95,28 @@ class WriterSettings:
 
 
 class Ticket:
-    """Resolved once the submitted rows are durable (or definitively not)."""
+    """Resolved once the submitted rows are durable (or definitively not). `rejected`
+    counts items the store refused on their own while the rest were stored (partial
+    success), with `message` saying why."""
 
-    __slots__ = ("_done", "error")
+    __slots__ = ("_done", "error", "rejected", "message")
 
     def __init__(self) -> None:
         self._done = threading.Event()
         self.error: BaseException | None = None
+        self.rejected = 0
+        self.message = ""
 
-    def resolve(self, error: BaseException | None = None) -> None:
-        self.error = error
+    def resolve(self, error: BaseException | None = None, rejected: int = 0, message: str = "") -> None:
+        self.error, self.rejected, self.message = error, rejected, message
         self._done.set()
 
     def wait(self, timeout: float | None = None) -> bool:
         """True when durable; raises WriteFailed when not; False on timeout."""
         if not self._done.wait(timeout):
             return False
-        if isinstance(self.error, PERMANENT_ERRORS + (DataRejected,)):
-            raise DataRejected(str(self.error)) from self.error
+        if isinstance(self.error, DataRejected):
+            raise self.error
         if self.error is not None:
             raise WriteFailed(str(self.error)) from self.error
         return True
@@ -135,6 +147,7 @@ class Writer:
         self._handoff: deque[SpooledBatch | Path] = deque()
         self._collection = Collection() if self._wal else None
         self._protobuf_settings = engine_spans.insert_settings(is_embedded(store.url))
+        self._probed_at, self._probe_ok = float("-inf"), False
 
     # lifecycle -------------------------------------------------------------------
     def start(self) -> None:
@@ -244,33 +257,59 @@ class Writer:
             ticket.resolve(error)
 
     def _write(self, pending: list[tuple[list[Batch], Ticket]]) -> None:
-        error = self._commit(_merge(pending))
-        if isinstance(error, PERMANENT_ERRORS) and len(pending) > 1:
-            # one request's bad rows must not fail its neighbours: write them one by one
-            for item in pending:
-                item[1].resolve(self._commit(_merge([item])))
-            return
-        for _, ticket in pending:
-            ticket.resolve(error)
-
-    def _commit(self, tables: Tables) -> BaseException | None:
-        """Make `tables` durable; returns the error when they are not."""
-        if not tables:
-            return None
+        """Stored mode: each ticket resolves once its request's rows are committed (or spooled)."""
+        tables = _merge(pending)
         token = uuid.uuid4().hex
+        fault = self._commit(token, tables, pending)
+        if fault is None:
+            return
+        verdict, error = fault
+        if verdict is ROWS and len(pending) > 1:
+            # one request's bad rows must not fail its neighbours: each goes alone
+            for item in pending:
+                self._write([item])
+        elif verdict is ROWS:
+            self._store_what_can_be(token, tables, pending[0][1])
+        else:
+            outcome = self._quarantine_block(token, tables, error)
+            for _, ticket in pending:
+                ticket.resolve(outcome)
+
+    def _commit(self, token: str, tables: Tables,
+                pending: list[tuple[list[Batch], Ticket]]) -> tuple[str, BaseException] | None:
+        """Make `tables` durable and resolve the tickets; or, resolving nothing, return
+        the verdict and error when the store answers and the rows are at fault."""
+        error: BaseException | None = None
         # While the spool holds batches the store is known to be failing: queue behind them.
-        if self._spool is None or not self._spool.count:
-            try:
-                self._insert_all(token, tables, time.monotonic() + self._settings.store_retry)
-                return None
-            except PERMANENT_ERRORS as exc:
-                log.error("the store rejected a batch as data (%s: %s); not retried", type(exc).__name__, exc)
-                return exc
-            except Exception as exc:  # noqa: BLE001 - falls back to the spool
-                if self._spool is None:
-                    log.error("insert failed and no spool is configured: %s", exc)
-                    return exc
-                log.warning("store unavailable (%s); spooling to %s", exc, self._spool.directory)
+        if tables and (self._spool is None or not self._spool.count):
+            deadline = time.monotonic() + self._settings.store_retry
+            attempts, delay = 0, 0.05
+            while True:
+                error = self._try_insert(token, tables)
+                if error is None:
+                    break
+                verdict = self._fault(error, attempts := attempts + 1)
+                if verdict is not STORE:
+                    return verdict, error
+                if time.monotonic() + delay > deadline:
+                    break
+                time.sleep(delay * (0.5 + random.random()))
+                delay = min(delay * 2, 1.0)
+            if error is not None and self._spool is None:
+                log.error("insert failed and no spool is configured: %s", describe(error))
+        if tables and error is not None and self._spool is not None:
+            log.warning("store unavailable (%s); spooling to %s", describe(error), self._spool.directory)
+        result = self._spool_if_needed(token, tables, error) if tables else None
+        for _, ticket in pending:
+            ticket.resolve(result)
+        return None
+
+    def _spool_if_needed(self, token: str, tables: Tables, error: BaseException | None) -> BaseException | None:
+        """None once durable: committed (`error` None) or fsynced in the spool."""
+        if error is None and (self._spool is None or not self._spool.count):
+            return None
+        if self._spool is None:
+            return error
         if self._spool.append(token, tables):
             self._update_spool_metrics()
             self._spooled.set()
@@ -280,44 +319,125 @@ class Writer:
                   self._spool.size_bytes, self._spool.max_bytes)
         return WriteFailed("store unavailable and spool full")
 
-    def _insert_all(self, token: str, tables: Tables, deadline: float) -> None:
-        for table, columns, data in tables:
-            self._insert(table, columns, data, token, deadline)
+    def _store_what_can_be(self, token: str, tables: Tables, ticket: Ticket) -> None:
+        """One request whose rows the store refuses: store the rows it takes, answer the
+        rest as rejected (partial success), or the whole request as a data error (400)."""
+        try:
+            rejected = isolate(tables, token, self._insert_one, self._answers)
+        except StoreUnavailable as exc:
+            log.warning("store unavailable while isolating a request's bad rows (%s)", exc)
+            ticket.resolve(self._spool_if_needed(token, tables, exc))
+            return
+        refused = sum(r.rows for r in rejected)
+        if not refused:
+            ticket.resolve()
+            return
+        self._count_rejected(rejected)
+        message = _summary(rejected)
+        log.error("the store refused %d of a request's rows; the client is told: %s", refused, message)
+        if refused >= sum(block_rows(columns, data) for _, columns, data in tables):
+            ticket.resolve(DataRejected(message))
+        else:
+            ticket.resolve(rejected=refused, message=message)
 
-    def _insert(self, table: str, columns: tuple[str, ...], data: list[list[Any]], token: str,
-                deadline: float) -> None:
-        settings = {"insert_deduplication_token": f"{token}:{table}",
-                    "deduplicate_blocks_in_dependent_materialized_views": 1}
+    def _try_insert(self, token: str, tables: Tables) -> BaseException | None:
+        """One attempt at every table's block; the first error, or None."""
+        try:
+            self._insert_all(token, tables)
+        except Exception as exc:  # noqa: BLE001 - the caller decides whose fault it is
+            return exc
+        return None
+
+    def _insert_all(self, token: str, tables: Tables) -> None:
+        for table, columns, data in tables:
+            self._insert_one(token, table, columns, data)
+
+    def _insert_one(self, token: str, table: str, columns: tuple[str, ...], data: list[list[Any]]) -> None:
+        """One insert attempt of one table's block; raises what the store raised."""
+        settings = {"insert_deduplication_token": f"{token}:{table}", **_INSERT_SETTINGS}
         engine_mapped = columns == PROTOBUF_COLUMNS
         # Encoded requests the engine parses and maps into otel_traces (collector.engine_spans).
         label = "otel_traces" if engine_mapped else table
-        delay = 0.05
-        while True:
-            started = time.perf_counter()
-            try:
-                if engine_mapped:
-                    self._store.client().raw_insert(table, None, engine_spans.frame(data[0]), fmt="Protobuf",
-                                                    settings={**self._protobuf_settings, **settings})
-                else:
-                    self._store.client().insert(table, data, column_names=list(columns), column_oriented=True,
-                                                settings=settings)
-            except Exception as exc:
-                self._metrics.write_errors.labels(label).inc()
-                if engine_mapped and _engine_rejected(exc):
-                    raise DataError(f"the engine cannot parse these requests: {exc}") from exc
-                if isinstance(exc, PERMANENT_ERRORS) or time.monotonic() + delay > deadline:
-                    raise
-                time.sleep(delay * (0.5 + random.random()))
-                delay = min(delay * 2, 1.0)
-                continue
-            self._metrics.write_seconds.labels(label).observe(time.perf_counter() - started)
-            self._metrics.written.labels(label).inc(block_rows(columns, data))
+        started = time.perf_counter()
+        try:
+            if engine_mapped:
+                self._store.client().raw_insert(table, None, engine_spans.frame(data[0]), fmt="Protobuf",
+                                                settings={**self._protobuf_settings, **settings})
+            else:
+                self._store.client().insert(table, data, column_names=list(columns), column_oriented=True,
+                                            settings=settings)
+        except Exception:
+            self._metrics.write_errors.labels(label).inc()
+            raise
+        self._metrics.write_seconds.labels(label).observe(time.perf_counter() - started)
+        self._metrics.written.labels(label).inc(block_rows(columns, data))
+
+    # whose fault ----------------------------------------------------------------
+    def _fault(self, error: BaseException, attempts: int) -> str:
+        """Whose fault a failed insert is, never decided from one batch's error alone:
+        STORE (wait for it: spool, retry), ROWS (a data error, raised before any part is
+        written, so the block can be bisected), or BLOCK (the store answers its probe and
+        the same block failed `attempts` times with an error that may come after a part
+        was written, in a view: the block is set aside whole, under its own token, so
+        its release is deduplicated where the store already holds it)."""
+        if is_data_error(error):
+            return ROWS
+        if is_store_error(error) or attempts < ATTEMPTS_WHILE_AVAILABLE or not self._available():
+            return STORE
+        return BLOCK
+
+    def _answers(self, error: BaseException) -> bool:
+        """Whether the store is up although an insert just failed with `error`."""
+        return not is_store_error(error) and self._available()
+
+    def _available(self) -> bool:
+        """Whether the store takes an insert now: one row into ingest_probe (migrations/0013).
+        Remembered briefly: a bisection asks after every failed piece."""
+        now = time.monotonic()
+        if now - self._probed_at < PROBE_TTL_SECONDS:
+            return self._probe_ok
+        try:
+            self._store.client().command("INSERT INTO ingest_probe (Timestamp) VALUES (now())")
+            ok = True
+        except Exception as exc:  # noqa: BLE001 - any failure means unavailable
+            log.info("store probe failed: %s", describe(exc))
+            ok = False
+        self._probed_at, self._probe_ok = time.monotonic(), ok
+        return ok
+
+    def _count_rejected(self, rejected: list[Rejected]) -> None:
+        for piece in rejected:
+            self._metrics.rows_refused.labels(piece.table).inc(piece.rows)
+
+    def _set_aside(self, verdict: str, token: str, tables: Tables, error: BaseException) -> None:
+        """Acknowledged rows the store refuses (write-ahead log, outage spool): for ROWS,
+        store the rows it takes and quarantine the rest; for BLOCK, quarantine the block.
+        Raises StoreUnavailable when the store stops answering meanwhile."""
+        assert self._spool is not None
+        if verdict is BLOCK:
+            self._quarantine_block(token, tables, error)
             return
+        rejected = isolate(tables, token, self._insert_one, self._answers)
+        if rejected:
+            self._count_rejected(rejected)
+            self._spool.quarantine_rows(token, [(r.table, r.columns, r.data) for r in rejected], _summary(rejected))
+            self._metrics.quarantined.inc()
+
+    def _quarantine_block(self, token: str, tables: Tables, error: BaseException) -> BaseException | None:
+        """Set a whole block aside under its token; None once durable there."""
+        reason = f"refused by the store, the block kept whole (a view may hold part of it): {describe(error)}"
+        self._count_rejected([Rejected(t, c, d, reason) for t, c, d in tables])
+        if self._spool is None:
+            log.error("%s; no spool to keep it: the clients are told", reason)
+            return DataRejected(reason)
+        self._spool.quarantine_rows(token, tables, reason)
+        self._metrics.quarantined.inc()
+        return None
 
     # replayer thread -------------------------------------------------------------
     def _replay(self) -> None:
         assert self._spool is not None
-        backoff = 0.1
+        backoff, attempts = 0.1, 0
         while True:
             batch: SpooledBatch | None = self._spool.oldest()
             if batch is None:
@@ -326,34 +446,37 @@ class Writer:
                 self._spooled.wait(1.0)
                 self._spooled.clear()
                 continue
-            try:
-                self._insert_all(batch.token, batch.tables, time.monotonic())
-            except PERMANENT_ERRORS as exc:
-                # never storable: set aside (kept on disk, logged, counted), not retried forever
-                self._spool.quarantine(batch, f"{type(exc).__name__}: {exc}")
-                self._metrics.quarantined.inc()
-                self._update_spool_metrics()
-                continue
-            except Exception as exc:  # noqa: BLE001 - the store is still down: wait and retry
+            error = self._try_insert(batch.token, batch.tables)
+            if error is not None and (verdict := self._fault(error, attempts := attempts + 1)) is not STORE:
+                error = self._try_set_aside(verdict, batch.token, batch.tables, error)
+            if error is not None:
                 if self._stopping.is_set():
                     return
-                log.info("spool replay waiting for the store (%s); retry in %.1fs", exc, backoff)
+                log.info("spool replay waiting for the store (%s); retry in %.1fs", describe(error), backoff)
                 self._stopping.wait(backoff)
                 backoff = min(backoff * 2, MAX_BACKOFF_SECONDS)
                 continue
             self._spool.remove(batch)
             self._metrics.replayed.inc()
             self._update_spool_metrics()
-            backoff = 0.1
+            backoff, attempts = 0.1, 0
+
+    def _try_set_aside(self, verdict: str, token: str, tables: Tables, error: BaseException) -> BaseException | None:
+        try:
+            self._set_aside(verdict, token, tables, error)
+        except StoreUnavailable as exc:
+            return exc
+        return None
 
     # write-ahead inserter thread ----------------------------------------------------
     def _insert_log(self) -> None:
         """Insert the log in order, groups of batches up to batch_size rows; a group is
-        removed from the spool only once the store has it (retried with backoff)."""
+        removed from the spool only once the store has it (retried with backoff), or once
+        the rows the store refuses are quarantined and the rest stored."""
         assert self._spool is not None
         priority.lower_this_thread()  # receivers first when the CPU is contended (collector.priority)
-        backoff = 0.1
-        renice_at = 0.0
+        backoff, attempts = 0.1, 0
+        renice_at = rescan_at = 0.0
         current: tuple[Path | None, str, list[SpooledBatch]] | None = None
         while True:
             if time.monotonic() >= renice_at:  # the engine starts pool threads as it needs them
@@ -364,57 +487,40 @@ class Writer:
             if current is None:
                 if self._stopping.is_set() and not self._handoff and not self._backlog:
                     return
+                if not self._handoff and time.monotonic() >= rescan_at:
+                    self._backlog.extend(self._released())
+                    rescan_at = time.monotonic() + RESCAN_SECONDS
                 assert self._collection is not None
                 self._collection.collect(force=False)
                 self._spooled.wait(0.05)
                 self._spooled.clear()
                 continue
             group, token, batches = current
-            try:
-                if group is None and len(batches) > 1:
-                    group = self._spool.begin_group(token, batches)
-                    current = (group, token, batches)
-                self._insert_group(token, batches)
-            except Exception as exc:  # noqa: BLE001 - the store is unavailable: wait and retry
+            if group is None and len(batches) > 1:
+                group = self._spool.begin_group(token, batches)
+                current = (group, token, batches)
+            tables = batches[0].tables if len(batches) == 1 else _concat(t for b in batches for t in b.tables)
+            error = self._try_insert(token, tables)
+            if error is not None and (verdict := self._fault(error, attempts := attempts + 1)) is not STORE:
+                error = self._try_set_aside(verdict, token, tables, error)
+            if error is not None:
                 if self._stopping.is_set():
                     return  # the log stays on disk; the next start inserts it
-                log.info("write-ahead insert waiting for the store (%s); retry in %.1fs", exc, backoff)
+                log.info("write-ahead insert waiting for the store (%s); retry in %.1fs", describe(error), backoff)
                 self._stopping.wait(backoff)
                 backoff = min(backoff * 2, MAX_BACKOFF_SECONDS)
                 continue
+            if group is not None:
+                self._spool.end_group(group, batches)
             else:
-                if group is not None:
-                    self._spool.end_group(group, batches)
-                else:
-                    for batch in batches:
-                        self._spool.remove(batch)
+                for batch in batches:
+                    self._spool.remove(batch)
             current = None
-            backoff = 0.1
+            backoff, attempts = 0.1, 0
             self._update_spool_metrics()
-            del group, batches  # the inserted rows go now, before the collection below
+            del group, batches, tables  # the inserted rows go now, before the collection below
             assert self._collection is not None
             self._collection.collect()
-
-    def _insert_group(self, token: str, batches: list[SpooledBatch]) -> None:
-        """Insert logged batches as one. A batch the store will never take is set aside
-        (kept, logged) without its neighbours: after a group's data error each batch goes
-        alone, under its own token, so a retry after a crash finds those already in the
-        store deduplicated. Availability errors propagate: the caller retries the group."""
-        try:
-            self._insert_all(token, _concat(t for b in batches for t in b.tables), time.monotonic())
-        except PERMANENT_ERRORS as exc:
-            if len(batches) == 1:
-                self._quarantine(batches[0], exc)
-                return
-            for batch in batches:
-                try:
-                    self._insert_all(batch.token, batch.tables, time.monotonic())
-                except PERMANENT_ERRORS as alone:
-                    self._quarantine(batch, alone)
-
-    def _quarantine(self, batch: SpooledBatch, exc: BaseException) -> None:
-        self._spool.quarantine(batch, f"{type(exc).__name__}: {exc}")
-        self._metrics.quarantined.inc()
 
     def _next_group(self) -> tuple[None, str, list[SpooledBatch]] | None:
         """The oldest batches, up to batch_size rows (at least one), and their token: the
@@ -443,21 +549,20 @@ class Writer:
             return None, batches[0].token, batches
         return None, hashlib.sha256("|".join(b.token for b in batches).encode()).hexdigest()[:32], batches
 
+    def _released(self) -> list[Path]:
+        """Batch files in the spool that nothing here is about to insert: batches a
+        `servelens spool release` put back. Only files logged a while ago are taken: one
+        logged this instant is on its way to the handoff (and a double would be
+        deduplicated anyway)."""
+        known = {b.path if isinstance(b, SpooledBatch) else b for b in self._handoff}
+        known.update(self._backlog)
+        horizon = time.time() - RESCAN_SECONDS
+        return [p for p in self._spool.listing() if p not in known and _logged_at(p) < horizon]
+
     def _update_spool_metrics(self) -> None:
         if self._spool is not None:
             self._metrics.spool_bytes.set(self._spool.size_bytes)
             self._metrics.spool_batches.set(self._spool.count)
-
-
-# The engine's answers to a request it cannot parse, though Python's validation passed it:
-# protobuf a parser may skip (a known field with another wire type) but the engine's schema
-# cannot read. Such a block is a data error, never storable: retrying or spooling it would
-# hold up every block behind it.
-_ENGINE_PARSE_ERRORS = re.compile(r"\bCode: (27|33|444)\b")
-
-
-def _engine_rejected(exc: BaseException) -> bool:
-    return isinstance(exc, DatabaseError) and bool(_ENGINE_PARSE_ERRORS.search(str(exc)))
 
 
 def _logged_at(batch: SpooledBatch | Path) -> float:
@@ -467,6 +572,16 @@ def _logged_at(batch: SpooledBatch | Path) -> float:
         return int(path.name[:20]) / 1e9
     except ValueError:
         return 0.0
+
+
+def _summary(rejected: list[Rejected]) -> str:
+    """What the store refused, in one line: rows per table and the first reasons."""
+    per_table: dict[str, int] = defaultdict(int)
+    for piece in rejected:
+        per_table[piece.table] += piece.rows
+    counts = ", ".join(f"{rows} in {table}" for table, rows in per_table.items())
+    reasons = "; ".join(dict.fromkeys(piece.reason for piece in rejected[:3]))
+    return f"refused by the store ({counts}): {reasons}"
 
 
 def _merge(pending: list[tuple[list[Batch], Ticket]]) -> Tables:

@@ -76,7 +76,7 @@ def test_replay_of_a_batch_the_store_already_took_is_not_doubled(settings, store
     tables = [(batch.table, batch.columns, batch.data)]
     token = "0123456789abcdef"
     writer = Writer(store, WriterSettings())
-    writer._insert_all(token, tables, time.monotonic() + 5)  # the store took it
+    writer._insert_all(token, tables)  # the store took it
     assert count(store) == 7
     spool = Spool(tmp_path / "spool", 10 * 1024 * 1024)
     assert spool.append(token, tables)  # ... but the writer believed it failed

@@ -37,7 +37,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
 from collector.engine_spans import _varint, spans_to_request
 from collector.service import Collector
-from collector.spans import spans_to_rows
+from collector.spans import TRACE_COLUMNS, spans_to_rows
 from collector.writer import Writer, WriterSettings
 from servelens.migrate import migrate
 from servelens.store import Store
@@ -122,7 +122,7 @@ def test_engine_writes_the_rows_the_python_mapping_writes(case: str, store: Stor
     assert (engine.rows, engine.rejected, engine.errors) == (expected.rows, expected.rejected, expected.errors)
     stored = []
     for batch in (expected, engine):
-        writer._insert_all(uuid.uuid4().hex, [(batch.table, batch.columns, batch.data)], time.monotonic() + 5)
+        writer._insert_all(uuid.uuid4().hex, [(batch.table, batch.columns, batch.data)])
         stored.append(_stored(store))
     python_rows, engine_rows = stored
     assert len(engine_rows) == expected.rows > 0
@@ -136,7 +136,7 @@ def test_an_array_or_map_nested_in_another_is_kept_as_its_protobuf_bytes(store: 
     value = AnyValue(kvlist_value=KeyValueList(values=[kv("nested", array_value=inner), kv("n", int_value=1)]))
     request = trace_request(span(attributes=[kv("meta", kvlist_value=value.kvlist_value)]))
     batch = spans_to_request(None, request.SerializeToString())
-    writer._insert_all(uuid.uuid4().hex, [(batch.table, batch.columns, batch.data)], time.monotonic() + 5)
+    writer._insert_all(uuid.uuid4().hex, [(batch.table, batch.columns, batch.data)])
     stored = json.loads(_stored(store)[0]["SpanAttributes"]["meta"])
     assert stored["n"] == 1
     assert ArrayValue.FromString(base64.b64decode(stored["nested"])) == inner
@@ -217,10 +217,10 @@ def test_a_replayed_engine_insert_is_not_doubled(store: Store, writer: Writer) -
     batch = spans_to_request(None, request.SerializeToString())
     tables = [(batch.table, batch.columns, batch.data)]
     for _ in range(2):
-        writer._insert_all("0123456789abcdef", tables, time.monotonic() + 5)
+        writer._insert_all("0123456789abcdef", tables)
     assert store.client().command("SELECT count() FROM otel_traces") == 5
     assert store.client().command("SELECT count() FROM llm_requests") == 5
-    writer._insert_all("fedcba9876543210", tables, time.monotonic() + 5)  # a new token is new data
+    writer._insert_all("fedcba9876543210", tables)  # a new token is new data
     assert store.client().command("SELECT count() FROM otel_traces") == 10
 
 
@@ -233,7 +233,7 @@ def test_a_client_cannot_speak_in_the_collectors_tenant_fields(parsed: bool, sto
     assert ExportTraceServiceRequest.FromString(raw).resource_spans == request.resource_spans  # unknown to OTLP
     batch = (spans_to_request(ExportTraceServiceRequest.FromString(raw), None, "acme", TENANT_KEYS) if parsed
              else spans_to_request(None, raw, "acme", TENANT_KEYS))
-    writer._insert_all(uuid.uuid4().hex, [(batch.table, batch.columns, batch.data)], time.monotonic() + 5)
+    writer._insert_all(uuid.uuid4().hex, [(batch.table, batch.columns, batch.data)])
     assert _stored(store)[0]["SpanAttributes"] == {"app.tenant": "acme"}
 
 
@@ -263,21 +263,25 @@ def _poison() -> bytes:
     return b"\x0a" + _varint(len(resource)) + resource
 
 
-def test_a_request_the_engine_cannot_parse_is_refused_alone_and_ingest_goes_on(engine_collector) -> None:
+def test_a_request_the_engine_cannot_parse_is_repaired_and_stored_as_the_python_mapping_reads_it(
+        engine_collector) -> None:
     collector, store = engine_collector
     url = f"http://127.0.0.1:{collector.http.port}/v1/traces"
     headers = {"Content-Type": "application/x-protobuf", "Authorization": "Bearer s3cret"}
-    with pytest.raises(urllib.error.HTTPError) as refused:
-        urllib.request.urlopen(urllib.request.Request(url, data=_poison(), headers=headers), timeout=30)
-    assert refused.value.code == 400  # not retried, not spooled: it would hold up everything behind it
-    assert collector.writer._spool.count == 0
+    assert urllib.request.urlopen(urllib.request.Request(url, data=_poison(), headers=headers), timeout=30).status == 200
     good = trace_request(span(name="after"))
     assert urllib.request.urlopen(urllib.request.Request(url, data=good.SerializeToString(), headers=headers),
                                   timeout=30).status == 200
-    assert store.client().query("SELECT SpanName FROM otel_traces").result_rows == [("after",)]
+    assert collector.writer._spool.count == 0
+    assert sorted(store.client().query("SELECT SpanName FROM otel_traces").result_rows) == [("after",), ("poison",)]
+    # the repaired request reads as protobuf reads it: the mis-typed field is ignored
+    python = spans_to_rows(ExportTraceServiceRequest.FromString(_poison()), tenant="acme", tenant_keys=TENANT_KEYS)
+    attrs = store.client().query("SELECT SpanAttributes FROM otel_traces WHERE SpanName = 'poison'").result_rows[0][0]
+    assert attrs == python.data[TRACE_COLUMNS.index("SpanAttributes")][0]
 
 
-def test_write_ahead_sets_aside_only_the_batch_the_engine_cannot_parse(make_settings, store: Store) -> None:
+def test_write_ahead_repairs_the_batch_the_engine_cannot_parse_without_holding_up_the_group(
+        make_settings, store: Store) -> None:
     settings = make_settings(collector={"trace_mapping": "engine", "acknowledge": "spooled", "spool_linger": "2s"})
     collector = Collector(settings, store)
     collector.start()
@@ -290,8 +294,7 @@ def test_write_ahead_sets_aside_only_the_batch_the_engine_cannot_parse(make_sett
             assert urllib.request.urlopen(urllib.request.Request(url, data=body, headers=headers), timeout=30).status == 200
         assert collector.writer.drain_spool(timeout=60)
         names = [r[0] for r in store.client().query("SELECT SpanName FROM otel_traces ORDER BY SpanName").result_rows]
-        assert names == ["ok0", "ok1", "ok2"]
-        assert collector.metrics.snapshot()["servelens_spool_quarantined_batches_total"] == 1
-        assert len(list((collector.writer._spool.directory / "corrupt").iterdir())) == 1
+        assert names == ["ok0", "ok1", "ok2", "poison"]
+        assert collector.metrics.snapshot()["servelens_spool_quarantined_batches_total"] == 0
     finally:
         collector.shutdown()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import json
 import math
+import time
 
 import pytest
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
@@ -23,7 +24,8 @@ from collector.spans import TRACE_COLUMNS, spans_to_rows
 TRACE_ID = bytes.fromhex("0af7651916cd43dd8448eb211c80319c")
 SPAN_ID = bytes.fromhex("b7ad6b7169203331")
 PARENT_ID = bytes.fromhex("00f067aa0ba902b7")
-T0 = 1_767_225_600_000_000_000  # 2026-01-01T00:00:00Z in ns
+# Midnight UTC two days ago, in ns: inside the default retention, so the receivers store it
+T0 = (time.time_ns() // 86_400_000_000_000 - 2) * 86_400_000_000_000
 TENANT_KEYS = ("app.tenant", "tenant.id")
 
 

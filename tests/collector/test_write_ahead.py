@@ -67,7 +67,7 @@ def test_a_group_inserted_before_a_crash_is_not_doubled_on_restart(store, tmp_pa
     grouped = batches[:3]
     group = spool.begin_group("group-token", grouped)
     writer = Writer(store, WriterSettings(acknowledge="spooled"), spool=spool)
-    writer._insert_all("group-token", _concat(t for b in grouped for t in b.tables), time.monotonic() + 5)
+    writer._insert_all("group-token", _concat(t for b in grouped for t in b.tables))
     assert count(store) == 12  # the group is in the store; its files and record are still on disk
 
     restarted = Writer(store, WriterSettings(acknowledge="spooled"), spool=Spool(tmp_path / "spool", 64 * 1024**2))
