@@ -34,6 +34,12 @@ FILTER_KEYS = ("service", "deployment", "model", "tenant", "feature")
 VIEWS = frozenset({"busy", "fully_loaded"})
 
 
+# What the store's DateTime64(9) columns hold (nanoseconds since 1970 in an Int64, from
+# 1900 on): a bound outside it cannot be bound as {since_ns:Int64} nor compared.
+MIN_TIME = datetime(1900, 1, 1, tzinfo=timezone.utc)
+MAX_TIME = datetime(2262, 4, 11, 23, 47, 16, 854775, tzinfo=timezone.utc)
+
+
 class QueryError(ValueError):
     """A bad report parameter: the API answers 400 with this message."""
 
@@ -43,13 +49,21 @@ def parse_time(value: str | datetime | None, name: str) -> datetime | None:
         return None
     if isinstance(value, datetime):
         dt = value
-    else:
-        text = value.strip()
+    elif isinstance(value, str):
         try:
-            dt = datetime.fromisoformat(text.replace("Z", "+00:00"))
+            dt = datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
         except ValueError:
-            raise QueryError(f"{name}: not an ISO-8601 time: {value!r}") from None
-    return dt if dt.tzinfo else dt.replace(tzinfo=timezone.utc)
+            raise QueryError(f"{name}: not an ISO-8601 time: {value[:64]!r}") from None
+    else:
+        raise QueryError(f"{name}: not an ISO-8601 time")
+    dt = dt if dt.tzinfo else dt.replace(tzinfo=timezone.utc)
+    try:
+        in_range = MIN_TIME <= dt <= MAX_TIME
+    except OverflowError:  # an offset that moves year 1 or 9999 out of datetime's range
+        in_range = False
+    if not in_range:
+        raise QueryError(f"{name}: {value} is outside the storable range {iso(MIN_TIME)} .. {iso(MAX_TIME)}")
+    return dt
 
 
 def iso(dt: datetime) -> str:
@@ -89,7 +103,7 @@ class ReportQuery:
                     now: datetime | None = None) -> ReportQuery:
         now = now or datetime.now(timezone.utc)
         until = parse_time(params.get("until"), "until") or now
-        since = parse_time(params.get("since"), "since") or (until - DEFAULT_WINDOW)
+        since = parse_time(params.get("since"), "since") or max(until - DEFAULT_WINDOW, MIN_TIME)
         if since >= until:
             raise QueryError("since must be before until")
         filters = {k: str(params[k]) for k in FILTER_KEYS if params.get(k) not in (None, "")}
@@ -123,5 +137,8 @@ class ReportQuery:
 
 
 def _ns(dt: datetime) -> int:
+    # Clamped: a derived window (e.g. cost-change's previous one) may reach past what the
+    # store can hold, and nothing is stored out there, so the clamp changes no result.
+    dt = min(max(dt, MIN_TIME), MAX_TIME)
     delta = dt.astimezone(timezone.utc) - datetime(1970, 1, 1, tzinfo=timezone.utc)
     return (delta.days * 86400 + delta.seconds) * 1_000_000_000 + delta.microseconds * 1000

@@ -17,6 +17,7 @@ import servelens
 from analytics import evaluations, reports, runner
 from analytics.query import QueryError, ReportQuery
 from analytics.triggers import engine as triggers_engine
+from dashboard.guard import Guard, Refused
 from servelens.config import Settings
 
 log = logging.getLogger(__name__)
@@ -51,11 +52,25 @@ def _triggers(store: Any, params: Any) -> dict[str, Any]:
     return {"triggers": triggers_engine.list_triggers(store, q.since, q.until, params.get("state") or "all")}
 
 
-def blueprint(settings: Settings, store: Any, collector_stats: Callable[[], dict[str, float]] | None = None) -> Blueprint:
+def _guarded(guard: Guard, what: str, fn: Callable[..., Any], *args: Any) -> Response:
+    """fn(*args) as JSON through the guard: 400 for a bad parameter, 500/503/504 for a
+    call that produced nothing (never the internal exception's text)."""
+    try:
+        return _json(guard.call(what, fn, *args))
+    except QueryError as exc:
+        return _error(400, str(exc))
+    except Refused as exc:
+        return _error(exc.status, exc.message, {"Retry-After": "1"} if exc.status == 503 else None)
+
+
+def blueprint(settings: Settings, store: Any, collector_stats: Callable[[], dict[str, float]] | None = None,
+              guard: Guard | None = None) -> Blueprint:
     """A fresh blueprint bound to settings and store (one per app, so tests build many).
 
     `collector_stats`: the in-process collector's counters (all-in-one mode), shown on health.
+    `guard`: what report calls run under (the app's, shared with its pages).
     """
+    guard = guard or Guard()
     api = Blueprint("servelens_api", __name__, url_prefix="/api")
 
     @api.get("/v1/health")
@@ -78,10 +93,7 @@ def blueprint(settings: Settings, store: Any, collector_stats: Callable[[], dict
     def report(name: str) -> Any:
         if name not in reports.REPORTS:
             return _error(404, f"unknown report {name!r}; available: {sorted(reports.REPORTS)}")
-        try:
-            return _json(reports.run(name, store, settings, request.args))
-        except QueryError as exc:
-            return _error(400, str(exc))
+        return _guarded(guard, f"report {name}", reports.run, name, store, settings, request.args.to_dict())
 
     @api.post("/v1/evaluations")
     def post_evaluations() -> Any:
@@ -96,10 +108,7 @@ def blueprint(settings: Settings, store: Any, collector_stats: Callable[[], dict
 
     @api.get("/v1/triggers")
     def triggers() -> Any:
-        try:
-            return _json(_triggers(store, request.args))
-        except QueryError as exc:
-            return _error(400, str(exc))
+        return _guarded(guard, "triggers", _triggers, store, request.args.to_dict())
 
     @api.route("/<path:rest>", methods=_METHODS)
     def not_found(rest: str) -> Any:

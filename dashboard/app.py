@@ -7,15 +7,19 @@ the filters' options and every number are fetched by callbacks.
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import dash
+import flask
 from dash import ALL, Input, Output, State, dcc, html
 
 from dashboard import api, data
+from dashboard.components import pause_when_hidden
+from dashboard.guard import Guard
 from servelens.config import Settings
 
 log = logging.getLogger(__name__)
@@ -31,13 +35,18 @@ _PLACEHOLDERS = {"service": "All services", "deployment": "All deployments",
 
 
 def create_app(settings: Settings, store: Any,
-               collector_stats: Callable[[], dict[str, float]] | None = None) -> dash.Dash:
-    """A new Dash app bound to settings and store (tests build one per test)."""
+               collector_stats: Callable[[], dict[str, float]] | None = None,
+               guard: Guard | None = None) -> dash.Dash:
+    """A new Dash app bound to settings and store (tests build one per test).
+
+    `guard`: the deadline and pool every report call of the pages and the API runs under.
+    """
     # name="dashboard" makes Dash import the pages as dashboard.pages.<name>.
     app = dash.Dash("dashboard", use_pages=True, pages_folder=str(PAGES_DIR),
                     assets_folder=str(ASSETS_DIR), title=PRODUCT, update_title=None)
-    data.attach(app.server, data.DataSource(settings, store))
-    app.server.register_blueprint(api.blueprint(settings, store, collector_stats))
+    guard = guard or Guard()
+    data.attach(app.server, data.DataSource(settings, store, guard))
+    app.server.register_blueprint(api.blueprint(settings, store, collector_stats, guard))
     app.layout = _layout
     _register_callbacks(app)
     # Page callbacks are registered on this app, not through dash.callback's global
@@ -46,7 +55,72 @@ def create_app(settings: Settings, store: Any,
         hook = getattr(sys.modules.get(page["module"]), "register_callbacks", None)
         if hook is not None:
             hook(app)
+    _secure(app)
     return app
+
+
+# --- Response headers and the last-resort handler ------------------------------------------
+
+_PASS_THROUGH = (KeyboardInterrupt, SystemExit)
+BASE_HEADERS = {"X-Content-Type-Options": "nosniff", "X-Frame-Options": "DENY",
+                "Referrer-Policy": "same-origin"}
+
+
+def content_security_policy(inline_script_hashes: Iterable[str]) -> str:
+    """What the Dash renderer needs, nothing more (checked in a real Chromium): its own
+    scripts and the app's inline ones (the renderer bootstrap, clientside callbacks) by
+    hash, never 'unsafe-inline' or 'unsafe-eval' for scripts; inline styles, which React
+    and plotly.js set on elements and in <style> tags; data: images (plotly's)."""
+    return "; ".join((
+        "default-src 'self'",
+        "script-src 'self' " + " ".join(inline_script_hashes),
+        "style-src 'self' 'unsafe-inline'",
+        "img-src 'self' data:",
+        "font-src 'self' data:",
+        "connect-src 'self'",
+        "object-src 'none'",
+        "base-uri 'self'",
+        "form-action 'self'",
+        "frame-ancestors 'none'",
+    ))
+
+
+def _secure(app: dash.Dash) -> None:
+    """Every response of the app's server, dashboard and API alike, carries the security
+    headers; and an error no handler took (a BaseException such as a Polars panic skips
+    Flask's) still answers 500 instead of leaving the connection open forever."""
+    headers = dict(BASE_HEADERS)
+
+    @app.server.after_request
+    def add_headers(response: flask.Response) -> flask.Response:
+        # Hashed at the first answer, not at build time: Dash adds the pages' own
+        # clientside callback when it sets itself up, on the first request.
+        if "Content-Security-Policy" not in headers:
+            headers["Content-Security-Policy"] = content_security_policy(dict.fromkeys(app.csp_hashes()))
+        for name, value in headers.items():
+            response.headers.setdefault(name, value)
+        return response
+
+    app.server.wsgi_app = _last_resort(app.server.wsgi_app, BASE_HEADERS)  # type: ignore[method-assign]
+
+
+def _last_resort(wsgi_app: Callable[..., Any], headers: dict[str, str]) -> Callable[..., Any]:
+    body = json.dumps({"error": "internal error"}).encode()
+
+    def contained(environ: dict[str, Any], start_response: Callable[..., Any]) -> Any:
+        try:
+            return wsgi_app(environ, start_response)
+        except _PASS_THROUGH:
+            raise
+        except BaseException:  # noqa: BLE001 - see _secure
+            log.exception("unhandled error answering %s %s", environ.get("REQUEST_METHOD"), environ.get("PATH_INFO"))
+            # Raised before Flask answered (it calls start_response only with a response).
+            start_response("500 INTERNAL SERVER ERROR",
+                           [("Content-Type", "application/json"), ("Content-Length", str(len(body))),
+                            *headers.items()])
+            return [body]
+
+    return contained
 
 
 def _layout() -> html.Div:
@@ -73,6 +147,8 @@ def _layout() -> html.Div:
         ]),
         dcc.Location(id="url"),
         dcc.Store(id=data.FILTERS_ID, storage_type="memory", data=data.Filters().to_store()),
+        # assets/visibility.js keeps this False while the tab is hidden: intervals pause then.
+        dcc.Store(id=data.VISIBLE_ID, storage_type="memory", data=True),
         dcc.Interval(id="filter-options-refresh", interval=_OPTIONS_REFRESH_MS),
         html.Main(dash.page_container, className="content"),
     ])
@@ -90,7 +166,8 @@ def _register_callbacks(app: dash.Dash) -> None:
         Input("filter-range", "value"),
         *(Input(f"filter-{key}", "value") for key in data.FILTER_KEYS),
     )
-    def keep_filters(range_key: str, *values: str | None) -> dict[str, Any]:
+    def keep_filters(range_key: Any, *values: Any) -> dict[str, Any]:
+        # Filters.from_store drops what is not a plain short string (a crafted request's value)
         return data.Filters.from_store({"range": range_key, **dict(zip(data.FILTER_KEYS, values))}).to_store()
 
     @app.callback(
@@ -98,13 +175,16 @@ def _register_callbacks(app: dash.Dash) -> None:
         Input("filter-range", "value"),
         Input("filter-options-refresh", "n_intervals"),
     )
-    def filter_options(range_key: str, _tick: int | None) -> tuple[Any, ...]:
+    def filter_options(range_key: Any, _tick: Any) -> tuple[Any, ...]:
+        source = data.current()
         try:
-            options = data.current().filter_options(range_key)
-        except Exception:  # noqa: BLE001 - keep the last options; the pages show the error
-            log.exception("loading filter options failed")
+            options = source.guard.call("filter options", source.filter_options, data.Filters.from_store(
+                {"range": range_key}).range)
+        except Exception:  # noqa: BLE001 - keep the last options; the guard logged why
             return (dash.no_update,) * len(data.FILTER_KEYS)
         return tuple(options[key] for key in data.FILTER_KEYS)
+
+    pause_when_hidden(app, "filter-options-refresh")
 
     # Highlight the current page's link in the browser; no round trip needed.
     app.clientside_callback(

@@ -10,13 +10,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import flask
+import polars as pl
 
 from analytics import reports
 from analytics.query import ReportQuery, key_expr
 from analytics.triggers import engine as triggers_engine
+from dashboard.guard import Guard
 from servelens.config import Settings
 
 # The time-range selector's choices, shortest first.
@@ -33,6 +35,20 @@ FILTER_KEYS = ("service", "deployment", "model", "tenant")
 OPTION_LIMIT = 500
 _CONFIG_KEY = "SERVELENS_DATA"
 FILTERS_ID = "global-filters"  # the top bar's dcc.Store; pages take Input(FILTERS_ID, "data")
+VISIBLE_ID = "page-visible"  # whether the tab is visible (assets/visibility.js sets it)
+# A filter or control value longer than this is not one the UI sends: it is dropped.
+MAX_VALUE_CHARS = 512
+TOP_N = 25  # a table shows this many groups, the rest folded into one "other" row
+
+
+def clean(value: Any) -> str | None:
+    """A control's or filter's value as the UI sends it (a short string), else None.
+
+    Callback inputs come from the browser and can be anything JSON holds: a dict, a list,
+    a number, megabytes of text. Not the UI's: reset to the default rather than fail."""
+    if not isinstance(value, str) or len(value) > MAX_VALUE_CHARS:
+        return None
+    return value or None
 
 
 @dataclass(frozen=True)
@@ -46,10 +62,11 @@ class Filters:
     tenant: str | None = None
 
     @classmethod
-    def from_store(cls, data: Mapping[str, Any] | None) -> Filters:
-        data = data or {}
-        range_key = data.get("range") if data.get("range") in RANGES else DEFAULT_RANGE
-        return cls(range_key, *(data.get(k) or None for k in FILTER_KEYS))
+    def from_store(cls, data: Any) -> Filters:
+        """The filters in `data`; whatever is not a valid value of its field is dropped."""
+        data = data if isinstance(data, Mapping) else {}
+        range_key = clean(data.get("range"))
+        return cls(range_key if range_key in RANGES else DEFAULT_RANGE, *(clean(data.get(k)) for k in FILTER_KEYS))
 
     def to_store(self) -> dict[str, Any]:
         return {"range": self.range, **{k: getattr(self, k) for k in FILTER_KEYS}}
@@ -65,9 +82,10 @@ class Filters:
 class DataSource:
     """What pages read, bound to one Settings and Store."""
 
-    def __init__(self, settings: Settings, store: Any) -> None:
+    def __init__(self, settings: Settings, store: Any, guard: Guard | None = None) -> None:
         self.settings = settings
         self.store = store
+        self.guard = guard or Guard()
 
     def report(self, name: str, filters: Filters, **extra: Any) -> dict[str, Any]:
         """analytics.reports.run for the filters' window (extra: e.g. by="model")."""
@@ -76,6 +94,17 @@ class DataSource:
     def rows(self, name: str, filters: Filters, **extra: Any) -> list[dict[str, Any]]:
         """Just the rows of report(...)."""
         return self.report(name, filters, **extra)["rows"]
+
+    def frame(self, name: str, filters: Filters, **extra: Any) -> pl.DataFrame:
+        """The report's frame itself: a page cuts it before any row becomes a Python dict."""
+        q = ReportQuery.from_params({**filters.params(), **extra}, default_by=reports.REPORTS[name][1])
+        return reports.compute(name, self.store, self.settings, q)
+
+    def top(self, name: str, filters: Filters, key: str, measure: str | Sequence[str], search: str | None = None,
+            n: int = TOP_N, **extra: Any) -> Top:
+        """top(...) of the report `name` grouped by `key`, its rest added up as
+        REPORT_TOTALS says (extra: e.g. view="busy")."""
+        return top(self.frame(name, filters, by=key, **extra), key, measure, REPORT_TOTALS.get(name, {}), search, n)
 
     @staticmethod
     def has_report(name: str) -> bool:
@@ -100,10 +129,118 @@ class DataSource:
         for key in FILTER_KEYS:
             expr, extra = key_expr(key, self.settings.attributes)
             params.update(extra)
-            columns.append(f"arraySort(groupUniqArrayIf({OPTION_LIMIT})({expr}, {expr} != '')) AS {key}")
+            # toValidUTF8: a value that is not UTF-8 reads as the tables show it (U+FFFD)
+            columns.append(f"arraySort(groupUniqArrayIf({OPTION_LIMIT})(toValidUTF8({expr}), {expr} != '')) AS {key}")
         sql = f"SELECT {', '.join(columns)} FROM llm_requests WHERE {where}"
         row = self.store.client().query(sql, parameters=params).first_row
         return {key: list(values) for key, values in zip(FILTER_KEYS, row)}
+
+
+# --- Top N ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Top:
+    """A report's groups cut to the first n by a measure: `rows` (report rows), `other` the
+    rest's totals as one row (None when nothing is left over), `groups` how many matched
+    the search, `not_summed` the columns `other` leaves missing (not summable), and `total`
+    the totals over every group, search or not (what a page's headline cards add up)."""
+
+    rows: list[dict[str, Any]]
+    other: dict[str, Any] | None
+    groups: int
+    not_summed: tuple[str, ...] = ()
+    total: dict[str, Any] | None = None
+    search: str | None = None
+
+    @property
+    def hidden(self) -> int:
+        return self.groups - len(self.rows)
+
+    def with_other(self) -> list[dict[str, Any]]:
+        return [*self.rows, *([self.other] if self.other else [])]
+
+
+def summed(column: str) -> pl.Expr:
+    """The rest's total of an additive column; null (unknown) when every value is null."""
+    return pl.when(pl.col(column).is_not_null().any()).then(pl.col(column).sum())
+
+
+def weighted(column: str, weight: str | pl.Expr) -> pl.Expr:
+    """The rest's value of a per-unit column (a rate per request, a cost per request): the
+    mean weighted by its denominator, which is exact; null when no weight is left."""
+    w = pl.col(weight) if isinstance(weight, str) else weight
+    w = pl.when(pl.col(column).is_not_null()).then(w)
+    total = w.sum()
+    return pl.when(total > 0).then((pl.col(column) * w).sum() / total)
+
+
+# How the rows of each report add up past a top-N cut: sums for counts and money, exact
+# weighted means for per-request and per-dollar shares. Percentiles, peaks and ratios of
+# quantities a row does not carry are absent: the "other" row shows them as missing.
+_COST_SUMS = ("requests", "input_tokens", "output_tokens", "cost_usd", "retry_cost_usd", "error_cost_usd",
+              "unpriced_requests", "outcomes")
+REPORT_TOTALS: dict[str, dict[str, pl.Expr]] = {
+    "latency": {"requests": summed("requests")},
+    "cost": {
+        **{c: summed(c) for c in _COST_SUMS},
+        "cost_per_request_usd": weighted("cost_per_request_usd", pl.col("requests") - pl.col("unpriced_requests")),
+        "wasted_share": weighted("wasted_share", "cost_usd"),
+        "cost_per_outcome_usd": weighted("cost_per_outcome_usd", "outcomes"),
+    },
+    "workload": {
+        "requests": summed("requests"), "arrival_rps_mean": summed("arrival_rps_mean"),
+        "prefix_reuse_rate": weighted("prefix_reuse_rate", "requests"),
+        "batch_share": weighted("batch_share", "requests"),
+    },
+    "reliability": {
+        "requests": summed("requests"),
+        **{c: weighted(c, "requests") for c in ("error_rate", "retry_rate", "fallback_rate", "rate_limited")},
+        # attempts / originals, from each row's originals = attempts / amplification
+        "amplification": weighted("amplification", pl.col("requests") / pl.col("amplification")),
+    },
+    "utilization": {c: summed(c) for c in ("gpus", "provisioned_cost_usd", "busy_cost_usd", "idle_cost_usd")},
+    "quality": {
+        **{c: summed(c) for c in ("evaluations", "passed", "baseline_evaluations")},
+        "regressed": pl.col("regressed").sum(),  # how many slices regressed
+        "pass_rate": weighted("pass_rate", "evaluations"), "mean_score": weighted("mean_score", "evaluations"),
+        "baseline_pass_rate": weighted("baseline_pass_rate", "baseline_evaluations"),
+    },
+}
+
+
+def matching(frame: pl.DataFrame, key: str, search: str | None) -> pl.DataFrame:
+    """The groups whose key holds `search` (case-insensitive, as typed: not a pattern)."""
+    search = (search or "").strip()
+    if not search:
+        return frame
+    return frame.filter(pl.col(key).cast(pl.String).fill_null("").str.to_lowercase()
+                        .str.contains(search.lower(), literal=True))
+
+
+def _totals(frame: pl.DataFrame, totals: Mapping[str, pl.Expr]) -> dict[str, Any]:
+    row = {column: None for column in frame.columns}
+    if totals and frame.height:
+        row.update(reports.to_records(frame.select(**totals))[0])
+    return row
+
+
+def top(frame: pl.DataFrame, key: str, measure: str | Sequence[str], totals: Mapping[str, pl.Expr],
+        search: str | None = None, n: int = TOP_N) -> Top:
+    """The first n groups of `frame` by `measure` (largest first, unknown last; ties by key)
+    and the rest folded into one row: its `key` is "other (K more)", each column in
+    `totals` is that expression over the rest, and every other column is missing.
+    Only those n + 1 rows become Python objects, whatever the number of groups."""
+    measures = [measure] if isinstance(measure, str) else list(measure)
+    totals = {c: e for c, e in totals.items() if c in frame.columns}  # e.g. outcomes: only by outcome
+    matched = matching(frame, key, search)
+    ranked = matched.sort([*measures, key], descending=[*([True] * len(measures)), False], nulls_last=True)
+    rest = ranked.slice(n)
+    other = None
+    if rest.height:
+        other = {**_totals(rest, totals), key: f"other ({rest.height:,} more)", "_other": True}
+    not_summed = tuple(c for c in frame.columns if c != key and c not in totals) if rest.height else ()
+    return Top(reports.to_records(ranked.head(n)), other, matched.height, not_summed, _totals(frame, totals), search)
 
 
 def attach(server: flask.Flask, source: DataSource) -> None:

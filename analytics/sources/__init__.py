@@ -2,15 +2,121 @@
 
 The heavy aggregation runs in ClickHouse; Polars receives small pre-aggregated frames
 (one row per group, never one per request). Queries bind every value server-side.
+
+`frame` is the one place a store query becomes a Polars frame, so two guards live here:
+strings are made valid UTF-8 first (Polars panics on invalid ones), and inside
+`deadline(seconds)` every query carries the time left as the engine's max_execution_time.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import time
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Any, Iterator
 
 import polars as pl
+import pyarrow as pa
+
+
+class DeadlineExceeded(TimeoutError):
+    """The caller's deadline passed before the next query could start."""
+
+
+_DEADLINE: ContextVar[float | None] = ContextVar("analytics_query_deadline", default=None)
+
+
+@contextmanager
+def deadline(seconds: float) -> Iterator[None]:
+    """Bound every query run by `frame` in this block to what is left of `seconds`."""
+    token = _DEADLINE.set(time.monotonic() + seconds)
+    try:
+        yield
+    finally:
+        _DEADLINE.reset(token)
+
+
+def _query_settings() -> dict[str, Any]:
+    ends = _DEADLINE.get()
+    if ends is None:
+        return {}
+    left = ends - time.monotonic()
+    if left <= 0:
+        raise DeadlineExceeded("the report's deadline passed")
+    # The engine stops the query itself: work abandoned by a caller that gave up ends too.
+    return {"max_execution_time": round(max(left, 0.001), 3)}
 
 
 def frame(store: Any, sql: str, params: dict[str, Any]) -> pl.DataFrame:
     """Run `sql` and return its result as a Polars frame (via Arrow, no row objects)."""
-    return pl.from_arrow(store.client().query_arrow(sql, parameters=params))  # type: ignore[return-value]
+    settings = _query_settings()
+    table = store.client().query_arrow(sql, parameters=params, **({"settings": settings} if settings else {}))
+    return pl.from_arrow(valid_utf8(table))  # type: ignore[return-value]
+
+
+# --- Invalid UTF-8 ------------------------------------------------------------------------
+# ClickHouse String is bytes: a span attribute that was not valid UTF-8 is stored as sent,
+# and Polars panics (pyo3 PanicException) when it turns such a string into Python. Repair
+# on the Arrow side rather than wrapping every String column in toValidUTF8 in SQL: the
+# check is Arrow's vectorised UTF-8 validation of the (small, aggregated) result, ~7 ms
+# per 200 k rows x 4 string columns, it covers strings nested in arrays, tuples and maps
+# without knowing each query's columns, and the slow repair (decode with U+FFFD) runs only
+# for a chunk that actually holds an invalid sequence.
+
+
+def valid_utf8(table: pa.Table) -> pa.Table:
+    """`table` with every invalid UTF-8 sequence in its strings replaced by U+FFFD."""
+    for i, column in enumerate(table.columns):
+        if _has_strings(column.type):
+            repaired = pa.chunked_array([_repair(chunk) for chunk in column.chunks], type=column.type)
+            table = table.set_column(i, table.field(i), repaired)
+    return table
+
+
+def _has_strings(t: pa.DataType) -> bool:
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        return True
+    if pa.types.is_dictionary(t):
+        return _has_strings(t.value_type)
+    return any(_has_strings(t.field(i).type) for i in range(t.num_fields))
+
+
+def _repair(chunk: pa.Array) -> pa.Array:
+    try:
+        chunk.validate(full=True)  # checks UTF-8, nested children included
+        return chunk
+    except pa.ArrowInvalid:
+        pass
+    if isinstance(chunk, pa.DictionaryArray):
+        return pa.DictionaryArray.from_arrays(chunk.indices, _repair(chunk.dictionary))
+    as_bytes = chunk.cast(_binary_twin(chunk.type)).to_pylist()
+    return pa.array(_decoded(as_bytes), type=chunk.type)
+
+
+def _binary_twin(t: pa.DataType) -> pa.DataType:
+    """`t` with every string type replaced by its binary counterpart (same layout)."""
+    if pa.types.is_string(t):
+        return pa.binary()
+    if pa.types.is_large_string(t):
+        return pa.large_binary()
+    if pa.types.is_map(t):
+        return pa.map_(_binary_twin(t.key_type), pa.field(t.item_field.name, _binary_twin(t.item_type),
+                                                          t.item_field.nullable))
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        field = pa.field(t.value_field.name, _binary_twin(t.value_type), t.value_field.nullable)
+        return pa.list_(field) if pa.types.is_list(t) else pa.large_list(field)
+    if pa.types.is_struct(t):
+        return pa.struct([pa.field(f.name, _binary_twin(f.type), f.nullable) for f in t])
+    return t
+
+
+def _decoded(value: Any) -> Any:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    if isinstance(value, list):
+        return [_decoded(v) for v in value]
+    if isinstance(value, tuple):
+        return tuple(_decoded(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _decoded(v) for k, v in value.items()}
+    return value

@@ -10,8 +10,9 @@ import plotly.graph_objects as go
 from dash import dcc, html
 
 from dashboard import data
-from dashboard.components import (FONT, LOADING, NO_REQUESTS, NULL, card, chart_layout, empty, graph, integer,
-                                  page, pct, register_refresh, table, updated_line, usd)
+from dashboard.components import (CHART_GROUPS, FONT, LOADING, NO_REQUESTS, NULL, card, chart_layout, empty, graph,
+                                  integer, label, page, pct, register_refresh, search_box, top_table,
+                                  updated_line, usd)
 
 dash.register_page(__name__, path="/cost", name="Cost", title="Cost · servelens")
 
@@ -60,11 +61,29 @@ def summary_cards(rows: list[dict[str, Any]], by: str) -> list[html.Div]:
     return cards
 
 
+def _wasted(row: dict[str, Any]) -> float:
+    return row["cost_usd"] * (row.get("wasted_share") or 0.0)
+
+
+def chart_rows(top: data.Top) -> list[dict[str, Any]]:
+    """The priced groups the chart draws: the first CHART_GROUPS, then one bar for all the
+    others (the table's "other" row included); cost and waste add up, so it is exact."""
+    priced = [r for r in top.with_other() if r.get("cost_usd") is not None]
+    shown, rest = priced[:CHART_GROUPS], priced[CHART_GROUPS:]
+    if not rest:
+        return shown
+    hidden = top.groups - len(shown)
+    cost = sum(r["cost_usd"] for r in rest)
+    return [*shown, {"_label": f"other ({hidden:,} more)", "cost_usd": cost,
+                     "wasted_share": sum(_wasted(r) for r in rest) / cost if cost else 0.0}]
+
+
 def cost_figure(rows: list[dict[str, Any]], by: str) -> go.Figure:
-    """Spend per unit as horizontal bars, the part wasted on retries and errors stacked on."""
-    rows = [r for r in rows if r.get("cost_usd") is not None][:15]
-    keys = [r.get(by) or "(none)" for r in rows]
-    wasted = [r["cost_usd"] * (r.get("wasted_share") or 0.0) for r in rows]
+    """Spend per unit as horizontal bars, the part wasted on retries and errors stacked on
+    (rows: chart_rows)."""
+    rows = [r for r in rows if r.get("cost_usd") is not None]
+    keys = [r["_label"] if "_label" in r else label(r.get(by)) for r in rows]
+    wasted = [_wasted(r) for r in rows]
     fig = go.Figure([
         go.Bar(name="useful", y=keys, x=[r["cost_usd"] - w for r, w in zip(rows, wasted)], orientation="h",
                marker_color=USEFUL_COLOR, hovertemplate="%{y} useful: $%{x:,.4f}<extra></extra>"),
@@ -83,7 +102,7 @@ def _signed(value: float) -> str:
 
 def change_figure(rows: list[dict[str, Any]], range_label: str) -> go.Figure:
     previous, current = rows[0]["previous_cost_usd"], rows[0]["current_cost_usd"]
-    labels = [f"Previous<br>{range_label}", *(DRIVER_LABELS.get(r["driver"], r["driver"]) for r in rows),
+    labels = [f"Previous<br>{range_label}", *(DRIVER_LABELS.get(r["driver"], label(r["driver"])) for r in rows),
               f"Last<br>{range_label}"]
     fig = go.Figure(go.Waterfall(
         x=labels, y=[previous, *(r["delta_usd"] for r in rows), current],
@@ -128,35 +147,45 @@ def layout(**_query: str) -> html.Div:
             dcc.RadioItems(id="cost-view", inline=True, value="busy",
                            options=[{"label": v, "value": k} for k, v in VIEWS.items()],
                            persistence=True, persistence_type="session"),
+            search_box("cost-search", "groups"),
         ]),
         html.Div(id="cost-cards", className="cards"),
         html.Div(className="panels", children=[
             html.Section(className="panel", children=[html.H2(id="cost-title", children="Spend"),
                                                       html.Div(id="cost-chart")]),
-            html.Section(className="panel", children=[html.H2("What changed"),
+            html.Section(className="panel", children=[html.H2("What changed"), html.Div(id="cost-change-alert"),
                                                       html.Div(id="cost-change", children=LOADING)]),
         ]),
         html.Section(className="panel gap-above", children=[html.Div(id="cost-table", children=LOADING)]),
     )
 
 
-def fetch(source: data.DataSource, filters: data.Filters, by: str | None, view: str | None) -> tuple:
+def fetch(source: data.DataSource, filters: data.Filters, by: str | None, view: str | None,
+          search: str | None) -> tuple:
     by = by if by in BY_OPTIONS else "tenant"
     view = view if view in VIEWS else "busy"
-    rows = source.rows("cost", filters, by=by, view=view)
-    change = source.rows(CHANGE_REPORT, filters) if source.has_report(CHANGE_REPORT) else None
-    return by, view, rows, change
+    return by, view, source.top("cost", filters, by, "cost_usd", search, view=view)
 
 
 def render(fetched: tuple, filters: data.Filters) -> tuple:
-    by, view, rows, change = fetched
+    by, view, top = fetched
     title = f"Spend by {BY_OPTIONS[by].lower()} ({VIEWS[view].lower()})"
-    priced = any(r.get("cost_usd") is not None for r in rows)
-    chart = graph(cost_figure(rows, by)) if priced else empty("No priced requests in this window.")
-    return (summary_cards(rows, by), title, chart, table(rows, _columns(by), NO_REQUESTS),
-            change_panel(change, data.RANGE_LABELS[filters.range]), updated_line(filters, VIEWS[view].lower()))
+    rows = chart_rows(top)
+    chart = graph(cost_figure(rows, by)) if rows else empty("No priced requests in this window.")
+    # The cards add up every group, whatever the table's filter shows.
+    return (summary_cards([top.total], by), title, chart,
+            top_table(top, _columns(by), NO_REQUESTS, f"{BY_OPTIONS[by].lower()}s", "cost"),
+            updated_line(filters, VIEWS[view].lower()))
+
+
+def fetch_change(source: data.DataSource, filters: data.Filters) -> list[dict[str, Any]] | None:
+    return source.rows(CHANGE_REPORT, filters) if source.has_report(CHANGE_REPORT) else None
 
 
 def register_callbacks(app: dash.Dash) -> None:
-    register_refresh(app, "cost", ("cards", "title", "chart", "table", "change", "updated"), fetch, render,
-                     controls=("by", "view"))
+    register_refresh(app, "cost", ("cards", "title", "chart", "table", "updated"), fetch, render,
+                     controls=("by", "view", "search"))
+    # Its own refresh: the change's decomposition can take far longer than the spend itself.
+    register_refresh(app, "cost", ("change",), fetch_change,
+                     lambda rows, filters: (change_panel(rows, data.RANGE_LABELS[filters.range]),),
+                     alert_name="change-alert")

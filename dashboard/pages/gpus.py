@@ -8,8 +8,8 @@ import dash
 from dash import html
 
 from dashboard import data
-from dashboard.components import (LOADING, NULL, card, empty, integer, page, panel, pct, register_refresh, show,
-                                  table, updated_line, usd)
+from dashboard.components import (LOADING, NULL, card, empty, integer, page, panel, pct, register_refresh,
+                                  search_box, show, top_table, updated_line, usd)
 
 dash.register_page(__name__, path="/gpus", name="GPUs", title="GPUs · servelens")
 
@@ -64,19 +64,22 @@ def layout(**_query: str) -> html.Div:
         "gpus", "GPUs",
         html.Div(id="gpus-total", className="page-summary"),
         html.Div(id="gpus-deployments", children=LOADING),
-        panel("Per GPU", html.Div(id="gpus-table", children=LOADING)),
+        panel("Per GPU", search_box("gpus-search", "GPUs"), html.Div(id="gpus-table", children=LOADING)),
     )
 
 
-def fetch(source: data.DataSource, filters: data.Filters) -> tuple:
-    return source.rows("utilization", filters, by="deployment"), source.rows("utilization", filters, by="gpu")
+def fetch(source: data.DataSource, filters: data.Filters, search: str | None) -> tuple:
+    # deployments are the configured ones (a bounded list); GPUs are whatever reports samples
+    return (source.rows("utilization", filters, by="deployment"),
+            source.top("utilization", filters, "gpu", "idle_cost_usd", search))
 
 
 def render(fetched: tuple, filters: data.Filters) -> tuple:
     deployments, gpus = fetched
-    return (deployment_panels(deployments), table(gpus, GPU_COLUMNS, "No GPU samples in this window."),
+    return (deployment_panels(deployments),
+            top_table(gpus, GPU_COLUMNS, "No GPU samples in this window.", "GPUs", "idle cost"),
             totals(deployments), updated_line(filters))
 
 
 def register_callbacks(app: dash.Dash) -> None:
-    register_refresh(app, "gpus", ("deployments", "table", "total", "updated"), fetch, render)
+    register_refresh(app, "gpus", ("deployments", "table", "total", "updated"), fetch, render, controls=("search",))

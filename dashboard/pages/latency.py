@@ -10,8 +10,9 @@ import plotly.graph_objects as go
 from dash import dcc, html
 
 from dashboard import data
-from dashboard.components import (LOADING, NO_REQUESTS, badge, chart_layout, empty, graph, integer, ms, page,
-                                  panel, register_refresh, table, updated_line)
+from dashboard.components import (CHART_GROUPS, LOADING, NO_REQUESTS, badge, chart_layout, empty, graph, integer,
+                                  labels, ms, page, panel, register_refresh, search_box, table, top_table,
+                                  updated_line)
 
 dash.register_page(__name__, path="/latency", name="Latency & stages", title="Latency & stages · servelens")
 
@@ -47,10 +48,12 @@ STAGE_COLUMNS = (
 
 
 def latency_figure(rows: list[dict[str, Any]], by: str) -> go.Figure:
-    keys = [row.get(by) or "(none)" for row in rows]
-    fig = go.Figure([go.Bar(name=label, x=keys, y=[row.get(key) for row in rows], marker_color=color,
-                            hovertemplate=f"%{{x}} {label}: %{{y:,.0f}} ms<extra></extra>")
-                     for key, label, color in PERCENTILE_COLORS])
+    """The first CHART_GROUPS groups' percentiles (the rest have none of their own to draw)."""
+    rows = rows[:CHART_GROUPS]
+    keys = labels(rows, by)
+    fig = go.Figure([go.Bar(name=name, x=keys, y=[row.get(key) for row in rows], marker_color=color,
+                            hovertemplate=f"%{{x}} {name}: %{{y:,.0f}} ms<extra></extra>")
+                     for key, name, color in PERCENTILE_COLORS])
     fig.update_layout(**chart_layout(260, barmode="group", bargap=0.3))
     fig.update_yaxes(title_text="end-to-end latency (ms)", rangemode="tozero")
     return fig
@@ -65,7 +68,7 @@ def _stage_key(stage: str) -> tuple[int, str]:
 def stages_figure(rows: list[dict[str, Any]]) -> go.Figure:
     """Horizontal p99 bars (binding in the accent, over budget in red), the headroom up to
     each ceiling as a pale segment, and the ceiling itself as a tick."""
-    stages = [r["stage"] for r in rows]
+    stages = labels(rows, "stage")  # app.stage names come from the spans
     colors = [OVER_COLOR if r.get("over_budget") else BINDING_COLOR if r.get("binding") else STAGE_COLOR
               for r in rows]
     headroom = [max(r.get("headroom_ms") or 0.0, 0.0) for r in rows]
@@ -86,20 +89,31 @@ def stages_figure(rows: list[dict[str, Any]]) -> go.Figure:
     return fig
 
 
-def stages_panels(rows: list[dict[str, Any]]) -> list[html.Section] | html.Div:
+def _traces(stages: list[dict[str, Any]]) -> int:
+    return max((r.get("traces") or 0 for r in stages), default=0)
+
+
+def stages_panels(rows: list[dict[str, Any]]) -> list[Any] | html.Div:
+    """One panel per deployment, the busiest CHART_GROUPS (by traces) and a note for the
+    rest; each lists its first data.TOP_N stages in pipeline order (app.stage names are
+    free text, so a deployment may have many)."""
     if not rows:
         return empty("No requests with stage timings in this window.")
     groups: dict[str, list[dict[str, Any]]] = {}
     for row in rows:
         groups.setdefault(row.get("deployment") or "(none)", []).append(row)
-    panels = []
-    for deployment, stages in groups.items():
-        stages = sorted(stages, key=lambda r: _stage_key(r["stage"]))
+    busiest = sorted(groups.items(), key=lambda item: (-_traces(item[1]), item[0]))
+    panels: list[Any] = []
+    for deployment, stages in busiest[:CHART_GROUPS]:
+        stages = sorted(stages, key=lambda r: _stage_key(r["stage"]))[:data.TOP_N]
         binding = next((r for r in stages if r.get("binding")), None)
         summary = (f"binding: {binding['stage']}" if binding else "no budgets configured: nothing binds")
         panels.append(panel([deployment, html.Span(f" · {summary}", className="muted")],
                             graph(stages_figure(stages)),
                             table([{**r, "flags": _flags(r)} for r in stages], STAGE_COLUMNS, "")))
+    if len(busiest) > CHART_GROUPS:
+        panels.append(html.Div(f"{integer(len(busiest) - CHART_GROUPS)} more deployments with fewer traces: "
+                               "filter by deployment to see one.", className="muted table-note"))
     return panels
 
 
@@ -113,6 +127,7 @@ def layout(**_query: str) -> html.Div:
                              options=[{"label": v, "value": k} for k, v in BY_OPTIONS.items()], value="model",
                              persistence=True, persistence_type="session"),
             ]),
+            search_box("lat-search", "groups"),
             html.Div(id="lat-chart"),
             html.Div(id="lat-table", children=LOADING),
         ]),
@@ -121,17 +136,19 @@ def layout(**_query: str) -> html.Div:
     )
 
 
-def fetch(source: data.DataSource, filters: data.Filters, by: str | None) -> tuple:
+def fetch(source: data.DataSource, filters: data.Filters, by: str | None, search: str | None) -> tuple:
     by = by if by in BY_OPTIONS else "model"
-    return by, source.rows("latency", filters, by=by), source.rows("stages", filters, by="deployment")
+    return (by, source.top("latency", filters, by, "requests", search),
+            source.rows("stages", filters, by="deployment"))
 
 
 def render(fetched: tuple, filters: data.Filters) -> tuple:
     by, latency, stages = fetched
-    chart = graph(latency_figure(latency, by)) if latency else None
-    return (chart, table(latency, _latency_columns(by), NO_REQUESTS), stages_panels(stages),
+    chart = graph(latency_figure(latency.rows, by)) if latency.rows else None
+    what = f"{BY_OPTIONS[by].lower()}s"
+    return (chart, top_table(latency, _latency_columns(by), NO_REQUESTS, what, "requests"), stages_panels(stages),
             updated_line(filters))
 
 
 def register_callbacks(app: dash.Dash) -> None:
-    register_refresh(app, "lat", ("chart", "table", "stages", "updated"), fetch, render, controls=("by",))
+    register_refresh(app, "lat", ("chart", "table", "stages", "updated"), fetch, render, controls=("by", "search"))

@@ -9,7 +9,7 @@ from dash import html
 
 from dashboard import data
 from dashboard.components import (LOADING, NO_REQUESTS, card, integer, ms, page, panel, pct, register_refresh,
-                                  show, table, updated_line, usd)
+                                  search_box, show, top_table, updated_line, usd)
 
 dash.register_page(__name__, path="/", name="Overview", title="Overview · servelens")
 
@@ -59,22 +59,36 @@ def layout(**_query: str) -> html.Div:
         "overview", "Overview",
         html.Div(cards(None), id="overview-cards", className="cards"),
         html.Div(className="panels", children=[
-            panel("Latency by model", html.Div(id="overview-latency", children=LOADING)),
-            panel("Cost by tenant", html.Div(id="overview-cost", children=LOADING)),
+            panel("Latency by model", search_box("overview-latency-search", "models"),
+                  html.Div(id="overview-latency-alert"), html.Div(id="overview-latency", children=LOADING)),
+            panel("Cost by tenant", search_box("overview-cost-search", "tenants"),
+                  html.Div(id="overview-cost-alert"), html.Div(id="overview-cost", children=LOADING)),
         ]),
     )
 
 
-def fetch(source: data.DataSource, filters: data.Filters) -> tuple:
-    return (source.rows("overview", filters), source.rows("latency", filters, by="model"),
-            source.rows("cost", filters, by="tenant"))
+def fetch_cards(source: data.DataSource, filters: data.Filters) -> list[dict[str, Any]]:
+    return source.rows("overview", filters)
 
 
-def render(fetched: tuple, filters: data.Filters) -> tuple:
-    overview, latency, cost = fetched
-    return (cards(overview[0] if overview else {}), table(latency, LATENCY_COLUMNS, NO_REQUESTS),
-            table(cost, COST_COLUMNS, NO_REQUESTS), updated_line(filters))
+def render_cards(rows: list[dict[str, Any]], filters: data.Filters) -> tuple:
+    return cards(rows[0] if rows else {}), updated_line(filters)
+
+
+def fetch_latency(source: data.DataSource, filters: data.Filters, search: str | None) -> data.Top:
+    return source.top("latency", filters, "model", "requests", search)
+
+
+def fetch_cost(source: data.DataSource, filters: data.Filters, search: str | None) -> data.Top:
+    return source.top("cost", filters, "tenant", "cost_usd", search)
 
 
 def register_callbacks(app: dash.Dash) -> None:
-    register_refresh(app, "overview", ("cards", "latency", "cost", "updated"), fetch, render)
+    # Three refreshes, not one: they run side by side, and each part shows when it is ready.
+    register_refresh(app, "overview", ("cards", "updated"), fetch_cards, render_cards)
+    register_refresh(app, "overview", ("latency",), fetch_latency,
+                     lambda top, _f: (top_table(top, LATENCY_COLUMNS, NO_REQUESTS, "models", "requests"),),
+                     controls=("latency-search",), alert_name="latency-alert")
+    register_refresh(app, "overview", ("cost",), fetch_cost,
+                     lambda top, _f: (top_table(top, COST_COLUMNS, NO_REQUESTS, "tenants", "cost"),),
+                     controls=("cost-search",), alert_name="cost-alert")

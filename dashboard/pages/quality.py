@@ -3,6 +3,7 @@ before the window, regressed slices first and flagged."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import dash
@@ -10,8 +11,8 @@ import plotly.graph_objects as go
 from dash import dcc, html
 
 from dashboard import data
-from dashboard.components import (LOADING, SERIES_COLORS, badge, chart_layout, empty, graph, integer, page, panel,
-                                  pct, register_refresh, table, updated_line)
+from dashboard.components import (BADGES, LOADING, SERIES_COLORS, chart_layout, empty, graph, integer, label, page,
+                                  panel, pct, plain, register_refresh, search_box, top_table, updated_line)
 
 dash.register_page(__name__, path="/quality", name="Quality", title="Quality · servelens")
 
@@ -41,7 +42,7 @@ COLUMNS = (
     ("label", "Slice", str), ("evaluations", "Evaluations", integer), ("pass_rate", "Pass rate", pct),
     ("mean_score", "Mean score", _score), ("baseline_evaluations", "Baseline evals", integer),
     ("baseline_pass_rate", "Baseline", pct), ("delta", "Change", _points), ("p_value", "p-value", _p_value),
-    ("status", "Status", lambda v: v),
+    ("status", "Status", plain),
 )
 
 
@@ -50,10 +51,10 @@ def slice_label(row: dict[str, Any]) -> str:
     return " · ".join(str(v) if v else "(none)" for v in (row.get("slice") or {}).values()) or "(all)"
 
 
-def _status(row: dict[str, Any]) -> Any:
+def _status(row: dict[str, Any]) -> str:
     if row.get("regressed"):
-        return badge("regressed")
-    return html.Span("no baseline", className="muted") if row.get("baseline_pass_rate") is None else ""
+        return BADGES["regressed"]  # shown as a flag by top_table
+    return "no baseline" if row.get("baseline_pass_rate") is None else ""
 
 
 def ordered(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -69,19 +70,20 @@ def regressed_note(rows: list[dict[str, Any]]) -> html.Div | None:
     return html.Div(f"Pass rate regressed against the baseline: {', '.join(regressed)}", className="alert")
 
 
-def totals(rows: list[dict[str, Any]]) -> str:
-    if not rows:
+def totals(top: data.Top) -> str:
+    """Over every slice, not only the ones the table shows."""
+    if not top.rows:
         return ""
-    regressed = sum(bool(r.get("regressed")) for r in rows)
-    return (f"{integer(sum(r['evaluations'] for r in rows))} evaluations in {len(rows)} slices, "
-            f"{regressed} regressed")
+    total = top.total or {}
+    return (f"{integer(total.get('evaluations') or 0)} evaluations in {integer(top.groups)} slices, "
+            f"{integer(total.get('regressed') or 0)} regressed")
 
 
 def pass_rate_figure(rows: list[dict[str, Any]], range_label: str) -> go.Figure:
     """Each slice's pass rate beside its baseline's. A regressed slice's bar is red: a trace
     of its own in the window's slot (one offsetgroup), so the legend names both colours."""
     rows = rows[:CHART_SLICES]
-    labels = [slice_label(r) for r in rows]
+    labels = [label(slice_label(r)) for r in rows]
 
     def window_bar(name: str, color: str, regressed: bool) -> go.Bar:
         return go.Bar(name=name, y=labels, x=[r["pass_rate"] if bool(r.get("regressed")) == regressed else None
@@ -113,24 +115,34 @@ def layout(**_query: str) -> html.Div:
         ]),
         html.Div(id="qual-regressed"),
         html.Div(id="qual-total", className="page-summary"),
-        panel("Slices", html.Div(id="qual-table", children=LOADING), extra_class="gap-below"),
+        panel("Slices", search_box("qual-search", "slices"), html.Div(id="qual-table", children=LOADING),
+              extra_class="gap-below"),
         panel("Pass rate against the baseline", html.Div(id="qual-chart")),
     )
 
 
-def fetch(source: data.DataSource, filters: data.Filters, by: str | None) -> tuple[str, list[dict[str, Any]]]:
+def fetch(source: data.DataSource, filters: data.Filters, by: str | None, search: str | None) -> tuple[str, data.Top]:
     by = by if by in BY_OPTIONS else DEFAULT_BY
-    return by, ordered(source.rows("quality", filters, by=by))
+    # regressed slices first (as ordered() puts them), then the most evaluated
+    return by, source.top("quality", filters, by, ("regressed", "evaluations"), search)
 
 
-def render(fetched: tuple[str, list[dict[str, Any]]], filters: data.Filters) -> tuple:
-    by, rows = fetched
-    shown = [{**r, "label": slice_label(r), "status": _status(r)} for r in rows]
+def _shown(row: dict[str, Any], by: str) -> dict[str, Any]:
+    if row.get("_other"):
+        return {**row, "label": row[by], "status": ""}
+    return {**row, "label": slice_label(row), "status": _status(row)}
+
+
+def render(fetched: tuple[str, data.Top], filters: data.Filters) -> tuple:
+    by, top = fetched
+    rows = top.rows
     chart = graph(pass_rate_figure(rows, data.RANGE_LABELS[filters.range])) if rows else empty(NO_EVALUATIONS)
-    return (regressed_note(rows), totals(rows), table(shown, COLUMNS, NO_EVALUATIONS), chart,
+    shown = replace(top, rows=[_shown(r, by) for r in rows], other=top.other and _shown(top.other, by))
+    return (regressed_note(rows), totals(top),
+            top_table(shown, COLUMNS, NO_EVALUATIONS, "slices", "regression, then evaluations"), chart,
             updated_line(filters, f"by {BY_OPTIONS[by].lower()}"))
 
 
 def register_callbacks(app: dash.Dash) -> None:
     register_refresh(app, "qual", ("regressed", "total", "table", "chart", "updated"), fetch, render,
-                     controls=("by",))
+                     controls=("by", "search"))

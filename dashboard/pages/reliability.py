@@ -3,6 +3,7 @@ latency budget, and rate limiting, per service."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import dash
@@ -10,8 +11,9 @@ import plotly.graph_objects as go
 from dash import html
 
 from dashboard import data
-from dashboard.components import (LOADING, NO_REQUESTS, NULL, badge, empty, graph, integer, metric_bars, ms, page,
-                                  panel, pct, register_refresh, table, updated_line)
+from dashboard.components import (BADGES, LOADING, NO_REQUESTS, NULL, SERIES_COLORS, empty, graph, integer,
+                                  metric_bars, ms, page, panel, pct, plain, register_refresh, search_box, top_table,
+                                  updated_line)
 
 dash.register_page(__name__, path="/reliability", name="Reliability", title="Reliability · servelens")
 
@@ -23,24 +25,27 @@ def _amplification(value: float) -> str:
     return f"{value:,.2f}×"
 
 
-def _budget_check(row: dict[str, Any]) -> Any:
-    """Fallback p99 against the primary's budget: over, within, or unknown (—)."""
+def _budget_check(row: dict[str, Any]) -> str:
+    """Fallback p99 against the primary's budget: over (a flag), within, or unknown (—)."""
     over = row.get("fallback_over_budget")
     if over is None:
         return NULL
-    return badge("over") if over else html.Span("within", className="muted")
+    return BADGES["over"] if over else "within"
 
 
 COLUMNS = (
     ("service", "Service", str), ("requests", "Attempts", integer),
     ("error_rate", "Errors", pct), ("retry_rate", "Retries", pct), ("amplification", "Amplification", _amplification),
     ("fallback_rate", "Fallbacks", pct), ("fallback_latency_p99_ms", "Fallback p99", ms),
-    ("primary_budget_ms", "Primary budget", ms), ("budget_check", "Fallback vs budget", lambda v: v),
+    ("primary_budget_ms", "Primary budget", ms), ("budget_check", "Fallback vs budget", plain),
     ("rate_limited", "Rate limited", pct),
 )
 
 
-def rates_figure(rows: list[dict[str, Any]]) -> go.Figure:
+def rates_figure(top: data.Top) -> go.Figure:
+    """The busiest services' rates, and the rest's as one (rates add up, weighted)."""
+    n = len(SERIES_COLORS) - 1 if top.other else len(SERIES_COLORS)
+    rows = top.rows[:n] + ([top.other] if top.other else [])
     return metric_bars(rows, "service", RATE_SERIES, pct, tickformat=".0%", rangemode="tozero",
                        title_text="share of attempts")
 
@@ -56,20 +61,23 @@ def layout(**_query: str) -> html.Div:
     return page(
         "rel", "Reliability",
         html.Div(id="rel-over-budget"),
-        panel("By service", html.Div(id="rel-table", children=LOADING), extra_class="gap-below"),
+        panel("By service", search_box("rel-search", "services"), html.Div(id="rel-table", children=LOADING),
+              extra_class="gap-below"),
         panel("Error, retry, fallback and rate-limit rates", html.Div(id="rel-chart")),
     )
 
 
-def fetch(source: data.DataSource, filters: data.Filters) -> list[dict[str, Any]]:
-    return source.rows("reliability", filters, by="service")
+def fetch(source: data.DataSource, filters: data.Filters, search: str | None) -> data.Top:
+    # over budget first: a small service past its budget is not cut off behind busy ones
+    return source.top("reliability", filters, "service", ("fallback_over_budget", "requests"), search)
 
 
-def render(rows: list[dict[str, Any]], filters: data.Filters) -> tuple:
-    chart = graph(rates_figure(rows)) if rows else empty(NO_REQUESTS)
-    return (table([{**r, "budget_check": _budget_check(r)} for r in rows], COLUMNS, NO_REQUESTS),
-            chart, over_budget_note(rows), updated_line(filters))
+def render(top: data.Top, filters: data.Filters) -> tuple:
+    chart = graph(rates_figure(top)) if top.rows else empty(NO_REQUESTS)
+    shown = replace(top, rows=[{**r, "budget_check": _budget_check(r)} for r in top.rows])
+    return (top_table(shown, COLUMNS, NO_REQUESTS, "services", "budget check, then attempts"),
+            chart, over_budget_note(top.rows), updated_line(filters))
 
 
 def register_callbacks(app: dash.Dash) -> None:
-    register_refresh(app, "rel", ("table", "chart", "over-budget", "updated"), fetch, render)
+    register_refresh(app, "rel", ("table", "chart", "over-budget", "updated"), fetch, render, controls=("search",))

@@ -12,7 +12,8 @@ import dash
 from dash import dcc, html
 
 from dashboard import data
-from dashboard.components import LOADING, NULL, badge, page, panel, register_refresh, table, updated_line
+from dashboard.components import (LOADING, NULL, badge, integer, page, panel, register_refresh, search_box, table,
+                                  updated_line)
 
 dash.register_page(__name__, path="/triggers", name="Triggers", title="Triggers · servelens")
 
@@ -83,6 +84,25 @@ def episode_panel(episode_id: str, trigger: dict[str, Any] | None) -> html.Secti
     )
 
 
+def matching(triggers: list[dict[str, Any]], search: str | None) -> list[dict[str, Any]]:
+    """The episodes whose kind, subject or summary holds `search` (case-insensitive)."""
+    if not search:
+        return triggers
+    needle = search.lower()
+    return [t for t in triggers
+            if needle in f"{t['kind']} {subject_text(t['subject'])} {t['summary']}".lower()]
+
+
+def episodes_table(triggers: list[dict[str, Any]]) -> html.Div:
+    """The first data.TOP_N episodes (active first, newest first), and how many more."""
+    shown = triggers[:data.TOP_N]
+    children: list[Any] = [table([_row(t) for t in shown], COLUMNS, NO_EPISODES)]
+    if len(triggers) > len(shown):
+        children.append(html.Div(f"The first {len(shown)} of {integer(len(triggers))} episodes: narrow the window "
+                                 "or the search to see the others.", className="muted table-note"))
+    return html.Div(children)
+
+
 def totals(triggers: list[dict[str, Any]]) -> str:
     if not triggers:
         return ""
@@ -98,12 +118,12 @@ def layout(**query: str) -> html.Div:
         dcc.Input(id="trg-id", type="hidden", value=episode_id),
         html.Div(id="trg-episode", children=LOADING if episode_id else None),
         html.Div(id="trg-total", className="page-summary"),
-        panel("Episodes", html.Div(id="trg-table", children=LOADING)),
+        panel("Episodes", search_box("trg-search", "episodes"), html.Div(id="trg-table", children=LOADING)),
     )
 
 
-def fetch(source: data.DataSource, filters: data.Filters, episode_id: str | None) -> tuple:
-    listed = ordered([t for t in source.triggers(filters) if in_scope(t["subject"], filters)])
+def fetch(source: data.DataSource, filters: data.Filters, episode_id: str | None, search: str | None) -> tuple:
+    listed = matching(ordered([t for t in source.triggers(filters) if in_scope(t["subject"], filters)]), search)
     selected = None
     if episode_id:  # the linked episode whatever the filters: the alert named it
         selected = next((t for t in listed if t["id"] == episode_id), None) or source.trigger(episode_id)
@@ -113,8 +133,8 @@ def fetch(source: data.DataSource, filters: data.Filters, episode_id: str | None
 def render(fetched: tuple, filters: data.Filters) -> tuple:
     episode_id, listed, selected = fetched
     return (episode_panel(episode_id, selected), totals(listed),
-            table([_row(t) for t in listed], COLUMNS, NO_EPISODES), updated_line(filters))
+            episodes_table(listed), updated_line(filters))
 
 
 def register_callbacks(app: dash.Dash) -> None:
-    register_refresh(app, "trg", ("episode", "total", "table", "updated"), fetch, render, controls=("id",))
+    register_refresh(app, "trg", ("episode", "total", "table", "updated"), fetch, render, controls=("id", "search"))

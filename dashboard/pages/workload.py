@@ -10,7 +10,7 @@ from dash import html
 
 from dashboard import data
 from dashboard.components import (LOADING, NO_REQUESTS, empty, graph, integer, metric_bars, page, panel, pct,
-                                  register_refresh, table, updated_line)
+                                  register_refresh, search_box, top_table, updated_line)
 
 dash.register_page(__name__, path="/workload", name="Workload", title="Workload · servelens")
 
@@ -64,7 +64,8 @@ def arrivals_figure(rows: list[dict[str, Any]]) -> go.Figure:
 def layout(**_query: str) -> html.Div:
     return page(
         "wl", "Workload shape",
-        panel("By service", html.Div(id="wl-table", children=LOADING), extra_class="gap-below"),
+        panel("By service", search_box("wl-search", "services"), html.Div(id="wl-table", children=LOADING),
+              extra_class="gap-below"),
         html.Div(className="panels", children=[
             panel("Arrivals", html.Div(id="wl-arrivals")),
             panel("Tokens per request", html.Div(id="wl-tokens")),
@@ -72,15 +73,17 @@ def layout(**_query: str) -> html.Div:
     )
 
 
-def fetch(source: data.DataSource, filters: data.Filters) -> list[dict[str, Any]]:
-    return source.rows("workload", filters, by="service")
+def fetch(source: data.DataSource, filters: data.Filters, search: str | None) -> data.Top:
+    return source.top("workload", filters, "service", "requests", search)
 
 
-def render(rows: list[dict[str, Any]], filters: data.Filters) -> tuple:
-    return (table(rows, COLUMNS, NO_REQUESTS),
+def render(top: data.Top, filters: data.Filters) -> tuple:
+    # The charts draw the busiest services only: peaks and percentiles do not add up.
+    rows = top.rows
+    return (top_table(top, COLUMNS, NO_REQUESTS, "services", "requests"),
             graph(arrivals_figure(rows)) if rows else empty(NO_REQUESTS),
             graph(tokens_figure(rows)) if rows else empty(NO_REQUESTS), updated_line(filters))
 
 
 def register_callbacks(app: dash.Dash) -> None:
-    register_refresh(app, "wl", ("table", "arrivals", "tokens", "updated"), fetch, render)
+    register_refresh(app, "wl", ("table", "arrivals", "tokens", "updated"), fetch, render, controls=("search",))

@@ -116,7 +116,8 @@ def test_quality_puts_the_regressed_slice_first_with_its_numbers(pages, store, s
     baseline = _pass_rates(store, hour - 46 * HOUR, hour - 26 * HOUR)
     source = data.DataSource(settings, store)
 
-    by, rows = quality.fetch(source, data.Filters(), None)
+    by, top = quality.fetch(source, data.Filters(), None, None)
+    rows = top.rows
     assert by == "task_type" and [quality.slice_label(r) for r in rows] == ["summarize", "qa"]
     summarize, qa = rows
     assert summarize["regressed"] is True and qa["regressed"] is False
@@ -125,13 +126,13 @@ def test_quality_puts_the_regressed_slice_first_with_its_numbers(pages, store, s
     assert summarize["baseline_pass_rate"] == pytest.approx(baseline["summarize"][1])
     assert summarize["delta"] == pytest.approx(window["summarize"][1] - baseline["summarize"][1])
 
-    note, total, table, chart, updated = quality.render((by, rows), data.Filters())
+    note, total, table, chart, updated = quality.render((by, top), data.Filters())
     assert texts(note) == [("Pass rate regressed against the baseline: summarize "
                             f"({pct(baseline['summarize'][1])} → {pct(window['summarize'][1])})")]
     assert total == "800 evaluations in 2 slices, 1 regressed"
-    first_row = texts(table.children[1].children[0])
+    first_row, second_row = (list(row.values()) for row in table.children[0].data)  # the top-N DataTable
     assert first_row[0] == "summarize" and first_row[-1] == "regressed" and pct(window["summarize"][1]) in first_row
-    assert "regressed" not in texts(table.children[1].children[1])
+    assert "regressed" not in second_row
     window_bars, regressed_bars, baseline_bars = chart.figure.data
     assert [bar.name for bar in chart.figure.data] == ["last 24 h", "regressed", "baseline"]
     assert list(window_bars.y) == ["summarize", "qa"]
@@ -141,10 +142,10 @@ def test_quality_puts_the_regressed_slice_first_with_its_numbers(pages, store, s
     assert "by task type" in updated
 
     # Another service's results are not this one's: the empty state says how to send some.
-    _, none = quality.fetch(source, data.Filters(service="chat-api"), "task_type")
-    assert none == []
+    _, none = quality.fetch(source, data.Filters(service="chat-api"), "task_type", None)
+    assert none.rows == []
     shown = quality.render(("task_type", none), data.Filters(service="chat-api"))
-    assert quality.regressed_note(none) is None and shown[1] == ""
+    assert quality.regressed_note(none.rows) is None and shown[1] == ""
     assert "gen_ai.evaluation.result" in texts(shown[2])[0] and "/api/v1/evaluations" in texts(shown[3])[0]
 
 
@@ -158,12 +159,13 @@ def test_triggers_lists_active_first_and_opens_the_linked_episode(pages, store, 
     source = data.DataSource(settings, store)
 
     # list_triggers puts chat-api first (detected later); the page puts the active one first.
-    episode_id, listed, selected = triggers.fetch(source, data.Filters(), embed["id"])
+    episode_id, listed, selected = triggers.fetch(source, data.Filters(), embed["id"], None)
     assert [t["id"] for t in listed] == [embed["id"], chat["id"]] and episode_id == embed["id"]
     errors, attempts = _errors(store, "embed-api", hour - HOUR, hour)  # the latest window's evidence
     assert (selected["evidence"]["errors"], selected["evidence"]["attempts"]) == (errors, attempts)
 
-    panel, total, table, _ = triggers.render((episode_id, listed, selected), data.Filters())
+    panel, total, listing, _ = triggers.render((episode_id, listed, selected), data.Filters())
+    table = listing.children[0]
     evidence = json.loads(next(c for c in panel.children if getattr(c, "id", None) == "trg-evidence").children)
     assert evidence == selected["evidence"]
     assert panel.children[0].children == "error_rate_spike · service=embed-api"
@@ -175,12 +177,12 @@ def test_triggers_lists_active_first_and_opens_the_linked_episode(pages, store, 
     assert table.children[1].children[0].children[0].children.href == f"/triggers?id={embed['id']}"
 
     # A service filter leaves the other service's episode out, not the linked one.
-    _, listed, selected = triggers.fetch(source, data.Filters(service="chat-api"), embed["id"])
+    _, listed, selected = triggers.fetch(source, data.Filters(service="chat-api"), embed["id"], None)
     assert [t["id"] for t in listed] == [chat["id"]] and selected["id"] == embed["id"]
     # Outside the window (resolved 2 h ago, the last hour shown) the link still finds it.
-    _, listed, selected = triggers.fetch(source, data.Filters(range="1h"), chat["id"])
+    _, listed, selected = triggers.fetch(source, data.Filters(range="1h"), chat["id"], None)
     assert [t["id"] for t in listed] == [embed["id"]] and selected["id"] == chat["id"]
-    missing = triggers.render(triggers.fetch(source, data.Filters(), "nope"), data.Filters())[0]
+    missing = triggers.render(triggers.fetch(source, data.Filters(), "nope", None), data.Filters())[0]
     assert missing.children == "No trigger episode with id nope."
 
 
