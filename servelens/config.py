@@ -362,7 +362,8 @@ class AlertSink(_Strict):
 
 class AlertsConfig(_Strict):
     sinks: list[AlertSink] = []
-    # Base URL for links in alerts, as their readers reach it (default http://<host>:<ui-port>/).
+    # Base URL for links in alerts, as their readers reach it; public_url, when set, wins
+    # (default http://<host>:<ui-port>/, a wildcard host named by this machine's hostname).
     dashboard_url: str | None = None
 
 
@@ -387,6 +388,9 @@ class Settings(BaseSettings):
     ui_port: int = Field(8050, ge=0, le=65535)
     data_dir: Path = Path(DEFAULT_DATA_DIR)
     clickhouse_url: str | None = None  # shorthand for store.clickhouse_url (--clickhouse-url)
+    # The dashboard's base URL as its readers reach it (proxy, --host 0.0.0.0): alert links
+    # and the printed URL. Wins over alerts.dashboard_url.
+    public_url: str | None = None
 
     store: StoreConfig = StoreConfig()
     collector: CollectorConfig = CollectorConfig()
@@ -416,6 +420,18 @@ class Settings(BaseSettings):
         if yaml_file:
             sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=yaml_file))
         return tuple(sources)
+
+    @field_validator("public_url")
+    @classmethod
+    def _public_url(cls, v: str | None) -> str | None:
+        if v is not None and not re.match(r"^https?://[^/\s]+", v):
+            raise ValueError("must be an http:// or https:// URL")
+        return v
+
+    @property
+    def link_base(self) -> str | None:
+        """The configured dashboard URL: public_url, else alerts.dashboard_url (older configs)."""
+        return self.public_url or self.alerts.dashboard_url
 
     @property
     def store_url(self) -> str:

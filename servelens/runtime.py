@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import logging
 import signal
+import socket
 import threading
 from typing import Any
 
 from servelens.config import ConfigError, Settings
 from servelens.migrate import migrate
 from servelens.retention import apply_retention
+from servelens.serving import WILDCARD_HOSTS
 from servelens.store import Store, is_embedded
 
 log = logging.getLogger(__name__)
@@ -36,6 +38,23 @@ def open_store(settings: Settings, migrate_schema: bool = True) -> Store:
                     "already running on it? Use its API, or point --clickhouse-url at a ClickHouse server)")
         raise ConfigError(f"cannot open the store {settings.store_url}: {exc}{hint}") from exc
     return store
+
+
+def dashboard_url(settings: Settings, ui_port: int | None = None) -> str:
+    """The dashboard's base URL as its readers reach it: alert links and the printed URL.
+
+    public_url (else alerts.dashboard_url) when configured; otherwise http://<host>:<port>/,
+    a wildcard bind named by this machine's hostname: 0.0.0.0 is no address to browse to,
+    and 127.0.0.1 would only work on this machine, while the wildcard bind is for others.
+    """
+    if settings.link_base:
+        return settings.link_base
+    host = settings.host
+    if host in WILDCARD_HOSTS:
+        host = socket.gethostname() or "127.0.0.1"
+    elif ":" in host:
+        host = f"[{host}]"  # an IPv6 literal
+    return f"http://{host}:{settings.ui_port if ui_port is None else ui_port}/"
 
 
 def with_demo_defaults(settings: Settings) -> Settings:
@@ -112,10 +131,10 @@ def run(command: str, settings: Settings, demo: bool = False, once: bool = False
             components.append(server)
             ports["ui"] = server.port
             if dispatcher is not None and not dispatcher.dashboard_url:
-                dispatcher.dashboard_url = f"http://{settings.host}:{server.port}/"
+                dispatcher.dashboard_url = dashboard_url(settings, server.port)
         print(" ".join(f"{k}={v}" for k, v in ports.items()), flush=True)
         if "ui" in ports:
-            print(f"servelens dashboard: http://{settings.host}:{ports['ui']}/", flush=True)
+            print(f"servelens dashboard: {dashboard_url(settings, ports['ui'])}", flush=True)
         if demo and command == "up":
             from servelens.demo import DemoTraffic
 

@@ -212,7 +212,7 @@ class Dispatcher:
 
     def __init__(self, settings: Settings, dashboard_url: str | None = None) -> None:
         # A configured URL wins: it is the one readers can reach, not the address we bound.
-        self.dashboard_url = settings.alerts.dashboard_url or dashboard_url
+        self.dashboard_url = settings.link_base or dashboard_url
         self._stats = AlertStats()
         self._workers = [SinkWorker(s, self._stats) for s in build_sinks(settings.alerts.sinks)]
 
@@ -280,7 +280,7 @@ def send_test(settings: Settings, dashboard_url: str | None = None, timeout: flo
     sinks = build_sinks(settings.alerts.sinks)
     if not sinks:
         return {}
-    alert = Alert(make_test_trigger(), "firing", settings.alerts.dashboard_url or dashboard_url)
+    alert = Alert(make_test_trigger(), "firing", settings.link_base or dashboard_url)
     with ThreadPoolExecutor(max_workers=len(sinks), thread_name_prefix="alerts-test") as pool:
         futures = {s.name: pool.submit(s.send, alert, min(timeout, s.config.timeout.total_seconds())) for s in sinks}
     results: dict[str, str] = {}

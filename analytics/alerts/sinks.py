@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import smtplib
 import urllib.error
 import urllib.request
@@ -167,16 +168,17 @@ class EmailSink(Sink):
     def render(self, alert: Alert) -> EmailMessage:
         t = alert.trigger
         msg = EmailMessage()
-        msg["Subject"] = f"[servelens] {alert.headline}"
-        msg["From"] = self.config.smtp_from
-        msg["To"] = ", ".join(self.config.to)
+        msg["Subject"] = header_text(f"[servelens] {alert.headline}")
+        msg["From"] = header_text(self.config.smtp_from)
+        msg["To"] = header_text(", ".join(self.config.to))
         msg["Date"] = formatdate(usegmt=True)
-        domain = self.config.smtp_from.rpartition("@")[2] or "servelens"
-        first = f"<{t.get('id', 'alert')}.firing@{domain}>"
+        domain = msg_id_part(self.config.smtp_from.rpartition("@")[2] or "servelens")
+        key = msg_id_part(str(t.get("id", "alert")))
+        first = f"<{key}.firing@{domain}>"
         if alert.transition == "firing":
             msg["Message-ID"] = first
         else:
-            msg["Message-ID"] = f"<{t.get('id', 'alert')}.resolved@{domain}>"
+            msg["Message-ID"] = f"<{key}.resolved@{domain}>"
             msg["In-Reply-To"] = msg["References"] = first
         msg.set_content(email_body(alert))
         return msg
@@ -202,6 +204,24 @@ class EmailSink(Sink):
             raise DeliveryError(str(exc), retryable=False) from exc
         except (smtplib.SMTPException, OSError) as exc:
             raise DeliveryError(f"SMTP: {exc}", retryable=True) from exc
+
+
+# What str.splitlines() breaks on (and so the email package refuses in a header value,
+# raising before anything is sent), and the other control characters.
+_NOT_IN_HEADER = re.compile(r"[\x00-\x1f\x7f\x85\u2028\u2029]+")
+_NOT_IN_MSG_ID = re.compile(r"[^A-Za-z0-9.!#$%&'*+/=?^_`{|}~-]+")
+
+
+def header_text(value: str) -> str:
+    """A header value built from data (a service name, a trigger id): each run of line breaks
+    or control characters becomes one space, so a value can neither add a header nor stop
+    the message from being sent."""
+    return _NOT_IN_HEADER.sub(" ", value).strip()
+
+
+def msg_id_part(value: str) -> str:
+    """A Message-ID half (RFC 5322 dot-atom text): anything else becomes '-'."""
+    return _NOT_IN_MSG_ID.sub("-", value).strip(".") or "alert"
 
 
 def email_body(alert: Alert) -> str:
