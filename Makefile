@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: up test test-fast bench browser clean
+.PHONY: up test test-fast bench fuzz browser clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -32,5 +32,21 @@ test-fast: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python -m bench
 
+# The fuzz suite (tests/fuzz) long: FUZZ_EXAMPLES examples per property, freshly drawn
+# each run (`make test` runs a small fixed slice of it). A failure is kept in
+# .servelens/fuzz-db and tried first next time.
+FUZZ_EXAMPLES ?= 1000
+fuzz: $(STAMP)
+	SERVELENS_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(BIN)/pytest -q -m fuzz tests/fuzz --timeout=0
+
 clean:
 	rm -rf $(VENV) .servelens .pytest_cache
+
+# Real OTLP output of the LLM instrumentation libraries teams install (interop/README.md):
+# one venv per library under .interop/ (pinned by interop/requirements/<lib>.txt, needs
+# PyPI), a fake OpenAI server and an OTLP capture receiver on loopback; writes
+# tests/interop/captures/<lib>/. INTEROP_LIBS picks a subset (comma-separated).
+INTEROP_LIBS ?= openai_v2,traceloop,openlit,openinference,langfuse,litellm
+.PHONY: interop-capture
+interop-capture:
+	$(PYTHON) interop/capture_all.py --libs $(INTEROP_LIBS)

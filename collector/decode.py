@@ -30,6 +30,13 @@ REQUEST_TYPES: dict[str, type[Message]] = {
 }
 
 _ID_KEYS = frozenset({"traceId", "spanId", "parentSpanId", "trace_id", "span_id", "parent_span_id"})
+# Objects and arrays inside each other. Every message is an object, so this keeps
+# json_format under its own limit of 100 nested messages (whose error message repeats the
+# whole path) and the recursive walks below far from Python's recursion limit; a real
+# request nests about ten levels, plus four per level of AnyValue kvlist.
+MAX_JSON_DEPTH = 128
+_TOO_DEEP = f"invalid OTLP/JSON: nested deeper than {MAX_JSON_DEPTH} levels"
+_NOT_UNICODE = "invalid OTLP/JSON: a string is not valid Unicode (an escaped lone surrogate such as \\ud800)"
 
 
 class PayloadError(ValueError):
@@ -73,25 +80,49 @@ def decode(signal: str, body: bytes, content_type: str) -> Message:
         document = json.loads(body)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise PayloadError(f"invalid JSON: {exc}") from None
+    except RecursionError:  # the parser's own recursion: thousands of levels
+        raise PayloadError(_TOO_DEEP) from None
     if not isinstance(document, dict):
         raise PayloadError("invalid OTLP/JSON: top level must be an object")
+    document = _prepared(document, 1)
     try:
-        json_format.ParseDict(_hex_ids_to_base64(document), message, ignore_unknown_fields=True)
-    except (json_format.ParseError, TypeError, ValueError) as exc:
+        json_format.ParseDict(document, message, ignore_unknown_fields=True)
+    except (json_format.ParseError, TypeError, ValueError, OverflowError) as exc:  # Overflow: an enum of Infinity
         raise PayloadError(f"invalid OTLP/JSON {message.DESCRIPTOR.name}: {exc}") from None
     return message
 
 
-def _hex_ids_to_base64(node: Any) -> Any:
+def _prepared(node: Any, depth: int) -> Any:
+    """The document as json_format takes it, hex ids as base64; PayloadError past
+    MAX_JSON_DEPTH levels, or for a lone surrogate in any key or string (json_format looks
+    keys up, and iterates a string given for a message, in upb, which fails on one with a
+    SystemError)."""
+    if isinstance(node, str):
+        if not node.isascii() and not _encodable(node):
+            raise PayloadError(_NOT_UNICODE)
+        return node
+    if isinstance(node, (dict, list)) and depth > MAX_JSON_DEPTH:
+        raise PayloadError(_TOO_DEEP)
     if isinstance(node, dict):
-        return {k: (_hex_to_b64(v) if k in _ID_KEYS else _hex_ids_to_base64(v)) for k, v in node.items()}
+        if not all(k.isascii() or _encodable(k) for k in node):
+            raise PayloadError(_NOT_UNICODE)
+        return {k: (_hex_to_b64(v) if k in _ID_KEYS and isinstance(v, str) else _prepared(v, depth + 1))
+                for k, v in node.items()}
     if isinstance(node, list):
-        return [_hex_ids_to_base64(v) for v in node]
+        return [_prepared(v, depth + 1) for v in node]
     return node
 
 
-def _hex_to_b64(value: Any) -> Any:
-    if not isinstance(value, str) or value == "":
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _hex_to_b64(value: str) -> str:
+    if value == "":
         return value
     try:
         return base64.b64encode(binascii.unhexlify(value)).decode("ascii")

@@ -12,14 +12,13 @@ from typing import Any
 import grpc
 from google.protobuf import duration_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
-from opentelemetry.proto.collector.logs.v1 import logs_service_pb2_grpc
-from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2_grpc
-from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceResponse
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceResponse
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 
-from collector.decode import PayloadError
+from collector.decode import PROTOBUF, PayloadError, decode
 from collector.http_receiver import export_response
 from collector.intake import RETRY_AFTER_SECONDS, Busy, Intake
 from collector.writer import DataRejected, WriteFailed
@@ -42,15 +41,24 @@ def _unavailable(context: grpc.ServicerContext, message: str) -> None:
     context.abort(grpc.StatusCode.UNAVAILABLE, message)
 
 
+# signal -> (service, its Export response)
+_SERVICES = {
+    "traces": ("opentelemetry.proto.collector.trace.v1.TraceService", ExportTraceServiceResponse),
+    "metrics": ("opentelemetry.proto.collector.metrics.v1.MetricsService", ExportMetricsServiceResponse),
+    "logs": ("opentelemetry.proto.collector.logs.v1.LogsService", ExportLogsServiceResponse),
+}
+
+
 class _Export:
+    """One service's Export. Requests arrive as their bytes (see GrpcReceiver)."""
+
     def __init__(self, intake: Intake, signal: str) -> None:
         self._intake = intake
         self._signal = signal
-        # The engine maps this signal from the request's own bytes (trace_mapping: engine):
-        # then `request` arrives unparsed (see GrpcReceiver).
+        # The engine maps this signal from the request's own bytes (trace_mapping: engine).
         self._raw = intake.maps_raw(signal)
 
-    def Export(self, request: Any, context: grpc.ServicerContext) -> Any:
+    def Export(self, request: bytes, context: grpc.ServicerContext) -> Any:
         try:
             tenant = self._intake.tenant_for(_token(context))
         except PermissionError as exc:
@@ -60,8 +68,9 @@ class _Export:
             if self._raw:
                 result = self._intake.export(self._signal, None, "grpc", tenant, raw=request)
             else:
-                result = self._intake.export(self._signal, request, "grpc", tenant)
+                result = self._intake.export(self._signal, decode(self._signal, request, PROTOBUF), "grpc", tenant)
         except PayloadError as exc:
+            self._intake.metrics.refused.labels(self._signal, "grpc", "malformed").inc()
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         except Busy as exc:
             _unavailable(context, str(exc))
@@ -72,35 +81,21 @@ class _Export:
         return export_response(self._signal, result)
 
 
-class _Trace(_Export, trace_service_pb2_grpc.TraceServiceServicer):
-    pass
-
-
-class _Metrics(_Export, metrics_service_pb2_grpc.MetricsServiceServicer):
-    pass
-
-
-class _Logs(_Export, logs_service_pb2_grpc.LogsServiceServicer):
-    pass
-
-
 class GrpcReceiver:
     def __init__(self, intake: Intake, host: str, port: int, max_request_bytes: int, workers: int = 32) -> None:
         self._server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="otlp-grpc"),
             options=[("grpc.max_receive_message_length", max_request_bytes)],
         )
-        if intake.maps_raw("traces"):
-            # The generated registration parses every request; the engine wants the bytes.
+        # The generated registration parses each request in grpcio, which answers INTERNAL
+        # when it cannot: the bytes come to Export instead, decoded as HTTP's are (a
+        # malformed or too deeply nested request is INVALID_ARGUMENT), or handed to the
+        # engine unparsed.
+        for signal, (service, response) in _SERVICES.items():
             export = grpc.unary_unary_rpc_method_handler(
-                _Trace(intake, "traces").Export, request_deserializer=None,
-                response_serializer=ExportTraceServiceResponse.SerializeToString)
-            self._server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
-                "opentelemetry.proto.collector.trace.v1.TraceService", {"Export": export}),))
-        else:
-            trace_service_pb2_grpc.add_TraceServiceServicer_to_server(_Trace(intake, "traces"), self._server)
-        metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(_Metrics(intake, "metrics"), self._server)
-        logs_service_pb2_grpc.add_LogsServiceServicer_to_server(_Logs(intake, "logs"), self._server)
+                _Export(intake, signal).Export, request_deserializer=None,
+                response_serializer=response.SerializeToString)
+            self._server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, {"Export": export}),))
         self.port = self._server.add_insecure_port(f"{host}:{port}")
         if self.port == 0:
             raise OSError(f"cannot bind OTLP/gRPC on {host}:{port}")

@@ -30,8 +30,18 @@ def _number(point: Any) -> float:
     return float(point.as_int) if point.WhichOneof("value") == "as_int" else point.as_double
 
 
-def _exemplars(point: Any) -> list[list[Any]]:
+def _kept_exemplars(point: Any) -> tuple[list[Any], int]:
+    """The point's exemplars the store can hold, and how many it cannot (a time beyond
+    2262). An exemplar is a sample attached to its point: one that cannot be stored is
+    dropped alone, not the point, nor the request, as a failed insert would."""
     ex = point.exemplars
+    if all(e.time_unix_nano <= MAX_TIME_NS for e in ex):
+        return ex, 0
+    kept = [e for e in ex if e.time_unix_nano <= MAX_TIME_NS]
+    return kept, len(ex) - len(kept)
+
+
+def _exemplar_columns(ex: Any) -> list[list[Any]]:
     return [
         [to_map(e.filtered_attributes) for e in ex],
         [e.time_unix_nano for e in ex],
@@ -45,7 +55,14 @@ def metrics_to_rows(request: Any) -> list[Batch]:
     gauge = Batch("otel_metrics_gauge", GAUGE_COLUMNS, [[] for _ in GAUGE_COLUMNS])
     sums = Batch("otel_metrics_sum", SUM_COLUMNS, [[] for _ in SUM_COLUMNS])
     hist = Batch("otel_metrics_histogram", HISTOGRAM_COLUMNS, [[] for _ in HISTOGRAM_COLUMNS])
-    rejected, errors = 0, []
+    rejected, errors, dropped = 0, [], 0
+
+    def exemplars(point: Any) -> list[list[Any]]:
+        nonlocal dropped
+        kept, lost = _kept_exemplars(point)
+        dropped += lost
+        return _exemplar_columns(kept)
+
     for resource_metrics in request.resource_metrics:
         resource = to_map(resource_metrics.resource.attributes)
         service = resource.get("service.name", "")
@@ -61,14 +78,14 @@ def metrics_to_rows(request: Any) -> list[Batch]:
                         if not _storable(p):
                             rejected += 1
                             continue
-                        _append(gauge, head + ident + _times(p) + [_number(p), p.flags] + _exemplars(p))
+                        _append(gauge, head + ident + _times(p) + [_number(p), p.flags] + exemplars(p))
                 elif kind == "sum":
                     s = metric.sum
                     for p in s.data_points:
                         if not _storable(p):
                             rejected += 1
                             continue
-                        _append(sums, head + ident + _times(p) + [_number(p), p.flags] + _exemplars(p)
+                        _append(sums, head + ident + _times(p) + [_number(p), p.flags] + exemplars(p)
                                 + [s.aggregation_temporality, s.is_monotonic])
                 elif kind == "histogram":
                     h = metric.histogram
@@ -78,12 +95,14 @@ def metrics_to_rows(request: Any) -> list[Batch]:
                             continue
                         _append(hist, head + ident + _times(p) + [
                             p.count, p.sum, list(p.bucket_counts), list(p.explicit_bounds)]
-                            + _exemplars(p) + [p.flags, p.min, p.max, h.aggregation_temporality])
+                            + exemplars(p) + [p.flags, p.min, p.max, h.aggregation_temporality])
                 else:
                     points = len(getattr(metric, kind).data_points) if kind else 0
                     rejected += points
                     if points and len(errors) < 5:
                         errors.append(f"metric {metric.name!r}: {kind} points are not stored")
+    if dropped:  # not rejected points: the message tells of them beside any rejection
+        errors.append(f"{dropped} exemplars dropped: a time beyond 2262 (not storable)")
     # Rejections are reported on the first batch; the receiver sums them.
     gauge.rejected, gauge.errors = rejected, errors
     return [gauge, sums, hist]

@@ -8,6 +8,8 @@ a batch the store refuses cannot hold up the batches behind it (collector.writer
 
 from __future__ import annotations
 
+import struct
+
 from clickhouse_connect.driver.exceptions import DatabaseError, DataError, ProgrammingError
 
 # ClickHouse error codes that name the data of an insert (src/Common/ErrorCodes.cpp).
@@ -15,6 +17,7 @@ DATA_ERROR_CODES = frozenset({
     6,    # CANNOT_PARSE_TEXT
     26,   # CANNOT_PARSE_QUOTED_STRING
     27,   # CANNOT_PARSE_INPUT_ASSERTION_FAILED
+    32,   # ATTEMPT_TO_READ_AFTER_EOF (a length that runs past its message)
     33,   # CANNOT_READ_ALL_DATA
     36,   # BAD_ARGUMENTS (the protobuf reader on two members of one oneof)
     38,   # CANNOT_PARSE_DATE
@@ -27,6 +30,7 @@ DATA_ERROR_CODES = frozenset({
     131,  # TOO_LARGE_STRING_SIZE
     321,  # VALUE_IS_OUT_OF_RANGE_OF_DATA_TYPE
     349,  # CANNOT_INSERT_NULL_IN_ORDINARY_COLUMN
+    436,  # PROTOBUF_BAD_CAST (a value its schema field cannot hold)
     444,  # UNKNOWN_PROTOBUF_FORMAT
     469,  # VIOLATED_CONSTRAINT
 })
@@ -53,6 +57,16 @@ STORE_ERROR_CODES = frozenset({
 def is_store_error(exc: BaseException) -> bool:
     """True when `exc` names the store's state, never the rows'."""
     return isinstance(exc, DatabaseError) and getattr(exc, "code", None) in STORE_ERROR_CODES
+
+
+class RowsNotEncodable(DataError):
+    """The driver could not encode the rows for the wire (a value its column type cannot
+    hold): raised before anything reached the store."""
+
+
+# What the driver's column encoders raise on a value they cannot write; marked where
+# the insert is made (collector.writer), so nothing further down catches builtins.
+ENCODE_ERRORS: tuple[type[Exception], ...] = (TypeError, ValueError, OverflowError, struct.error)
 
 
 def is_data_error(exc: BaseException) -> bool:

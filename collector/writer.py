@@ -46,7 +46,7 @@ from collector.collection import Collection
 from collector.isolation import Rejected, StoreUnavailable, isolate
 from collector.spans import PROTOBUF_COLUMNS, Batch, block_rows
 from collector.spool import Spool, SpooledBatch, Tables
-from collector.store_errors import describe, is_data_error, is_store_error
+from collector.store_errors import ENCODE_ERRORS, RowsNotEncodable, describe, is_data_error, is_store_error
 from collector.telemetry import SelfMetrics
 from servelens.store import is_embedded
 
@@ -366,6 +366,9 @@ class Writer:
             else:
                 self._store.client().insert(table, data, column_names=list(columns), column_oriented=True,
                                             settings=settings)
+        except ENCODE_ERRORS as exc:
+            self._metrics.write_errors.labels(label).inc()
+            raise RowsNotEncodable(f"{table}: {describe(exc)}") from exc
         except Exception:
             self._metrics.write_errors.labels(label).inc()
             raise
