@@ -1,4 +1,4 @@
-"""The `servelens` command (SPEC 1): up, migrate, collector, analytics, dashboard, report, alerts."""
+"""The `servelens` command (SPEC 1): up, migrate, collector, analytics, dashboard, report, alerts, spool."""
 
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--otlp-grpc-port", type=int, metavar="PORT", help="OTLP/gRPC port (default 4317, 0 = any)")
     g.add_argument("--otlp-http-port", type=int, metavar="PORT", help="OTLP/HTTP port (default 4318, 0 = any)")
     g.add_argument("--ui-port", type=int, metavar="PORT", help="dashboard + API port (default 8050, 0 = any)")
+    g.add_argument("--public-url", metavar="URL", help="the dashboard's URL as its readers reach it (alert links)")
     g.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
 
 
@@ -55,12 +56,24 @@ def build_parser() -> argparse.ArgumentParser:
     alerts = sub.add_parser("alerts", help="alert sinks (alerts.sinks)")
     alerts_sub = alerts.add_subparsers(dest="alerts_command", required=True, metavar="ACTION")
     _common(alerts_sub.add_parser("test", help="send a test alert to every configured sink now"))
+    spool = sub.add_parser("spool", help="batches the collector set aside (quarantine): list, show, release")
+    spool_sub = spool.add_subparsers(dest="spool_command", required=True, metavar="ACTION")
+    listing = spool_sub.add_parser("list", help="what waits in the spool and what was quarantined, with why")
+    listing.add_argument("--json", action="store_true")
+    _common(listing)
+    show = spool_sub.add_parser("show", help="the rows of one quarantined batch")
+    show.add_argument("id")
+    _common(show)
+    release = spool_sub.add_parser("release", help="put quarantined batches back to be inserted again")
+    release.add_argument("id", nargs="?", help="one batch (default: all)")
+    _common(release)
     return parser
 
 
 def settings_from(args: argparse.Namespace) -> Settings:
     return load(args.config, clickhouse_url=args.clickhouse_url, data_dir=args.data_dir, host=args.host,
-                otlp_grpc_port=args.otlp_grpc_port, otlp_http_port=args.otlp_http_port, ui_port=args.ui_port)
+                otlp_grpc_port=args.otlp_grpc_port, otlp_http_port=args.otlp_http_port, ui_port=args.ui_port,
+                public_url=args.public_url)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -72,6 +85,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _report(args, settings)
         if args.command == "alerts":
             return _alerts_test(settings)
+        if args.command == "spool":
+            from servelens import spool_cli
+
+            return spool_cli.run(args.spool_command, settings, getattr(args, "id", None), getattr(args, "json", False))
         from servelens import runtime
 
         return runtime.run(args.command, settings, demo=getattr(args, "demo", False), once=getattr(args, "once", False))
@@ -103,11 +120,12 @@ def _report(args: argparse.Namespace, settings: Settings) -> int:
 def _alerts_test(settings: Settings) -> int:
     """One line per sink; exit 1 when any failed, or when there is nothing to test."""
     from analytics.alerts import send_test
+    from servelens.runtime import dashboard_url
 
     if not settings.alerts.sinks:
         print("servelens: no alert sinks configured (alerts.sinks)", file=sys.stderr)
         return 1
-    results = send_test(settings, dashboard_url=f"http://{settings.host}:{settings.ui_port}/")
+    results = send_test(settings, dashboard_url=dashboard_url(settings))
     for name, result in results.items():
         print(f"{name}: {result}")
     return 0 if all(r == "ok" for r in results.values()) else 1

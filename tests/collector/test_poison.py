@@ -8,6 +8,7 @@ after the bad one and checks they are stored.
 
 from __future__ import annotations
 
+import json
 import time
 import urllib.error
 import urllib.request
@@ -28,6 +29,7 @@ from collector.engine_spans import _varint
 from collector.service import Collector
 from collector.spool import Spool
 from collector.writer import Writer, WriterSettings
+from servelens.cli import main
 from servelens.migrate import migrate
 from servelens.store import Store
 from tests.collector.otlp_payloads import kv, llm_request
@@ -165,7 +167,7 @@ def _wait_for(predicate, timeout: float = 30.0) -> bool:
 
 
 @pytest.mark.parametrize("mapping", MAPPINGS)
-def test_write_ahead_quarantines_only_the_refused_rows_and_the_log_goes_on(start, mapping: str) -> None:
+def test_write_ahead_quarantines_only_the_refused_rows_and_the_log_goes_on(start, mapping: str, capsys) -> None:
     collector, store, url = start(trace_mapping=mapping, acknowledge="spooled", spool_linger="1s")
     _refuse_span_name(store, "poison", "constraint")
     for body in (llm_request(4), _with_poison(6), llm_request(3)):  # within one linger: one group
@@ -178,9 +180,15 @@ def test_write_ahead_quarantines_only_the_refused_rows_and_the_log_goes_on(start
     [entry] = spool.quarantined()
     assert entry["rows"] == {"otel_traces" if mapping == "python" else "otlp_traces_in": refused}
     assert "refused by the store" in entry["reason"] and "CONSTRAINT" in entry["reason"]
-    # once the cause is fixed, a release inserts the rows, once
+    # `servelens spool` lists it, shows its rows, and once the cause is fixed a release
+    # inserts them, once
+    data_dir = str(spool.directory.parent)
+    assert main(["spool", "list", "--json", "--data-dir", data_dir]) == 0
+    assert json.loads(capsys.readouterr().out)["quarantined"][0]["id"] == entry["id"]
+    assert main(["spool", "show", entry["id"], "--data-dir", data_dir]) == 0
+    assert ("poison" if mapping == "python" else "request_bytes") in capsys.readouterr().out
     store.client().command("ALTER TABLE otel_traces DROP CONSTRAINT no_poison")
-    assert spool.release(entry["id"])
+    assert main(["spool", "release", "--data-dir", data_dir]) == 0
     assert _wait_for(lambda: count(store) == 14 and count(store, "llm_requests") == 14)
     assert spool.quarantined() == []
 
