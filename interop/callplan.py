@@ -1,0 +1,134 @@
+"""The calls every library script makes, and the bookkeeping around them.
+
+Stdlib only: it is imported from each library's own venv. A script supplies how to
+make each kind of call and how to set the tenant "its own way"; run_plan() makes
+the calls in a fixed order, catches the expected errors and writes one JSON line
+per call to $INTEROP_CALLS_OUT (the driver joins those with the fake server's log
+by label to build manifest.json).
+
+Each prompt carries a "[call=<label>]" marker; the fake server reads it back so
+the two logs can be joined without relying on request order.
+
+Environment (set by interop/capture_all.py):
+  INTEROP_OPENAI_BASE  e.g. http://127.0.0.1:PORT/v1   (the fake server)
+  INTEROP_OTLP         e.g. http://127.0.0.1:PORT      (the capture receiver)
+  INTEROP_CALLS_OUT    where to write the script-side call log
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+import traceback
+from dataclasses import asdict, dataclass, field
+
+OPENAI_BASE = os.environ.get("INTEROP_OPENAI_BASE", "http://127.0.0.1:8765/v1")
+OTLP = os.environ.get("INTEROP_OTLP", "http://127.0.0.1:4318").rstrip("/")
+CALLS_OUT = os.environ.get("INTEROP_CALLS_OUT")
+FAKE_API_KEY = "sk-interop-fake-key"
+
+CHAT_MODEL = "gpt-4o-mini"
+EMBED_MODEL = "text-embedding-3-small"
+SYSTEM = "You are a terse assistant."
+
+
+@dataclass
+class Call:
+    label: str
+    kind: str            # chat | stream | embedding | error500 | error429
+    tenant: str
+    user: str
+    session: str
+    model: str
+    prompt: str
+    stream: bool = False
+    outcome: dict = field(default_factory=dict)
+
+    def messages(self) -> list[dict]:
+        return [{"role": "system", "content": SYSTEM},
+                {"role": "user", "content": self.prompt}]
+
+
+def plan() -> list[Call]:
+    def c(label, kind, tenant, model, text, **kw):
+        user = {"acme": "user-acme-42", "globex": "user-globex-7"}[tenant]
+        session = {"acme": "session-acme-1", "globex": "session-globex-1"}[tenant]
+        return Call(label, kind, tenant, user, session, model, f"[call={label}] {text}", **kw)
+
+    return [
+        c("chat-acme", "chat", "acme", CHAT_MODEL, "Say hello to the acme team."),
+        c("stream-acme", "stream", "acme", CHAT_MODEL,
+          "Stream a short greeting, word by word, for acme please.", stream=True),
+        c("embedding-acme", "embedding", "acme", EMBED_MODEL, "acme quarterly report"),
+        c("error500-acme", "error500", "acme", "fail-500", "This one fails with a 500."),
+        c("error429-acme", "error429", "acme", "fail-429", "This one is rate limited (429)."),
+        c("chat-globex", "chat", "globex", CHAT_MODEL,
+          "Say hello to the globex people, who are a different tenant."),
+    ]
+
+
+def _status_of(exc: BaseException):
+    for attr in ("status_code", "status", "code"):
+        v = getattr(exc, attr, None)
+        if isinstance(v, int):
+            return v
+    resp = getattr(exc, "response", None)
+    v = getattr(resp, "status_code", None)
+    return v if isinstance(v, int) else None
+
+
+def run_plan(lib: str, do_call, scope=None, calls: list[Call] | None = None) -> list[Call]:
+    """do_call(call) makes the request and returns a dict of extra outcome fields
+    (for streams: {"first_chunk_s": ..., "chunks": n}); scope(call) returns a context
+    manager that sets tenant/user/session the library's way."""
+    global _call_t0
+    calls = calls if calls is not None else plan()
+    for call in calls:
+        ctx = scope(call) if scope else contextlib.nullcontext()
+        t0 = _call_t0 = time.perf_counter()
+        try:
+            with ctx:
+                extra = do_call(call) or {}
+            call.outcome = {"ok": True, **extra}
+        except Exception as exc:  # the error calls are expected to raise
+            call.outcome = {"ok": False, "exception": f"{type(exc).__module__}.{type(exc).__name__}",
+                            "status": _status_of(exc), "message": str(exc)[:300]}
+            if call.kind not in ("error500", "error429"):
+                call.outcome["traceback"] = traceback.format_exc(limit=6)
+        call.outcome["client_duration_ms"] = round((time.perf_counter() - t0) * 1000, 1)
+        print(f"[{lib}] {call.label}: {json.dumps({k: v for k, v in call.outcome.items() if k != 'traceback'})}",
+              flush=True)
+    if CALLS_OUT:
+        with open(CALLS_OUT, "w", encoding="utf-8") as f:
+            for call in calls:
+                f.write(json.dumps(asdict(call), sort_keys=True) + "\n")
+    return calls
+
+
+_call_t0 = 0.0
+
+
+def consume_stream(stream) -> dict:
+    """Iterate an OpenAI-style chunk stream; client-side first-chunk time (from the
+    start of the call, as run_plan started it) and counts."""
+    t0 = _call_t0 or time.perf_counter()
+    first = None
+    n = 0
+    text = []
+    usage = None
+    for chunk in stream:
+        if first is None:
+            first = time.perf_counter() - t0
+        n += 1
+        choices = getattr(chunk, "choices", None) or []
+        for ch in choices:
+            delta = getattr(ch, "delta", None)
+            if delta is not None and getattr(delta, "content", None):
+                text.append(delta.content)
+        if getattr(chunk, "usage", None):
+            usage = chunk.usage
+    return {"client_first_chunk_ms": round((first or 0) * 1000, 1), "chunks": n,
+            "text": "".join(text),
+            "client_saw_usage": usage is not None}

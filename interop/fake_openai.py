@@ -1,0 +1,354 @@
+"""A deterministic fake of the OpenAI HTTP API, for capturing what instrumentation
+libraries emit without reaching the real service.
+
+Endpoints (all under /v1, like api.openai.com):
+  POST /v1/chat/completions   non-streaming JSON, or `"stream": true` as SSE
+  POST /v1/embeddings         float or base64 (the openai client asks for base64)
+  GET  /v1/models             a tiny list (some clients probe it)
+
+Error triggers, by request model:
+  "fail-500"  -> 500 with an OpenAI-shaped error body
+  "fail-429"  -> 429 with Retry-After and x-ratelimit-* headers
+
+Everything is deterministic: ids, timestamps, content and token counts derive from
+the request (and from the order of requests, to keep prompt token counts distinct
+per call), so two runs of the same script give the same answers.
+
+Every request is appended as one JSON line to --calls (when given): path, label
+(from a "[call=...]" marker in the prompt), request/response model, the token
+counts returned, whether it streamed, the server-side time to first chunk and the
+HTTP status. The capture driver builds manifest.json from that file.
+
+Run: python interop/fake_openai.py --port 0 --port-file PORT --calls calls.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import hashlib
+import json
+import re
+import struct
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+# Requested model -> the dated model the API answers with.
+RESPONSE_MODELS = {
+    "gpt-4o-mini": "gpt-4o-mini-2024-07-18",
+    "gpt-4o": "gpt-4o-2024-08-06",
+    "gpt-4.1-mini": "gpt-4.1-mini-2025-04-14",
+    "o4-mini": "o4-mini-2025-04-16",
+}
+EMBEDDING_DIMS = 8
+FIRST_CHUNK_DELAY_S = 0.120   # before the first SSE chunk
+INTER_CHUNK_DELAY_S = 0.030   # between SSE chunks
+CREATED = 1735689600          # 2025-01-01T00:00:00Z, fixed so runs are identical
+SYSTEM_FINGERPRINT = "fp_fake0interop"
+LABEL_RE = re.compile(r"\[call=([A-Za-z0-9_.:-]+)\]")
+
+
+class State:
+    """Per-server counters: keeps ids and prompt token counts distinct per call."""
+
+    def __init__(self, calls_path: str | None):
+        self.lock = threading.Lock()
+        self.seq = 0
+        self.used_prompt_tokens: set[int] = set()
+        self.calls_path = calls_path
+
+    def next_seq(self) -> int:
+        with self.lock:
+            self.seq += 1
+            return self.seq
+
+    def unique_prompt_tokens(self, n: int) -> int:
+        with self.lock:
+            while n in self.used_prompt_tokens:
+                n += 1
+            self.used_prompt_tokens.add(n)
+            return n
+
+    def record(self, entry: dict) -> None:
+        if not self.calls_path:
+            return
+        with self.lock, open(self.calls_path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(entry, sort_keys=True) + "\n")
+
+
+def _text_of(content) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):  # [{"type": "text", "text": ...}, ...]
+        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
+    return str(content)
+
+
+def _prompt_text(body: dict) -> str:
+    if "messages" in body:
+        return "\n".join(_text_of(m.get("content")) for m in body["messages"])
+    inp = body.get("input", "")
+    if isinstance(inp, list):
+        return "\n".join(x if isinstance(x, str) else json.dumps(x) for x in inp)
+    return str(inp)
+
+
+def _label(text: str) -> str | None:
+    m = LABEL_RE.search(text)
+    return m.group(1) if m else None
+
+
+def _reply_chunks(text: str) -> list[str]:
+    """The assistant's answer, already cut the way it is streamed."""
+    digest = hashlib.sha256(text.encode()).hexdigest()[:6]
+    words = ["Deterministic", " answer", " from", " the", " fake", " server", f" ({digest})", "."]
+    return words
+
+
+def _usage(state: State, text: str, n_chunks: int) -> dict:
+    prompt = state.unique_prompt_tokens(8 + len(text) // 2)
+    reasoning = 2 + prompt % 5
+    completion = n_chunks + reasoning
+    cached = (prompt // 3) // 8 * 8  # caches work in blocks
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": cached, "audio_tokens": 0},
+        "completion_tokens_details": {
+            "reasoning_tokens": reasoning,
+            "audio_tokens": 0,
+            "accepted_prediction_tokens": 0,
+            "rejected_prediction_tokens": 0,
+        },
+    }
+
+
+def make_handler(state: State):
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+        server_version = "fake-openai/1.0"
+
+        def log_message(self, fmt, *args):  # quiet; the calls file is the log
+            pass
+
+        # ---- plumbing -------------------------------------------------------
+        def _read_json(self) -> dict:
+            n = int(self.headers.get("Content-Length") or 0)
+            raw = self.rfile.read(n) if n else b""
+            try:
+                return json.loads(raw or b"{}")
+            except ValueError:
+                return {}
+
+        def _common_headers(self, seq: int) -> None:
+            self.send_header("x-request-id", f"req_fake{seq:08d}")
+            self.send_header("openai-organization", "fake-org")
+            self.send_header("openai-processing-ms", "5")
+            self.send_header("openai-version", "2020-10-01")
+
+        def _send_json(self, status: int, obj: dict, seq: int, extra: dict | None = None) -> None:
+            data = json.dumps(obj).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self._common_headers(seq)
+            for k, v in (extra or {}).items():
+                self.send_header(k, v)
+            self.end_headers()
+            self.wfile.write(data)
+            self.wfile.flush()
+
+        def _chunk(self, data: bytes) -> None:
+            self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+            self.wfile.flush()
+
+        # ---- routes ---------------------------------------------------------
+        def do_GET(self):
+            seq = state.next_seq()
+            if self.path.rstrip("/").endswith("/v1/models"):
+                self._send_json(200, {"object": "list", "data": [
+                    {"id": m, "object": "model", "created": CREATED, "owned_by": "system"}
+                    for m in list(RESPONSE_MODELS) + ["text-embedding-3-small"]]}, seq)
+            else:
+                self._not_found(seq)
+
+        def do_POST(self):
+            t0 = time.perf_counter()
+            seq = state.next_seq()
+            body = self._read_json()
+            path = self.path.split("?", 1)[0].rstrip("/")
+            if path.endswith("/chat/completions"):
+                self._chat(body, seq, t0)
+            elif path.endswith("/embeddings"):
+                self._embeddings(body, seq)
+            else:
+                self._not_found(seq)
+
+        def _not_found(self, seq: int) -> None:
+            state.record({"seq": seq, "path": self.path, "status": 404})
+            self._send_json(404, {"error": {"message": f"Unknown request URL: {self.path}",
+                                            "type": "invalid_request_error", "param": None,
+                                            "code": "unknown_url"}}, seq)
+
+        def _error(self, model: str, seq: int, entry: dict) -> bool:
+            if model == "fail-500":
+                entry.update(status=500)
+                state.record(entry)
+                self._send_json(500, {"error": {
+                    "message": "The server had an error while processing your request. Sorry about that!",
+                    "type": "server_error", "param": None, "code": None}}, seq)
+                return True
+            if model == "fail-429":
+                entry.update(status=429)
+                state.record(entry)
+                self._send_json(429, {"error": {
+                    "message": "Rate limit reached for fail-429 in organization fake-org on "
+                               "requests per min (RPM): Limit 3, Used 3, Requested 1. "
+                               "Please try again in 20s.",
+                    "type": "requests", "param": None, "code": "rate_limit_exceeded"}}, seq,
+                    extra={"Retry-After": "20", "x-ratelimit-limit-requests": "3",
+                           "x-ratelimit-remaining-requests": "0",
+                           "x-ratelimit-reset-requests": "20s"})
+                return True
+            return False
+
+        def _chat(self, body: dict, seq: int, t0: float) -> None:
+            model = str(body.get("model", ""))
+            stream = bool(body.get("stream"))
+            text = _prompt_text(body)
+            entry = {"seq": seq, "path": self.path, "endpoint": "chat.completions",
+                     "label": _label(text), "request_model": model, "stream": stream}
+            if self._error(model, seq, entry):
+                return
+            resp_model = RESPONSE_MODELS.get(model, model)
+            chunks = _reply_chunks(text)
+            usage = _usage(state, text, len(chunks))
+            cid = f"chatcmpl-fake{seq:08d}"
+            entry.update(response_model=resp_model, response_id=cid, status=200,
+                         input_tokens=usage["prompt_tokens"],
+                         output_tokens=usage["completion_tokens"],
+                         cached_tokens=usage["prompt_tokens_details"]["cached_tokens"],
+                         reasoning_tokens=usage["completion_tokens_details"]["reasoning_tokens"],
+                         finish_reason="stop")
+            if not stream:
+                entry["time_to_first_chunk_ms"] = None
+                state.record(entry)
+                self._send_json(200, {
+                    "id": cid, "object": "chat.completion", "created": CREATED,
+                    "model": resp_model,
+                    "choices": [{"index": 0, "message": {
+                        "role": "assistant", "content": "".join(chunks), "refusal": None,
+                        "annotations": []}, "logprobs": None, "finish_reason": "stop"}],
+                    "usage": usage, "service_tier": "default",
+                    "system_fingerprint": SYSTEM_FINGERPRINT}, seq)
+                return
+
+            include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+            entry["include_usage"] = include_usage
+            if not include_usage:
+                entry["usage_sent"] = False
+
+            def chunk(delta: dict, finish, with_choices=True, usage_obj=None) -> dict:
+                c = {"id": cid, "object": "chat.completion.chunk", "created": CREATED,
+                     "model": resp_model, "service_tier": "default",
+                     "system_fingerprint": SYSTEM_FINGERPRINT,
+                     "choices": [{"index": 0, "delta": delta, "logprobs": None,
+                                  "finish_reason": finish}] if with_choices else []}
+                if include_usage:
+                    c["usage"] = usage_obj
+                return c
+
+            events = [chunk({"role": "assistant", "content": "", "refusal": None}, None)]
+            events += [chunk({"content": w}, None) for w in chunks]
+            events.append(chunk({}, "stop"))
+            if include_usage:
+                events.append(chunk(None, None, with_choices=False, usage_obj=usage))
+
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream; charset=utf-8")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.send_header("Cache-Control", "no-cache")
+            self._common_headers(seq)
+            self.end_headers()
+            self.wfile.flush()
+            ttfc = None
+            for i, ev in enumerate(events):
+                time.sleep(FIRST_CHUNK_DELAY_S if i == 0 else INTER_CHUNK_DELAY_S)
+                self._chunk(b"data: " + json.dumps(ev).encode() + b"\n\n")
+                if i == 0:
+                    ttfc = round((time.perf_counter() - t0) * 1000, 1)
+            time.sleep(INTER_CHUNK_DELAY_S)
+            self._chunk(b"data: [DONE]\n\n")
+            self.wfile.write(b"0\r\n\r\n")
+            self.wfile.flush()
+            entry.update(time_to_first_chunk_ms=ttfc, sse_events=len(events),
+                         content_chunks=len(chunks),
+                         stream_duration_ms=round((time.perf_counter() - t0) * 1000, 1))
+            state.record(entry)
+
+        def _embeddings(self, body: dict, seq: int) -> None:
+            model = str(body.get("model", ""))
+            text = _prompt_text(body)
+            entry = {"seq": seq, "path": self.path, "endpoint": "embeddings",
+                     "label": _label(text), "request_model": model, "stream": False}
+            if self._error(model, seq, entry):
+                return
+            inputs = body.get("input", "")
+            inputs = inputs if isinstance(inputs, list) else [inputs]
+            fmt = body.get("encoding_format") or "float"
+            dims = int(body.get("dimensions") or EMBEDDING_DIMS)
+            prompt = state.unique_prompt_tokens(8 + len(text) // 2)
+            data = []
+            for i, item in enumerate(inputs):
+                h = hashlib.sha256(json.dumps(item).encode()).digest()
+                vec = [round((h[j % len(h)] - 128) / 128.0, 6) for j in range(dims)]
+                emb = (base64.b64encode(struct.pack(f"<{dims}f", *vec)).decode()
+                       if fmt == "base64" else vec)
+                data.append({"object": "embedding", "index": i, "embedding": emb})
+            entry.update(response_model=model, status=200, input_tokens=prompt,
+                         output_tokens=0, cached_tokens=None, reasoning_tokens=None,
+                         time_to_first_chunk_ms=None, encoding_format=fmt,
+                         dimensions=dims, n_inputs=len(inputs))
+            state.record(entry)
+            self._send_json(200, {"object": "list", "data": data, "model": model,
+                                  "usage": {"prompt_tokens": prompt, "total_tokens": prompt}},
+                            seq)
+
+    return Handler
+
+
+def serve(port: int = 0, calls_path: str | None = None) -> ThreadingHTTPServer:
+    """Start the server in a daemon thread; returns it (server.server_port is the port)."""
+    httpd = ThreadingHTTPServer(("127.0.0.1", port), make_handler(State(calls_path)))
+    httpd.daemon_threads = True
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    return httpd
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--port", type=int, default=0)
+    ap.add_argument("--port-file", help="write the bound port here once listening")
+    ap.add_argument("--calls", help="append one JSON line per request here")
+    args = ap.parse_args()
+    httpd = ThreadingHTTPServer(("127.0.0.1", args.port), make_handler(State(args.calls)))
+    httpd.daemon_threads = True
+    if args.port_file:
+        with open(args.port_file + ".tmp", "w") as f:
+            f.write(str(httpd.server_port))
+        import os
+        os.replace(args.port_file + ".tmp", args.port_file)
+    print(f"fake openai on http://127.0.0.1:{httpd.server_port}/v1", file=sys.stderr, flush=True)
+    try:
+        httpd.serve_forever()
+    except KeyboardInterrupt:
+        pass
+
+
+if __name__ == "__main__":
+    main()
