@@ -110,7 +110,7 @@ class Intake:
             return [spans_to_request(request, raw, tenant, self.tenant_keys, window)]
         if signal == "traces":
             return [spans_to_rows(request, tenant, self.tenant_keys, window)]
-        batches = metrics_to_rows(request) if signal == "metrics" else [logs_to_rows(request)]
+        batches = metrics_to_rows(request, window) if signal == "metrics" else [logs_to_rows(request, window)]
         if self.tokens:
             for batch in batches:
                 _stamp_writer(batch, tenant)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from collector.attributes import MAX_TIME_NS, to_map, to_string
+from collector.attributes import MAX_TIME_NS, UNBOUNDED, TimeWindow, to_map, to_string
 from collector.spans import Batch
 
 LOG_COLUMNS = (
@@ -14,7 +14,8 @@ LOG_COLUMNS = (
 )
 
 
-def logs_to_rows(request: Any) -> Batch:
+def logs_to_rows(request: Any, window: TimeWindow = UNBOUNDED) -> Batch:
+    """Map every record; one whose time is outside `window` is rejected (partial success)."""
     batch = Batch("otel_logs", LOG_COLUMNS, [[] for _ in LOG_COLUMNS])
     for resource_logs in request.resource_logs:
         resource = to_map(resource_logs.resource.attributes)
@@ -27,6 +28,12 @@ def logs_to_rows(request: Any) -> Batch:
                     batch.rejected += 1
                     if len(batch.errors) < 5:
                         batch.errors.append("log record: timestamp beyond 2262 (not storable)")
+                    continue
+                problem = window.problem(record.time_unix_nano or record.observed_time_unix_nano, "log record time")
+                if problem:
+                    batch.rejected += 1
+                    if len(batch.errors) < 5:
+                        batch.errors.append(problem)
                     continue
                 if len(record.trace_id) not in (0, 16) or len(record.span_id) not in (0, 8):
                     batch.rejected += 1

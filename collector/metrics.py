@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from collector.attributes import MAX_TIME_NS, to_map
+from collector.attributes import MAX_TIME_NS, UNBOUNDED, TimeWindow, to_map
 from collector.spans import Batch
 
 _COMMON = (
@@ -51,7 +51,8 @@ def _exemplar_columns(ex: Any) -> list[list[Any]]:
     ]
 
 
-def metrics_to_rows(request: Any) -> list[Batch]:
+def metrics_to_rows(request: Any, window: TimeWindow = UNBOUNDED) -> list[Batch]:
+    """Map every point; one whose time is outside `window` is rejected (partial success)."""
     gauge = Batch("otel_metrics_gauge", GAUGE_COLUMNS, [[] for _ in GAUGE_COLUMNS])
     sums = Batch("otel_metrics_sum", SUM_COLUMNS, [[] for _ in SUM_COLUMNS])
     hist = Batch("otel_metrics_histogram", HISTOGRAM_COLUMNS, [[] for _ in HISTOGRAM_COLUMNS])
@@ -75,23 +76,32 @@ def metrics_to_rows(request: Any) -> list[Batch]:
                 ident = [metric.name, metric.description, metric.unit]
                 if kind == "gauge":
                     for p in metric.gauge.data_points:
-                        if not _storable(p):
+                        problem = _unstorable(p, window)
+                        if problem:
                             rejected += 1
+                            if len(errors) < 5:
+                                errors.append(f"metric {metric.name!r}: {problem}")
                             continue
                         _append(gauge, head + ident + _times(p) + [_number(p), p.flags] + exemplars(p))
                 elif kind == "sum":
                     s = metric.sum
                     for p in s.data_points:
-                        if not _storable(p):
+                        problem = _unstorable(p, window)
+                        if problem:
                             rejected += 1
+                            if len(errors) < 5:
+                                errors.append(f"metric {metric.name!r}: {problem}")
                             continue
                         _append(sums, head + ident + _times(p) + [_number(p), p.flags] + exemplars(p)
                                 + [s.aggregation_temporality, s.is_monotonic])
                 elif kind == "histogram":
                     h = metric.histogram
                     for p in h.data_points:
-                        if not _storable(p):
+                        problem = _unstorable(p, window)
+                        if problem:
                             rejected += 1
+                            if len(errors) < 5:
+                                errors.append(f"metric {metric.name!r}: {problem}")
                             continue
                         _append(hist, head + ident + _times(p) + [
                             p.count, p.sum, list(p.bucket_counts), list(p.explicit_bounds)]
@@ -112,8 +122,11 @@ def _times(point: Any) -> list[Any]:
     return [to_map(point.attributes), point.start_time_unix_nano, point.time_unix_nano]
 
 
-def _storable(point: Any) -> bool:
-    return max(point.time_unix_nano, point.start_time_unix_nano) <= MAX_TIME_NS
+def _unstorable(point: Any, window: TimeWindow) -> str | None:
+    """Why a point cannot be stored, or None."""
+    if point.start_time_unix_nano > MAX_TIME_NS:
+        return "start time beyond 2262 (not storable)"
+    return window.problem(point.time_unix_nano, "point time")
 
 
 def _append(batch: Batch, row: list[Any]) -> None:

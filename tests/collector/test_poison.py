@@ -388,3 +388,30 @@ def test_a_replay_completes_the_views_a_crash_cut_off_and_doubles_nothing(store:
         assert count(store, "llm_requests") == 6
         before = {t: count(store, t) for t in DERIVED}
     assert {t: count(store, t) for t in DERIVED} == before
+
+
+def test_points_and_log_records_the_ttl_would_drop_are_rejected_at_ingest(start) -> None:
+    from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import (
+        ExportLogsServiceRequest,
+        ExportLogsServiceResponse,
+    )
+    from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceResponse
+
+    collector, store, url = start()
+    now = time.time_ns()
+    times = (now - 31 * DAY_NS, 4_293_000_000 * 10**9, now - 10**9)  # beyond retention, past 2106's edge, now
+    metrics = ExportMetricsServiceRequest()
+    metric = metrics.resource_metrics.add().scope_metrics.add().metrics.add(name="queue_depth")
+    logs = ExportLogsServiceRequest()
+    records = logs.resource_logs.add().scope_logs.add().log_records
+    for t in times:
+        metric.gauge.data_points.add(time_unix_nano=t, as_double=1.0)
+        records.add(time_unix_nano=t)
+    status, body = post(f"{url}/v1/metrics", metrics.SerializeToString())
+    assert status == 200 and ExportMetricsServiceResponse.FromString(body).partial_success.rejected_data_points == 2
+    status, body = post(f"{url}/v1/logs", logs.SerializeToString())
+    reply = ExportLogsServiceResponse.FromString(body)
+    assert status == 200 and reply.partial_success.rejected_log_records == 2
+    assert "retention" in reply.partial_success.error_message
+    settle(collector)
+    assert count(store, "otel_metrics_gauge") == 1 and count(store, "otel_logs") == 1
