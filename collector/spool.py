@@ -223,6 +223,20 @@ class Spool:
             self._count = len(files)
 
 
+def quarantine_summary(spool_dir: Path) -> dict[str, int]:
+    """Batches and rows in `spool_dir`'s quarantine, from their notes alone (a reader's
+    view: creates nothing, safe beside a running collector)."""
+    batches = rows = 0
+    directory = Path(spool_dir) / "quarantine"
+    for note in directory.glob("*.json") if directory.is_dir() else ():
+        try:
+            rows += sum(int(n) for n in json.loads(note.read_text()).get("rows", {}).values())
+        except (OSError, ValueError, TypeError, AttributeError):
+            pass
+        batches += 1
+    return {"quarantined_batches": batches, "quarantined_rows": rows}
+
+
 def _frame(token: str, tables: Tables) -> bytes:
     payload = pickle.dumps((token, tables), protocol=pickle.HIGHEST_PROTOCOL)
     return _HEADER.pack(_MAGIC, zlib.crc32(payload), len(payload)) + payload

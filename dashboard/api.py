@@ -16,6 +16,7 @@ from werkzeug.exceptions import HTTPException
 import servelens
 from analytics import evaluations, reports, runner
 from analytics.query import QueryError, ReportQuery
+from collector.spool import quarantine_summary
 from analytics.triggers import engine as triggers_engine
 from dashboard.guard import Guard, Refused
 from servelens.config import Settings
@@ -75,7 +76,8 @@ def blueprint(settings: Settings, store: Any, collector_stats: Callable[[], dict
 
     @api.get("/v1/health")
     def health() -> Any:
-        body: dict[str, Any] = {"status": "ok", "store": store.describe(), "version": servelens.__version__}
+        body: dict[str, Any] = {"status": "ok", "store": store.describe(), "version": servelens.__version__,
+                                "ingest": quarantine_summary(settings.spool_dir)}
         if collector_stats is not None:
             body["collector"] = collector_stats()
         try:

@@ -8,7 +8,8 @@ import dash
 from dash import html
 
 from dashboard import data
-from dashboard.components import (LOADING, NO_REQUESTS, card, integer, ms, page, panel, pct, register_refresh,
+from collector.spool import quarantine_summary
+from dashboard.components import (LOADING, NO_REQUESTS, alert, card, integer, ms, page, panel, pct, register_refresh,
                                   search_box, show, top_table, updated_line, usd)
 
 dash.register_page(__name__, path="/", name="Overview", title="Overview · servelens")
@@ -67,12 +68,21 @@ def layout(**_query: str) -> html.Div:
     )
 
 
-def fetch_cards(source: data.DataSource, filters: data.Filters) -> list[dict[str, Any]]:
-    return source.rows("overview", filters)
+def fetch_cards(source: data.DataSource, filters: data.Filters) -> tuple[list[dict[str, Any]], dict[str, int]]:
+    return source.rows("overview", filters), quarantine_summary(source.settings.spool_dir)
 
 
-def render_cards(rows: list[dict[str, Any]], filters: data.Filters) -> tuple:
-    return cards(rows[0] if rows else {}), updated_line(filters)
+def render_cards(fetched: tuple[list[dict[str, Any]], dict[str, int]], filters: data.Filters) -> tuple:
+    rows, quarantine = fetched
+    return cards(rows[0] if rows else {}), [updated_line(filters), quarantine_note(quarantine)]
+
+
+def quarantine_note(quarantine: dict[str, int]) -> html.Div | None:
+    """Rows the store refused are in no number on this page: say so, and where they are."""
+    if not quarantine["quarantined_batches"]:
+        return None
+    return alert(f"{quarantine['quarantined_rows']:,} acknowledged rows in {quarantine['quarantined_batches']:,} "
+                 "batches were refused by the store and set aside (not counted here): `servelens spool list`")
 
 
 def fetch_latency(source: data.DataSource, filters: data.Filters, search: str | None) -> data.Top:

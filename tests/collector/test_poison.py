@@ -415,3 +415,17 @@ def test_points_and_log_records_the_ttl_would_drop_are_rejected_at_ingest(start)
     assert "retention" in reply.partial_success.error_message
     settle(collector)
     assert count(store, "otel_metrics_gauge") == 1 and count(store, "otel_logs") == 1
+
+
+def test_the_quarantine_shows_on_health_and_on_the_overview(start) -> None:
+    from dashboard.pages.overview import quarantine_note
+    from collector.spool import quarantine_summary
+
+    collector, store, url = start(acknowledge="spooled", spool_linger="0.2s")
+    _refuse_span_name(store, "poison", "constraint")
+    assert post(f"{url}/v1/traces", _with_poison(3).SerializeToString())[0] == 200
+    settle(collector)
+    summary = quarantine_summary(collector.writer._spool.directory)
+    assert summary == {"quarantined_batches": 1, "quarantined_rows": 1}
+    assert "1 acknowledged rows in 1 batches" in str(quarantine_note(summary))
+    assert quarantine_note({"quarantined_batches": 0, "quarantined_rows": 0}) is None

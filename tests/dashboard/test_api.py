@@ -51,7 +51,8 @@ def traffic(otlp_http, store) -> list[Request]:
 def test_health(dashboard, store):
     status, content_type, body = http("GET", f"{dashboard.url}/api/v1/health")
     assert (status, content_type) == (200, "application/json")
-    assert body == {"status": "ok", "store": store.describe(), "version": servelens.__version__}
+    assert body == {"status": "ok", "store": store.describe(), "version": servelens.__version__,
+                    "ingest": {"quarantined_batches": 0, "quarantined_rows": 0}}
 
 
 def test_overview_report(dashboard, traffic):
