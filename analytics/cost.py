@@ -36,17 +36,16 @@ _GPU_SCHEMA = {"deployment": pl.String, "gpu_cost": pl.Float64, "w_in": pl.Float
 def price_table(catalog: Catalog, models: list[str], boundaries: list[datetime]) -> pl.DataFrame:
     """One row per (model, period) with its per-million-token prices (null when unpriced)."""
     starts = [_EPOCH, *boundaries]
-    rows = []
+    columns: dict[str, list] = {name: [] for name in _PRICE_SCHEMA}
     for model in models:
         for period, start in enumerate(starts):
             price = catalog.price(model, start)
-            rows.append({
-                "model": model, "period": period,
-                "in_price": price.input_per_mtok if price else None,
-                "cached_price": price.cached_input_per_mtok if price else None,
-                "out_price": price.output_per_mtok if price else None,
-            })
-    return pl.DataFrame(rows, schema=_PRICE_SCHEMA)
+            columns["model"].append(model)
+            columns["period"].append(period)
+            columns["in_price"].append(price.input_per_mtok if price else None)
+            columns["cached_price"].append(price.cached_input_per_mtok if price else None)
+            columns["out_price"].append(price.output_per_mtok if price else None)
+    return pl.DataFrame(columns, schema=_PRICE_SCHEMA)
 
 
 def priced(groups: pl.LazyFrame, prices: pl.LazyFrame, gpu: pl.LazyFrame) -> pl.LazyFrame:
@@ -101,7 +100,7 @@ def gpu_allocation(store: Any, settings: Settings, q: ReportQuery) -> pl.DataFra
 
 def costed_groups(store: Any, settings: Settings, q: ReportQuery) -> pl.LazyFrame:
     """Token groups of the window with their cost (the input of cost and cost-change)."""
-    catalog = Catalog(settings.pricing.models)
+    catalog = Catalog.of(settings.pricing.models)
     boundaries = catalog.boundaries()
     groups = loader.cost_groups(store, settings, q, boundaries)
     models = groups.get_column("model").unique().to_list() if groups.height else []

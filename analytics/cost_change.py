@@ -126,7 +126,9 @@ def raw_factors(totals: dict[Cell, CellTotals], cells: Sequence[Cell]) -> RawFac
     t = {c: totals.get(c, empty) for c in cells}
     models = sorted({c[:2] for c in cells})
     attempts = sum(x.attempts for x in t.values())
-    per_model = {m: sum(x.attempts for c, x in t.items() if c[:2] == m) for m in models}
+    per_model = dict.fromkeys(models, 0)
+    for c, x in t.items():  # one pass: a window can hold tens of thousands of cells
+        per_model[c[:2]] += x.attempts
     # A window whose originals all fell before it (only retries in it) counts its
     # attempts as originals: amp stays finite and N0 · amp is still the attempts.
     originals = sum(x.originals for x in t.values()) or attempts

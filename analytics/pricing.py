@@ -16,6 +16,10 @@ from datetime import datetime, timezone
 from servelens.config import ModelPrice
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+# Names remembered per catalog: a fleet's models are few, but a window can hold 50k
+# distinct (mis)spellings; past this many, names are matched again each time.
+_MATCH_MEMO = 100_000
+_CATALOGS: dict[tuple[str, ...], Catalog] = {}
 
 
 @dataclass(frozen=True)
@@ -31,10 +35,23 @@ class Price:
 
 
 class Catalog:
+    @classmethod
+    def of(cls, entries: list[ModelPrice]) -> Catalog:
+        """The catalog for these entries, built once per configuration: its name memo
+        then lasts across reports."""
+        key = tuple(e.model_dump_json() for e in entries)
+        catalog = _CATALOGS.get(key)
+        if catalog is None:
+            if len(_CATALOGS) >= 4:  # a reload of the config; the old ones go
+                _CATALOGS.clear()
+            catalog = _CATALOGS[key] = cls(entries)
+        return catalog
+
     def __init__(self, entries: list[ModelPrice]) -> None:
         self._entries = entries
         self._patterns = [(re.compile(e.match), e.model) for e in entries if e.match]
         self._names = {e.model for e in entries}
+        self._matched: dict[str, str | None] = {}  # model -> entry name, for names seen before
 
     def boundaries(self) -> list[datetime]:
         """Every effective_from in the catalog, sorted: between two, no price changes."""
@@ -44,10 +61,12 @@ class Catalog:
         """The catalog model name that prices `model` (exact, else first full regex match)."""
         if model in self._names:
             return model
-        for pattern, name in self._patterns:
-            if pattern.fullmatch(model):
-                return name
-        return None
+        if model in self._matched:
+            return self._matched[model]
+        name = next((name for pattern, name in self._patterns if pattern.fullmatch(model)), None)
+        if len(self._matched) < _MATCH_MEMO:
+            self._matched[model] = name
+        return name
 
     def price(self, model: str, at: datetime) -> Price | None:
         name = self.entry_name(model)

@@ -83,7 +83,7 @@ def _gpu_costs(store: Any, settings: Settings, at: Evaluation, groups: pl.DataFr
 def window_unit_costs(store: Any, settings: Settings, at: Evaluation, recent: int) -> pl.DataFrame:
     """w, service, requests, cost_usd: priced attempts and their cost per window, priced by
     analytics.cost (catalog prices; busy GPU cost shared by weighted tokens)."""
-    catalog = Catalog(settings.pricing.models)
+    catalog = Catalog.of(settings.pricing.models)
     boundaries = catalog.boundaries()
     groups = sources.cost_token_groups(store, at, boundaries, recent)
     schema = {"w": pl.Int64, "service": pl.String, "requests": pl.Int64, "cost_usd": pl.Float64}
