@@ -48,8 +48,9 @@ DRIP = b"GET /api/v1/health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: " + b"a" * 40
 class Servelens:
     """`servelens up` on a fresh data dir, no config file, no SERVELENS_* variables."""
 
-    def __init__(self, scratch: Path) -> None:
+    def __init__(self, scratch: Path, acknowledge: str = "stored") -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith("SERVELENS_")}
+        env["SERVELENS_COLLECTOR__ACKNOWLEDGE"] = acknowledge
         self._log = open(scratch / "servelens.log", "w")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "servelens.cli", "up", "--data-dir", str(scratch / "data"),
@@ -286,10 +287,12 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--seconds", type=float, default=30.0, help="probe time per scenario (default 30)")
     parser.add_argument("--modes", default="none,drip,silent")
     parser.add_argument("--no-write", action="store_true", help="print only; leave BENCHMARKS.md alone")
+    parser.add_argument("--acknowledge", choices=("stored", "spooled"), default="stored",
+                        help="collector.acknowledge: answer once committed, or once in the write-ahead log")
     args = parser.parse_args(argv)
     _pin(CLIENT_CORE)
     with tempfile.TemporaryDirectory(prefix="servelens-slow-") as scratch:
-        server = Servelens(Path(scratch))
+        server = Servelens(Path(scratch), args.acknowledge)
         try:
             time.sleep(2.0)  # let start-up work settle
             runs = [scenario(server, mode, args.slow, args.seconds) for mode in args.modes.split(",")]
