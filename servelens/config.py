@@ -95,17 +95,28 @@ class ScrapeConfig(_Strict):
 
 
 class AttributesConfig(_Strict):
-    tenant: list[str] = ["app.tenant", "tenant.id"]
-    feature: list[str] = ["app.feature"]
-    team: list[str] = ["app.team"]
+    # The defaults cover the instrumentation libraries' own spellings (collector.dialects,
+    # which the llm_requests view is rendered from: a test keeps the two equal). A key is an
+    # attribute, or `<JSON attribute>.<key inside it>`; JSON-encoded string values are decoded.
+    tenant: list[str] = ["app.tenant", "tenant.id", "tenant", "traceloop.association.properties.tenant",
+                         "langfuse.trace.metadata.tenant", "metadata.tenant", "litellm.metadata.tenant"]
+    feature: list[str] = ["app.feature", "feature", "traceloop.association.properties.feature",
+                          "langfuse.trace.metadata.feature", "metadata.feature", "litellm.metadata.feature"]
+    team: list[str] = ["app.team", "team", "traceloop.association.properties.team", "langfuse.trace.metadata.team",
+                       "metadata.team", "litellm.metadata.team"]
 
 
 class ModelPrice(_Strict):
+    """USD per million tokens. Unset optional prices fall back: cached input and cache
+    writes to the input price, reasoning to the output price (analytics/pricing.py)."""
+
     model: str
     match: str | None = None
     input_per_mtok: float = Field(ge=0)
     output_per_mtok: float = Field(ge=0)
     cached_input_per_mtok: float | None = Field(None, ge=0)
+    cache_write_per_mtok: float | None = Field(None, ge=0)
+    reasoning_per_mtok: float | None = Field(None, ge=0)
     effective_from: datetime | None = None
 
     @field_validator("match")
@@ -135,6 +146,8 @@ class ModelPrice(_Strict):
 
 class PricingConfig(_Strict):
     models: list[ModelPrice] = []
+    # What prices the models `models` does not: the genai-prices package's data, or nothing.
+    catalog: Literal["genai-prices", "none"] = "genai-prices"
 
 
 class GpuSelector(_Strict):
@@ -372,6 +385,10 @@ class AnalyticsConfig(_Strict):
     _dur = field_validator("interval", mode="before")(parse_duration)
 
 
+class GpusConfig(_Strict):  # busy time; auto: DCGM_FI_PROF_GR_ENGINE_ACTIVE where reported, else DCGM_FI_DEV_GPU_UTIL
+    busy_metric: Literal["auto", "gr_engine_active", "gpu_util"] = "auto"
+
+
 class Settings(BaseSettings):
     """The whole configuration. Top-level fields are the common CLI options."""
 
@@ -402,6 +419,7 @@ class Settings(BaseSettings):
     triggers: TriggersConfig = TriggersConfig()
     alerts: AlertsConfig = AlertsConfig()
     analytics: AnalyticsConfig = AnalyticsConfig()
+    gpus: GpusConfig = GpusConfig()
 
     # Set by load(); the YAML source reads it.
     _yaml_file: str | None = None

@@ -155,9 +155,10 @@ CASES = {
         {"Model": "gpt-4o-mini-2024-07-18", "Operation": "chat", "Provider": "openai", "InputTokens": 700,
          "OutputTokens": 50, "CachedInputTokens": 256, "RetryAttempt": 2, "Tenant": "globex"},
         name="openai.chat"),
+    # OpenLLMetry's legacy operation names are read as the GenAI semconv's (completion -> text_completion).
     "openllmetry-request-model-only": Case(
         {"llm.request.type": "completion", "llm.request.model": "gpt-3.5-turbo-instruct"},
-        {"Model": "gpt-3.5-turbo-instruct", "Operation": "completion"}, name="openai.completion"),
+        {"Model": "gpt-3.5-turbo-instruct", "Operation": "text_completion"}, name="openai.completion"),
     # Retry under the current spelling; a 429 with error.type only (status unset) is an error.
     "retry-resend-count-429": Case(
         {**CURRENT, "http.request.resend_count": 1, "error.type": "429", "http.response.status_code": 429},

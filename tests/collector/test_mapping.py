@@ -20,13 +20,14 @@ from collector import attributes
 from collector.logs import LOG_COLUMNS, logs_to_rows
 from collector.metrics import GAUGE_COLUMNS, HISTOGRAM_COLUMNS, SUM_COLUMNS, metrics_to_rows
 from collector.spans import TRACE_COLUMNS, spans_to_rows
+from servelens.config import AttributesConfig
 
 TRACE_ID = bytes.fromhex("0af7651916cd43dd8448eb211c80319c")
 SPAN_ID = bytes.fromhex("b7ad6b7169203331")
 PARENT_ID = bytes.fromhex("00f067aa0ba902b7")
 # Midnight UTC two days ago, in ns: inside the default retention, so the receivers store it
 T0 = (time.time_ns() // 86_400_000_000_000 - 2) * 86_400_000_000_000
-TENANT_KEYS = ("app.tenant", "tenant.id")
+TENANT_KEYS = tuple(AttributesConfig().tenant)
 
 
 def kv(key: str, **value) -> KeyValue:

@@ -1,0 +1,181 @@
+"""The dialect table against the real output of six instrumentation libraries.
+
+tests/interop/captures/<lib>/ holds what each library exported while driving the real
+`openai` client against a fake OpenAI server (interop/, `make interop-capture`), and the
+manifest of what that server answered. Each capture goes through the real receiver
+(both span mappings) into the real store; then:
+- the llm_requests view and the Python reading (collector.dialects.request_fields) give
+  the same fields for every span;
+- every call is one row, with the tokens, cache tokens, TTFT, error flag and tenant the
+  library sent, equal to what the fake server returned.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import datetime, timedelta
+import urllib.request
+from pathlib import Path
+
+import pytest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+from collector import dialects
+from collector.service import Collector
+from servelens.migrate import MIGRATIONS_DIR, migrate
+from servelens.store import Store
+
+pytestmark = pytest.mark.integration
+CAPTURES = Path(__file__).resolve().parents[1] / "interop" / "captures"
+LIBRARIES = sorted(p.name for p in CAPTURES.iterdir() if (p / "manifest.json").is_file())
+# What each library carries (interop/README.md): a missing carrier is no failure of ours.
+SENDS_CACHED = {"traceloop", "openlit", "openinference", "langfuse"}
+SENDS_REASONING = {"openinference", "langfuse"}  # traceloop: on non-streamed calls only
+SENDS_TTFT = {"traceloop", "openlit", "openinference", "langfuse"}
+
+COLUMNS = {  # llm_requests column -> request_fields key
+    "Model": "model", "Provider": "provider", "Operation": "operation", "Tenant": "tenant", "Feature": "feature",
+    "Team": "team", "UserId": "user", "SessionId": "session", "InputTokens": "input_tokens",
+    "OutputTokens": "output_tokens", "CachedInputTokens": "cache_read_tokens",
+    "CacheWriteInputTokens": "cache_write_tokens", "ReasoningOutputTokens": "reasoning_tokens",
+    "TtftSeconds": "ttft", "TtftSource": "ttft_source", "TpotSeconds": "tpot", "Streaming": "streaming",
+    "ClientCostUsd": "client_cost", "IsError": "is_error", "ErrorType": "error_type",
+    "HttpStatusCode": "http_status", "Dialect": "dialect",
+}
+
+
+def test_the_migration_holds_the_current_rendering_of_the_dialect_table() -> None:
+    text = (MIGRATIONS_DIR / "0014_llm_requests_dialects.sql").read_text()
+    assert dialects.llm_requests_view_sql() in text, "re-render: python -m collector.dialects"
+
+
+def _shifted(body: bytes, by_ns: int) -> bytes:
+    """The capture moved to now (the tables keep a retention window), nothing else changed."""
+    request = ExportTraceServiceRequest.FromString(body)
+    for rs in request.resource_spans:
+        for ss in rs.scope_spans:
+            for span in ss.spans:
+                span.start_time_unix_nano += by_ns
+                span.end_time_unix_nano += by_ns
+                for event in span.events:
+                    event.time_unix_nano += by_ns
+                for kv in span.attributes:  # an absolute time a library wrote (Langfuse's TTFT)
+                    if kv.key == "langfuse.observation.completion_start_time":
+                        at = datetime.fromisoformat(json.loads(kv.value.string_value).replace("Z", "+00:00"))
+                        moved = at + timedelta(microseconds=by_ns // 1000)
+                        kv.value.string_value = json.dumps(moved.isoformat().replace("+00:00", "Z"))
+    return request.SerializeToString()
+
+
+def _replay(library: str, url: str) -> None:
+    bodies = [p.read_bytes() for p in sorted((CAPTURES / library).glob("traces-*.binpb"))]
+    first = min(s.start_time_unix_nano for b in bodies for rs in ExportTraceServiceRequest.FromString(b).resource_spans
+                for ss in rs.scope_spans for s in ss.spans)
+    shift = time.time_ns() - 3600 * 10**9 - first
+    for body in bodies:
+        request = urllib.request.Request(f"{url}/v1/traces", data=_shifted(body, shift),
+                                         headers={"Content-Type": "application/x-protobuf"})
+        assert urllib.request.urlopen(request, timeout=30).status == 200
+
+
+@pytest.fixture(params=["python", "engine"])
+def stored(request, make_settings, tmp_path):
+    """library -> its capture stored through the real receiver; yields (store, load)."""
+    settings = make_settings(collector={"trace_mapping": request.param}, data_dir=str(tmp_path / "data"))
+    store = Store(settings.store_url, settings.store.database)
+    migrate(store.client())
+    collector = Collector(settings, store)
+    collector.start()
+
+    def load(library: str) -> None:
+        _replay(library, f"http://127.0.0.1:{collector.http.port}")
+        assert collector.writer.force_flush(30)
+
+    yield store, load
+    collector.shutdown()
+    store.client().command(f"DROP DATABASE IF EXISTS `{settings.store.database}`")
+
+
+def _spans(store: Store) -> list[tuple[str, dialects.SpanView]]:
+    rows = store.client().query(
+        "SELECT SpanId, SpanAttributes, ResourceAttributes, toUnixTimestamp64Nano(Timestamp), StatusCode, "
+        "Events.Name, arrayMap(t -> toUnixTimestamp64Nano(t), Events.Timestamp), ScopeName FROM otel_traces").result_rows
+    return [(sid, dialects.SpanView(dict(a), dict(r), start, status, list(names), list(times), scope))
+            for sid, a, r, start, status, names, times, scope in rows]
+
+
+def _requests(store: Store) -> dict[str, dict]:
+    names = list(COLUMNS)
+    rows = store.client().query(f"SELECT SpanId, {', '.join(names)} FROM llm_requests").result_rows
+    return {row[0]: dict(zip(names, row[1:])) for row in rows}
+
+
+@pytest.mark.parametrize("library", LIBRARIES)
+def test_the_view_and_the_python_reading_agree_on_every_span(stored, library: str) -> None:
+    store, load = stored
+    load(library)
+    spans, rows = _spans(store), _requests(store)
+    python = {sid: dialects.request_fields(view) for sid, view in spans if dialects.is_request(view)}
+    assert set(python) == set(rows), "the same spans are requests"
+    for sid, fields in python.items():
+        row = rows[sid]
+        for column, key in COLUMNS.items():
+            expected, got = fields[key], row[column]
+            if isinstance(expected, float) and got is not None:
+                assert got == pytest.approx(expected, rel=1e-9, abs=1e-9), (library, column)
+            else:
+                assert got == expected, (library, column, sid)
+
+
+@pytest.mark.parametrize("library", LIBRARIES)
+def test_every_call_is_one_row_with_what_the_server_returned(stored, library: str) -> None:
+    store, load = stored
+    load(library)
+    manifest = json.loads((CAPTURES / library / "manifest.json").read_text())
+    rows = list(_requests(store).values())
+    assert len(rows) == len(manifest["calls"]), "one row per LLM call"
+    for call in manifest["calls"]:
+        if call["kind"].startswith("error"):
+            [row] = [r for r in rows if r["Model"] == call["request_model"]]
+            assert row["IsError"] and row["Tenant"] == call["tenant"], (library, call["label"])
+            continue
+        [row] = [r for r in rows if r["InputTokens"] == call["input_tokens"] and not r["IsError"]]
+        what = (library, call["label"])
+        assert row["OutputTokens"] == call["output_tokens"], what
+        assert row["Tenant"] == call["tenant"], what
+        assert row["Operation"] == ("embeddings" if call["kind"] == "embedding" else "chat"), what
+        if library in SENDS_CACHED and call["kind"] != "embedding":
+            assert row["CachedInputTokens"] == call["cached_tokens"], what
+        if library in SENDS_REASONING and call["kind"] != "embedding":
+            assert row["ReasoningOutputTokens"] == call["reasoning_tokens"], what
+        if call["kind"] == "stream" and library in SENDS_TTFT:
+            # the server's first chunk, as late as the client saw it, never later than the call
+            assert call["server_time_to_first_chunk_ms"] / 1000 * 0.9 <= row["TtftSeconds"], what
+            assert row["TtftSeconds"] <= call["client_outcome"]["client_duration_ms"] / 1000, what
+            assert row["TtftSource"], what
+        elif call["kind"] != "stream" and library == "openlit":
+            assert row["TtftSeconds"] is None, "OpenLIT's TTFT on a non-streamed call is the whole call"
+
+
+def test_the_configs_default_business_unit_keys_are_the_dialect_tables() -> None:
+    from servelens.config import AttributesConfig
+
+    defaults = AttributesConfig()
+    for unit in ("tenant", "feature", "team"):
+        assert tuple(getattr(defaults, unit)) == dialects.UNIT_KEYS[unit]
+
+
+@pytest.mark.parametrize(("value", "expected"), [
+    ('"acme"', "acme"), ("acme", "acme"), ('"', '"'), ('"a"b"', '"a"b"'), ('""', ""),
+])
+def test_a_json_encoded_unit_value_is_decoded(value: str, expected: str) -> None:
+    span = dialects.SpanView({"langfuse.trace.metadata.tenant": value}, {}, 0)
+    assert dialects.unit_value(span, dialects.UNIT_KEYS["tenant"]) == expected
+
+
+def test_a_unit_key_inside_a_json_attribute() -> None:
+    span = dialects.SpanView({"metadata": '{"tenant": "acme", "n": 3}'}, {}, 0)
+    assert dialects.unit_value(span, ("metadata.tenant",)) == "acme"
+    assert dialects.unit_value(span, ("metadata.n",)) == "3"
+    assert dialects.unit_value(dialects.SpanView({"metadata": "not json"}, {}, 0), ("metadata.tenant",)) == ""
