@@ -37,6 +37,28 @@ def latency_groups(store: Any, settings: Settings, q: ReportQuery) -> pl.DataFra
     return frame(store, sql, params)
 
 
+def ttft_pairs(store: Any, settings: Settings, q: ReportQuery) -> pl.DataFrame:
+    """Per (service, model) with requests in the window, for the TTFT metrics fallback:
+    `keys`, the report keys of its requests that pass the filters; `exclusive`, whether
+    all of its window's requests pass them and share one key (then a histogram of that
+    service and model describes exactly those requests); `with_ttft`, its requests whose
+    span carried a TTFT."""
+    filtered, params = q.where(settings.attributes)
+    window, _ = ReportQuery(q.since, q.until).where(settings.attributes)
+    key_sql, key_params = key_expr(q.by, settings.attributes) if q.by else ("''", {})
+    params.update(key_params)
+    sql = f"""
+        SELECT ServiceName AS service, Model AS model,
+               groupUniqArrayIf(key, in_filter) AS keys,
+               toBool(min(in_filter) = 1 AND uniqExact(key) = 1) AS exclusive,
+               countIf(TtftSeconds IS NOT NULL) AS with_ttft
+        FROM (SELECT ServiceName, Model, TtftSeconds, toString({key_sql}) AS key, ({filtered}) AS in_filter
+              FROM llm_requests
+              WHERE {window})
+        GROUP BY service, model"""
+    return frame(store, sql, params)
+
+
 # A trace's outcome (latest span carrying app.outcome wins), for by=outcome.
 _OUTCOMES = """
     LEFT JOIN (
