@@ -8,7 +8,8 @@ from typing import Any, Callable, Mapping
 
 import polars as pl
 
-from analytics import cost, cost_change, latency, overview, quality, reliability, stages, utilization, workload
+from analytics import (cost, cost_change, ingest, latency, overview, quality, reliability, stages, utilization,
+                       workload)
 from analytics.query import QueryError, ReportQuery, iso
 from servelens.config import Settings
 
@@ -24,6 +25,7 @@ REPORTS: dict[str, tuple[Job, str | None]] = {
     "workload": (workload.report, workload.DEFAULT_BY),
     "reliability": (reliability.report, reliability.DEFAULT_BY),
     "quality": (quality.report, quality.DEFAULT_BY),
+    "ingest": (ingest.report, ingest.DEFAULT_BY),
 }
 
 
