@@ -211,3 +211,13 @@ def test_reliability(browser, dashboard, otlp_http, tmp_path):
     assert "over budget" in row and SERVICE in _text(browser, "rel-over-budget")
     _wait(browser, _plots("#rel-chart"))
     _finish(browser, "reliability", tmp_path)
+
+
+def test_ingest(browser, dashboard, otlp_http, tmp_path):
+    from tests.collector.test_dialects import _replay
+
+    _replay("openinference", otlp_http)
+    _open(browser, f"{dashboard.url}/ingest", lambda d: "openinference" in _text(d, "ing-table"))
+    row = _text(browser, "ing-table")
+    assert "fail-500" in row and "fail-429" in row  # unpriced: no catalog knows them
+    _finish(browser, "ingest", tmp_path)
