@@ -1,13 +1,20 @@
 """Demo traffic: a small multi-tenant LLM fleet, sent through the real OpenTelemetry SDK.
 
-Four services, each with its own TracerProvider, Resource and OTLP/HTTP exporter, so the
+Six services, each with its own TracerProvider, Resource and OTLP/HTTP exporter, so the
 receivers see exactly what instrumented applications send:
 
 - `chat-gateway`: API models (OpenAI, Anthropic) in current GenAI semconv, with 429
   retries (`http.request.resend_count`), overload fallbacks (`app.fallback`) and timeouts;
 - `vllm-llama-70b`: vLLM's own `llm_request` SERVER spans (old token names, `gen_ai.latency.*`);
 - `rag-service`: a request trace with retrieval and execute_tool stages around an LLM call;
-- `support-bot`: OpenLLMetry's legacy names (`llm.request.type`, `gen_ai.system`, …).
+- `support-bot`: OpenLLMetry's legacy names (`llm.request.type`, `gen_ai.system`, …);
+- `docs-assistant`: OpenInference's spellings (`openinference.span.kind`, `llm.token_count.*`,
+  the tenant in its `metadata` JSON, TTFT as the `First Token Stream Event`);
+- `copilot`: the Langfuse SDK's (`langfuse.observation.*`, usage as JSON, a completion-start
+  time, the tenant JSON-encoded in trace metadata).
+
+A share of the chat calls carries an online evaluation (`gen_ai.evaluation.result` span
+events: answer relevance), poorer for Japanese, so the Quality page has slices to compare.
 
 Next to the traces, the eight GPUs serving `llama-70b-prod` report DCGM samples every 15 s
 as OTLP metrics (`servelens.demo_gpus`), busy as the vLLM requests above keep them.
@@ -26,6 +33,7 @@ import random
 import threading
 import time
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from typing import Any
 
 from opentelemetry import trace
@@ -63,10 +71,12 @@ DEMO_CONFIG: dict[str, Any] = {
 
 # service -> (region, share of traffic)
 SERVICES = {
-    "chat-gateway": ("us-east-1", 0.40),
+    "chat-gateway": ("us-east-1", 0.32),
     "vllm-llama-70b": ("us-west-2", 0.30),
-    "rag-service": ("eu-west-1", 0.15),
-    "support-bot": ("us-east-1", 0.15),
+    "rag-service": ("eu-west-1", 0.13),
+    "support-bot": ("us-east-1", 0.10),
+    "docs-assistant": ("eu-west-1", 0.08),
+    "copilot": ("us-east-1", 0.07),
 }
 # Zipf-like tenant volumes: a few tenants dominate, a long tail trickles.
 TENANTS = {"acme": 30, "globex": 18, "initech": 12, "umbrella": 10, "hooli": 8,
@@ -79,7 +89,12 @@ FEATURES = {
                        ("extraction", "data-platform", "extraction", 0.8), ("assistant", "core-ai", "qa", 0.0)],
     "rag-service": [("kb-search", "knowledge", "qa", 0.0)],
     "support-bot": [("ticket-triage", "support", "classification", 0.1)],
+    "docs-assistant": [("docs-qa", "knowledge", "qa", 0.0)],
+    "copilot": [("code-complete", "devtools", "code", 0.0)],
 }
+EVALUATED_SHARE = 0.3  # of successful chat calls, an online evaluation result
+# language -> chance an answer is judged relevant (the slice the aggregate hides)
+RELEVANCE = {"en": 0.92, "de": 0.9, "fr": 0.9, "es": 0.89, "ja": 0.7}
 LANGUAGES = {"en": 70, "de": 9, "fr": 8, "es": 7, "ja": 6}
 # API model -> (provider, response model, weight, TTFT median s, time per output token s)
 API_MODELS = {
@@ -102,6 +117,7 @@ class _Span:
     attrs: dict[str, Any] = field(default_factory=dict)
     parent: int | None = None
     error: str | None = None  # status description; set means status ERROR
+    events: list[tuple[float, str, dict[str, Any]]] = field(default_factory=list)  # (offset, name, attributes)
 
 
 def _pick(rng: random.Random, weights: dict[str, float]) -> str:
@@ -131,7 +147,8 @@ class _Planner:
     def trace(self) -> tuple[str, list[_Span]]:
         service = _pick(self.rng, {name: share for name, (_, share) in SERVICES.items()})
         plan = {"chat-gateway": self.chat_gateway, "vllm-llama-70b": self.vllm,
-                "rag-service": self.rag, "support-bot": self.support_bot}[service]
+                "rag-service": self.rag, "support-bot": self.support_bot,
+                "docs-assistant": self.docs_assistant, "copilot": self.copilot}[service]
         return service, plan()
 
     def business(self, service: str) -> dict[str, Any]:
@@ -198,7 +215,14 @@ class _Planner:
                 attrs["gen_ai.usage.cache_read.input_tokens"] = cached
             if stream:
                 attrs["gen_ai.response.time_to_first_chunk"] = round(ttft, 6)
-        return _Span(name, SpanKind.CLIENT, at, at + duration, attrs)
+        span = _Span(name, SpanKind.CLIENT, at, at + duration, attrs)
+        if rng.random() < EVALUATED_SHARE:
+            relevant = rng.random() < RELEVANCE.get(biz.get("app.language", "en"), 0.9)
+            score = rng.uniform(0.6, 1.0) if relevant else rng.uniform(0.0, 0.45)
+            span.events.append((duration + 0.05, "gen_ai.evaluation.result", {
+                "gen_ai.evaluation.name": "answer_relevance", "gen_ai.evaluation.score.value": round(score, 3),
+                "gen_ai.evaluation.score.label": "pass" if relevant else "fail"}))
+        return span
 
     def calls(self, model: str, at: float, biz: dict[str, Any], input_tokens: int,
               parent: int, legacy: bool = False) -> tuple[list[_Span], bool]:
@@ -297,6 +321,29 @@ class _Planner:
             spans[0].error = "answer generation failed"
         return spans
 
+    def docs_assistant(self) -> list[_Span]:
+        """OpenInference-instrumented: a CHAIN span around the calls, spelled as OpenInference does."""
+        rng = self.rng
+        biz = self.business("docs-assistant")
+        root = _Span("docs_qa", SpanKind.INTERNAL, 0.0, 0.0, {"openinference.span.kind": "CHAIN"})
+        calls, _ = self.calls("gpt-4o-mini", 0.003, biz, _tokens(rng, 1500, 0.7, 30000), parent=0)
+        for span in calls:
+            _openinference(span)
+        root.end = calls[-1].end + 0.002
+        return [root, *calls]
+
+    def copilot(self) -> list[_Span]:
+        """Langfuse SDK: a span observation around the generations, spelled as Langfuse does."""
+        rng = self.rng
+        biz = self.business("copilot")
+        root = _Span("complete", SpanKind.INTERNAL, 0.0, 0.0, {"langfuse.observation.type": "span"})
+        calls, _ = self.calls(_pick(rng, {"gpt-4o": 60, "claude-sonnet-4": 40}), 0.003, biz,
+                              _tokens(rng, 2500, 0.8, 60000), parent=0)
+        for span in calls:
+            _langfuse(span)
+        root.end = calls[-1].end + 0.002
+        return [root, *calls]
+
     def support_bot(self) -> list[_Span]:
         """OpenLLMetry-instrumented workflow; tenant spelled tenant.id."""
         rng = self.rng
@@ -309,6 +356,56 @@ class _Planner:
         root.end = calls[-1].end + 0.002
         root.attrs["app.outcome"] = "failed" if failed else ("resolved" if rng.random() < 0.7 else "escalated")
         return [root, *calls]
+
+
+_UNITS = ("app.tenant", "app.feature", "app.team")
+
+
+def _semconv_parts(span: _Span) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(the call's GenAI fields, servelens' own attributes), taken out of a semconv call."""
+    a = span.attrs
+    genai = {k: a.pop(k) for k in [k for k in a if k.startswith(("gen_ai.", "server."))]}
+    units = {k: a.pop(k) for k in _UNITS if k in a}
+    return genai, units
+
+
+def _openinference(span: _Span) -> None:
+    genai, units = _semconv_parts(span)
+    span.name, span.kind = "ChatCompletion", SpanKind.INTERNAL
+    a = span.attrs
+    a.update({"openinference.span.kind": "LLM", "llm.system": genai.get("gen_ai.provider.name", ""),
+              "llm.invocation_parameters": json.dumps({"model": genai.get("gen_ai.request.model", "")}),
+              "metadata": json.dumps({k.removeprefix("app."): v for k, v in units.items()})})
+    if "gen_ai.response.model" in genai:
+        a["llm.model_name"] = genai["gen_ai.response.model"]
+    for semconv, spelled in (("gen_ai.usage.input_tokens", "llm.token_count.prompt"),
+                             ("gen_ai.usage.output_tokens", "llm.token_count.completion"),
+                             ("gen_ai.usage.cache_read.input_tokens", "llm.token_count.prompt_details.cache_read")):
+        if semconv in genai:
+            a[spelled] = genai[semconv]
+    if "gen_ai.response.time_to_first_chunk" in genai:
+        span.events.append((genai["gen_ai.response.time_to_first_chunk"], "First Token Stream Event", {}))
+
+
+def _langfuse(span: _Span) -> None:
+    genai, units = _semconv_parts(span)
+    span.name, span.kind = "OpenAI-generation", SpanKind.INTERNAL
+    a = span.attrs
+    a.update({"langfuse.observation.type": "generation",
+              "langfuse.observation.model.name": genai.get("gen_ai.response.model", genai.get("gen_ai.request.model")),
+              **{f"langfuse.trace.metadata.{k.removeprefix('app.')}": json.dumps(v) for k, v in units.items()}})
+    if "gen_ai.usage.input_tokens" in genai:
+        a["langfuse.observation.usage_details"] = json.dumps({
+            "prompt_tokens": genai["gen_ai.usage.input_tokens"],
+            "completion_tokens": genai.get("gen_ai.usage.output_tokens", 0),
+            "prompt_tokens_details": {"cached_tokens": genai.get("gen_ai.usage.cache_read.input_tokens", 0)}})
+    if span.error:
+        a["langfuse.observation.level"] = "ERROR"
+    if "gen_ai.response.time_to_first_chunk" in genai:  # an absolute time: resolved when sent
+        a[_COMPLETION_START] = genai["gen_ai.response.time_to_first_chunk"]
+
+
+_COMPLETION_START = "langfuse.observation.completion_start_time"
 
 
 class DemoTraffic:
@@ -347,8 +444,15 @@ class DemoTraffic:
         made: list[trace.Span] = []
         for s in spans:
             context = Context() if s.parent is None else trace.set_span_in_context(made[s.parent])
-            span = tracer.start_span(s.name, context=context, kind=s.kind, attributes=s.attrs,
+            attrs = s.attrs
+            if _COMPLETION_START in attrs:  # Langfuse writes an ISO time, JSON-quoted
+                at = datetime.fromtimestamp((start_ns + int((s.start + attrs[_COMPLETION_START]) * 1e9)) / 1e9,
+                                            timezone.utc)
+                attrs = {**attrs, _COMPLETION_START: json.dumps(at.isoformat().replace("+00:00", "Z"))}
+            span = tracer.start_span(s.name, context=context, kind=s.kind, attributes=attrs,
                                      start_time=start_ns + int(s.start * 1e9))
+            for offset, name, event_attrs in s.events:
+                span.add_event(name, event_attrs, timestamp=start_ns + int((s.start + offset) * 1e9))
             if s.error:
                 span.set_status(Status(StatusCode.ERROR, s.error))
             made.append(span)

@@ -324,13 +324,29 @@ def test_demo_traffic_fills_every_service_and_report(otlp_http: str, store, make
     api_models = [m for m in by_model if m != LLAMA]
     assert {"gpt-4o-2024-08-06", "gpt-4o-mini-2024-07-18", "claude-sonnet-4-20250514"} <= set(api_models)
     for model in api_models:
-        assert by_model[model]["unpriced_requests"] == 0 and by_model[model]["cost_usd"] > 0, model
+        # (a request model seen only on failed calls, which carry no tokens, costs nothing)
+        row = by_model[model]
+        assert row["unpriced_requests"] == 0 and (row["cost_usd"] > 0 or row["input_tokens"] == 0), model
 
     latency = {r["model"]: r for r in reports.run("latency", store, settings, {})["rows"]}
     assert set(latency) == set(by_model)
     for model, row in latency.items():
         assert row["requests"] > 0 and 0 < row["latency_p50_ms"] <= row["latency_p99_ms"], model
     assert latency[LLAMA]["ttft_p50_ms"] > 0
+
+    # Several dialects, each read whole: tokens, tenant, and TTFT from its own carrier.
+    by_dialect = {d: (n, tokens, tenants, sources) for d, n, tokens, tenants, sources in _query(store, """
+        SELECT Dialect, count(), countIf(InputTokens > 0), countIf(Tenant != ''), groupUniqArray(TtftSource)
+        FROM llm_requests GROUP BY Dialect""")}
+    assert {"semconv", "vllm", "openllmetry", "openinference", "langfuse"} <= set(by_dialect)
+    for d in ("openinference", "langfuse"):
+        n, tokens, tenants, sources = by_dialect[d]
+        assert tokens > 0.8 * n and tenants == n, d
+    assert "event:First Token Stream Event" in by_dialect["openinference"][3]
+    assert "timestamp:langfuse.observation.completion_start_time" in by_dialect["langfuse"][3]
+    # Online evaluations reach the Quality page, the Japanese slice below the rest.
+    quality = {r["language"]: r for r in reports.run("quality", store, settings, {"by": "language"})["rows"]}
+    assert quality and quality["ja"]["pass_rate"] < quality["en"]["pass_rate"]
 
 
 def test_demo_traffic_is_deterministic_when_seeded(otlp_http: str, store) -> None:
@@ -340,9 +356,12 @@ def test_demo_traffic_is_deterministic_when_seeded(otlp_http: str, store) -> Non
             assert demo.backfill(minutes=4) == 120
         finally:
             demo.shutdown(10.0)
-    # Timestamps move with the clock; names, durations and attributes repeat exactly.
+    # Timestamps move with the clock (Langfuse's completion-start time is one); names,
+    # durations and the other attributes repeat exactly.
     rows = _query(store, """
-        SELECT ServiceName, SpanName, Duration, StatusCode, toString(SpanAttributes) AS a, count() AS n
+        SELECT ServiceName, SpanName, Duration, StatusCode,
+               toString(mapFilter((k, v) -> k != 'langfuse.observation.completion_start_time', SpanAttributes)) AS a,
+               count() AS n
         FROM otel_traces GROUP BY ServiceName, SpanName, Duration, StatusCode, a""")
     assert rows and all(r[-1] % 2 == 0 for r in rows)
     assert sum(r[-1] for r in rows) > 240
