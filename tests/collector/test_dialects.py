@@ -179,3 +179,25 @@ def test_a_unit_key_inside_a_json_attribute() -> None:
     assert dialects.unit_value(span, ("metadata.tenant",)) == "acme"
     assert dialects.unit_value(span, ("metadata.n",)) == "3"
     assert dialects.unit_value(dialects.SpanView({"metadata": "not json"}, {}, 0), ("metadata.tenant",)) == ""
+
+
+def test_openinference_and_langfuse_stages_are_pipeline_stages(collector, otlp_http, store) -> None:
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(OTLPSpanExporter(endpoint=f"{otlp_http}/v1/traces")))
+    tracer = provider.get_tracer("stages")
+    with tracer.start_as_current_span("query", attributes={"openinference.span.kind": "CHAIN"}):
+        for name, attrs in (("retrieve", {"openinference.span.kind": "RETRIEVER"}),
+                            ("rerank", {"openinference.span.kind": "RERANKER"}),
+                            ("search_tool", {"openinference.span.kind": "TOOL"}),
+                            ("lookup", {"langfuse.observation.type": "tool"}),
+                            ("plain", {"openinference.span.kind": "CHAIN"})):
+            with tracer.start_as_current_span(name, attributes=attrs):
+                pass
+    provider.shutdown()
+    assert collector.writer.force_flush(30)
+    stages = sorted(store.client().query("SELECT Stage FROM stage_spans").result_rows)
+    assert stages == [("retrieval",), ("retrieval",), ("root",), ("tool",), ("tool",)]
