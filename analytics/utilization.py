@@ -1,9 +1,12 @@
 """The `utilization` report: GPU utilization and what the idle part costs (SPEC 4, 5).
 
 A deployment's GPUs in a window are the distinct GPU UUIDs seen in its hosts' DCGM
-samples (or its configured `count`); utilization is the mean of DCGM_FI_DEV_GPU_UTIL/100
-over those samples. Provisioned cost = GPU-hours x hourly rate, busy = provisioned x
-utilization, idle = provisioned - busy.
+samples (or its configured `count`); utilization is the mean busy fraction over those
+samples, each GPU measured by one metric (`gpus.busy_metric`, analytics.sources.gpus):
+DCGM_FI_PROF_GR_ENGINE_ACTIVE where the GPU reports it, else DCGM_FI_DEV_GPU_UTIL/100.
+The `busy_metric` column names it per GPU (`gr_engine_active` | `gpu_util`), and per
+deployment ("mixed" when its GPUs differ). Provisioned cost = GPU-hours x hourly rate,
+busy = provisioned x utilization, idle = provisioned - busy.
 
 GPU-hours: a GPU seen in the window is counted for the part of the window its samples
 span (n samples spanning t seconds stand for t * n / (n - 1) seconds: each sample covers
@@ -27,8 +30,8 @@ DEFAULT_BY = "deployment"
 SINGLE_SAMPLE_SECONDS = 15.0  # one sample stands for one typical scrape interval
 
 _GPU_SCHEMA = {"deployment": pl.String, "host": pl.String, "gpu": pl.String, "model_name": pl.String,
-               "samples": pl.UInt64, "first_ns": pl.Int64, "last_ns": pl.Int64, "util_mean": pl.Float64,
-               "util_p95": pl.Float64, "util_sum": pl.Float64}
+               "busy_metric": pl.String, "samples": pl.UInt64, "first_ns": pl.Int64, "last_ns": pl.Int64,
+               "util_mean": pl.Float64, "util_p95": pl.Float64, "util_sum": pl.Float64}
 
 
 def gpu_hours(gpus: pl.LazyFrame, window_hours: float) -> pl.LazyFrame:
@@ -58,6 +61,7 @@ def deployment_rollup(gpus: pl.LazyFrame, minutes: pl.LazyFrame, settings: Setti
             (pl.col("util_sum").sum() / pl.col("samples").sum()).alias("gpu_util_mean"),
             pl.col("gpu_hours").sum().alias("gpu_hours_seen"),
             (pl.col("gpu_hours") * pl.col("util_mean")).sum().alias("busy_gpu_hours"),
+            source.busy_metric_of(),
         )
     )
     peaks = minutes.group_by("deployment").agg(pl.col("minute_util").max().alias("util_minute_peak"))
@@ -115,7 +119,7 @@ def report(store: Any, settings: Settings, q: ReportQuery) -> pl.DataFrame:
             gpu_hours(gpus, hours).join(rates, on="deployment", how="left")
             .select(
                 pl.col("gpu"), pl.col("deployment"), pl.col("host"), pl.col("model_name"),
-                pl.lit(1).alias("gpus"),
+                pl.col("busy_metric"), pl.lit(1).alias("gpus"),
                 pl.col("util_mean").alias("gpu_util_mean"), pl.col("util_p95").alias("gpu_util_p95"),
                 (pl.col("util_p95") / pl.col("util_mean")).alias("peak_to_average"),
                 (pl.col("gpu_hours") * pl.col("rate")).alias("provisioned_cost_usd"),
@@ -132,7 +136,7 @@ def report(store: Any, settings: Settings, q: ReportQuery) -> pl.DataFrame:
     return (
         deployment_rollup(gpus, minutes, settings, hours)
         .join(p95, on="deployment", how="left")
-        .select("deployment", "gpus", "gpu_util_mean", "gpu_util_p95", "peak_to_average",
+        .select("deployment", "gpus", "busy_metric", "gpu_util_mean", "gpu_util_p95", "peak_to_average",
                 "provisioned_cost_usd", "busy_cost_usd", "idle_cost_usd")
         .sort("idle_cost_usd", descending=True, nulls_last=True)
         .collect()

@@ -34,7 +34,22 @@ def parse(text: str) -> list[Any]:
                 if line.startswith("# TYPE ") and len(line.split()) >= 4 and line.split()[3] == "counter"}
     for family in families:
         family.exposed_as = family.name if family.type == "counter" and family.name in declared else None
-    return families
+    return _join_suffixed_counters(families)
+
+
+def _join_suffixed_counters(families: list[Any]) -> list[Any]:
+    """A counter declared OpenMetrics' way, `# TYPE x counter` over samples `x_total` (some
+    exporters answer so whatever the Accept header), parses as an empty counter `x` and an
+    untyped family `x_total`: its samples go back to the counter, named as exposed, so
+    they stay a monotonic sum (`vllm:num_preemptions_total`) rather than a gauge."""
+    by_name = {f.name: f for f in families}
+    joined = set()
+    for family in families:
+        total = by_name.get(f"{family.name}_total")
+        if family.type == "counter" and not family.samples and total is not None and total.type == "unknown":
+            family.samples, family.exposed_as = total.samples, None
+            joined.add(id(total))
+    return [f for f in families if id(f) not in joined]
 
 
 def families_to_rows(families: Iterable[Any], resource: dict[str, str], now_ns: int,

@@ -20,6 +20,7 @@ TTL_COLUMNS = {
     "trace_outcomes": "toDateTime(Timestamp)",
     "gpu_samples": "toDateTime(Timestamp)",
     "gpu_util_minutes": "Minute",
+    "engine_samples": "toDateTime(Timestamp)",
     "stage_spans": "toDateTime(Timestamp)",
     "evaluations": "toDateTime(Timestamp)",
 }

@@ -17,9 +17,10 @@ from servelens.config import Settings
 
 @detector("low_utilization")
 def low_utilization(store: Any, settings: Settings, at: Evaluation) -> list[Finding]:
-    """A deployment's mean GPU utilization over the window (SPEC 1a's definition) is below
-    `triggers.low_utilization`, on at least `low_utilization_min_samples` samples.
-    Evidence: the window's provisioned, busy and idle cost (analytics.utilization)."""
+    """A deployment's mean GPU utilization over the window (SPEC 1a's definition; each GPU
+    measured by its busy metric, analytics.sources.gpus) is below `triggers.low_utilization`,
+    on at least `low_utilization_min_samples` samples. Evidence: the metric used and the
+    window's provisioned, busy and idle cost (analytics.utilization)."""
     cfg = settings.triggers
     rows = [r for r in sources.gpu_utilization(store, settings, at).iter_rows(named=True)
             if r["samples"] >= cfg.low_utilization_min_samples]
@@ -38,7 +39,8 @@ def low_utilization(store: Any, settings: Settings, at: Evaluation) -> list[Find
             severity(r["util_mean"] < cfg.low_utilization_critical),
             f"{r['deployment']}: GPU utilization {r['util_mean']:.0%} < {cfg.low_utilization:.0%} on "
             f"{r['gpus']} GPUs" + (f"; idle cost ${idle:,.2f} this window" if idle is not None else ""),
-            clean({"gpu_util_mean": r["util_mean"], "threshold": cfg.low_utilization, "gpus": r["gpus"],
+            clean({"gpu_util_mean": r["util_mean"], "busy_metric": r["busy_metric"],
+                   "threshold": cfg.low_utilization, "gpus": r["gpus"],
                    "samples": r["samples"], "provisioned_cost_usd": c.get("provisioned_cost_usd"),
                    "busy_cost_usd": c.get("busy_cost_usd"), "idle_cost_usd": idle, "test": test.evidence()}),
         ))
@@ -47,8 +49,9 @@ def low_utilization(store: Any, settings: Settings, at: Evaluation) -> list[Find
 
 _GPU_COST = {"deployment": pl.String, "gpu_cost": pl.Float64, "w_in": pl.Float64, "w_out": pl.Float64,
              "weighted_total": pl.Float64}
-_GPUS = {"w": pl.Int64, "deployment": pl.String, "host": pl.String, "gpu": pl.String, "samples": pl.UInt64,
-         "first_ns": pl.Int64, "last_ns": pl.Int64, "util_mean": pl.Float64, "util_sum": pl.Float64}
+_GPUS = {"w": pl.Int64, "deployment": pl.String, "host": pl.String, "gpu": pl.String, "busy_metric": pl.String,
+         "samples": pl.UInt64, "first_ns": pl.Int64, "last_ns": pl.Int64, "util_mean": pl.Float64,
+         "util_sum": pl.Float64}
 _MINUTES = pl.LazyFrame(schema={"deployment": pl.String, "minute_util": pl.Float64})
 
 

@@ -20,6 +20,7 @@ import polars as pl
 
 from analytics.query import _ns
 from analytics.sources import frame
+from analytics.sources import gpus
 from analytics.sources.gpus import host_deployments
 from analytics.triggers.base import Evaluation
 from servelens.config import Settings
@@ -138,18 +139,19 @@ def fallback_tails(store: Any, settings: Settings, at: Evaluation, budgets: dict
 
 
 def gpu_utilization(store: Any, settings: Settings, at: Evaluation) -> pl.DataFrame:
-    """Per configured deployment (by host): GPU samples, distinct GPUs and mean utilization
-    (0-1) in the window. Partial rows of one sample are collapsed first, as the gpu_samples
-    readers in analytics.sources.gpus do (AggregatingMergeTree, merges may be pending)."""
+    """Per configured deployment (by host): GPU readings, distinct GPUs, mean busy fraction
+    (0-1) in the window and the busy metric it was measured by ("mixed" when its GPUs
+    differ). Readings are collapsed and each GPU's metric chosen as the gpu_samples readers
+    in analytics.sources.gpus do (AggregatingMergeTree, merges may be pending)."""
     sql = f"""
         SELECT transform(Host, {{hosts:Array(String)}}, {{deployments:Array(String)}}, '') AS deployment,
-               count() AS samples, uniqExact(GpuUuid) AS gpus, avg(util) AS util_mean
-        FROM (SELECT Host, GpuUuid, Timestamp, anyLast(Util) AS util FROM gpu_samples
-              WHERE {_within("since_ns", "until_ns")} GROUP BY Host, GpuUuid, Timestamp)
-        WHERE util IS NOT NULL AND deployment != ''
+               count() AS samples, uniqExact(GpuUuid) AS gpus, avg(busy) AS util_mean,
+               if(uniqExact(BusyMetric) > 1, 'mixed', any(BusyMetric)) AS busy_metric
+        FROM ({gpus.readings(settings, _within("since_ns", "until_ns"))})
+        WHERE deployment != ''
         GROUP BY deployment
         ORDER BY deployment"""
-    return frame(store, sql, {**params(at), **host_deployments(settings)})
+    return frame(store, sql, {**params(at), **host_deployments(settings), "busy_metric": settings.gpus.busy_metric})
 
 
 def _length_class(settings: Settings) -> tuple[str, dict[str, Any]]:
@@ -228,15 +230,14 @@ def cost_token_groups(store: Any, at: Evaluation, boundaries: list[datetime], re
 def cost_gpu_windows(store: Any, settings: Settings, at: Evaluation, recent: int) -> pl.DataFrame:
     """Per (window index w, GPU): the columns analytics.utilization.deployment_rollup
     needs (analytics.sources.gpus.per_gpu's, per window)."""
-    p = {**params(at), "recent": recent, **host_deployments(settings)}
+    p = {**params(at), "recent": recent, **host_deployments(settings), "busy_metric": settings.gpus.busy_metric}
     sql = f"""
         SELECT {_WINDOW_INDEX} AS w,
                transform(Host, {{hosts:Array(String)}}, {{deployments:Array(String)}}, '') AS deployment,
-               Host AS host, GpuUuid AS gpu, count() AS samples,
+               Host AS host, GpuUuid AS gpu, any(BusyMetric) AS busy_metric, count() AS samples,
                toUnixTimestamp64Nano(min(Timestamp)) AS first_ns, toUnixTimestamp64Nano(max(Timestamp)) AS last_ns,
-               avg(util) AS util_mean, sum(util) AS util_sum
-        FROM (SELECT Host, GpuUuid, Timestamp, anyLast(Util) AS util FROM gpu_samples
-              WHERE {_within("base_ns", "until_ns")} GROUP BY Host, GpuUuid, Timestamp)
-        WHERE util IS NOT NULL AND deployment != '' AND {_KEPT}
+               avg(busy) AS util_mean, sum(busy) AS util_sum
+        FROM ({gpus.readings(settings, _within("base_ns", "until_ns"), per=_WINDOW_INDEX)})
+        WHERE deployment != '' AND {_KEPT}
         GROUP BY w, deployment, host, gpu"""
     return frame(store, sql, p)

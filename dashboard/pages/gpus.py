@@ -18,8 +18,21 @@ def _ratio(value: float) -> str:
     return f"{value:.2f}×"
 
 
+# What each utilization was measured by (analytics.sources.gpus): the graphics engine's
+# active time where a GPU reports it, DCGM_FI_DEV_GPU_UTIL otherwise (gpus.busy_metric).
+BUSY_METRICS = {"gr_engine_active": "DCGM_FI_PROF_GR_ENGINE_ACTIVE", "gpu_util": "DCGM_FI_DEV_GPU_UTIL"}
+
+
+def busy_note(metric: str | None) -> str:
+    """The utilization card's note: which metric the mean is of ("mixed": its GPUs differ)."""
+    if metric == "mixed":
+        return "mean over samples; metric per GPU below"
+    return f"mean of {BUSY_METRICS.get(metric, metric)}" if metric else "mean over samples"
+
+
 GPU_COLUMNS = (
     ("deployment", "Deployment", str), ("host", "Host", str), ("gpu", "GPU", str), ("model_name", "Model", str),
+    ("busy_metric", "Busy metric", str),
     ("gpu_util_mean", "Util mean", pct), ("gpu_util_p95", "Util p95", pct), ("peak_to_average", "Peak/avg", _ratio),
     ("provisioned_cost_usd", "Provisioned", usd), ("busy_cost_usd", "Busy", usd), ("idle_cost_usd", "Idle", usd),
 )
@@ -35,7 +48,8 @@ def deployment_panel(index: int, row: dict[str, Any]) -> html.Section:
         html.H2(name, id=f"{key}-name"),
         html.Div(className="cards", children=[
             card(f"{key}-gpus", "GPUs", show(row.get("gpus"), integer), "seen or configured"),
-            card(f"{key}-util-mean", "Utilization", show(row.get("gpu_util_mean"), pct), "mean over samples"),
+            card(f"{key}-util-mean", "Utilization", show(row.get("gpu_util_mean"), pct),
+                 busy_note(row.get("busy_metric"))),
             card(f"{key}-util-p95", "Utilization p95", show(row.get("gpu_util_p95"), pct),
                  f"peak/avg {show(row.get('peak_to_average'), _ratio)}"),
             card(f"{key}-provisioned", "Provisioned", show(provisioned, usd), "GPU-hours × hourly rate"),
