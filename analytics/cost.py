@@ -1,16 +1,21 @@
 """The `cost` report (SPEC 4): spend per business unit, exact.
 
-ClickHouse sums tokens per (key, model, deployment, price period, retry, error); Polars
-prices each group:
-- API models: the catalog entry in force in the group's period (effective_from, exact
-  name else first full-match regex); cached input tokens at the cached price.
+ClickHouse sums tokens per (key, model, provider, deployment, price period, time of day,
+tier, retry, error); Polars prices each group:
+- API models: the price analytics.pricing's catalog has in force for the group (the
+  config's `pricing.models`, else genai-prices): uncached input, cache reads, cache
+  writes, output and reasoning tokens each at their price. A group never straddles a price
+  change (its period, time of day and tier are where prices can change), so each is
+  priced once, at one of its requests' time.
 - Self-hosted deployments (listed under `deployments:`): the deployment's busy GPU cost
   in the window, shared among all its requests by weighted tokens
   (input x w_in + output x w_out); with view=fully_loaded, its provisioned cost (busy +
   idle) is shared the same way. The share's denominator is the whole deployment in the
   window, whatever the report's filters, so a filtered view is a slice of the same bill.
 Unknown models are `unpriced`: cost null, never zero, and left out of
-cost_per_request_usd.
+cost_per_request_usd. Each row says what priced it (`price_source`: "config",
+"genai-prices", "gpu" for self-hosted, null when unpriced; several joined by ", ") and
+since when the newest of its prices is in force (`price_updated`, when known).
 """
 
 from __future__ import annotations
@@ -20,53 +25,115 @@ from typing import Any
 
 import polars as pl
 
-from analytics.pricing import Catalog
+from analytics.pricing import SOURCE_CONFIG, SOURCE_GENAI, Catalog, epoch_ns, from_epoch_ns
 from analytics.query import ReportQuery
 from analytics.sources import requests as loader
 from servelens.config import Settings
 
 DEFAULT_BY = "tenant"
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
-_PRICE_SCHEMA = {"model": pl.String, "period": pl.Int64, "in_price": pl.Float64,
-                 "cached_price": pl.Float64, "out_price": pl.Float64}
+SOURCE_GPU = "gpu"
+# A row's sources, in this order; aggregated as one flag each (cheaper than strings at 50k groups).
+_SOURCES = (SOURCE_CONFIG, SOURCE_GENAI, SOURCE_GPU)
+PRICE_KEY = ["model", "provider", "period", "daypart", "tier"]
+_PRICES = {"in_price": pl.Float64, "cached_price": pl.Float64, "write_price": pl.Float64, "out_price": pl.Float64,
+           "reasoning_price": pl.Float64, "request_price": pl.Float64, "price_source": pl.String,
+           "price_updated": pl.Datetime("us", "UTC")}
+_PRICE_SCHEMA = {"model": pl.String, "provider": pl.String, "period": pl.Int64, "daypart": pl.Int64,
+                 "tier": pl.Int64, **_PRICES}
+# Columns older token groups may lack (a caller without providers, times of day or tiers).
+_GROUP_DEFAULTS = {"provider": pl.lit(""), "daypart": pl.lit(0), "tier": pl.lit(0),
+                   "cache_write_tokens": pl.lit(0), "reasoning_tokens": pl.lit(0)}
 _GPU_SCHEMA = {"deployment": pl.String, "gpu_cost": pl.Float64, "w_in": pl.Float64, "w_out": pl.Float64,
                "weighted_total": pl.Float64}
 
 
+def _key_types(frame: pl.DataFrame) -> pl.DataFrame:
+    return frame.with_columns(pl.col("model", "provider").cast(pl.String),
+                              pl.col("period", "daypart", "tier").cast(pl.Int64))
+
+
+def group_prices(catalog: Catalog, groups: pl.DataFrame, tier_starts: list[int]) -> pl.DataFrame:
+    """One row per priced price key (PRICE_KEY) of `groups` with its per-million-token
+    prices, priced at one of the key's requests (`at_ns`); unpriced keys have no row."""
+    groups = _key_types(groups.select(*PRICE_KEY, "at_ns"))
+    entries = catalog.entry_ids(groups.select("model", "provider").unique()).filter(pl.col("entry").is_not_null())
+    keys = (groups.join(entries, on=["model", "provider"], how="inner")
+            .group_by(*PRICE_KEY, "entry").agg(pl.col("at_ns").first()))
+    return _price_keys(catalog, keys, [0, *(start + 1 for start in tier_starts)])  # each tier's least input
+
+
 def price_table(catalog: Catalog, models: list[str], boundaries: list[datetime]) -> pl.DataFrame:
-    """One row per (model, period) with its per-million-token prices (null when unpriced)."""
-    starts = [_EPOCH, *boundaries]
-    columns: dict[str, list] = {name: [] for name in _PRICE_SCHEMA}
-    for model in models:
-        for period, start in enumerate(starts):
-            price = catalog.price(model, start)
-            columns["model"].append(model)
-            columns["period"].append(period)
-            columns["in_price"].append(price.input_per_mtok if price else None)
-            columns["cached_price"].append(price.cached_input_per_mtok if price else None)
-            columns["out_price"].append(price.output_per_mtok if price else None)
-    return pl.DataFrame(columns, schema=_PRICE_SCHEMA)
+    """One row per priced (model, period), priced at each period's start, for token groups
+    that carry no provider, time of day or tier (priced as provider "", daypart and tier 0)."""
+    starts = [epoch_ns(b) for b in (_EPOCH, *boundaries)]
+    keys = pl.DataFrame({"model": [m for m in models for _ in starts], "provider": "",
+                         "period": [p for _ in models for p in range(len(starts))], "daypart": 0, "tier": 0,
+                         "at_ns": [s for _ in models for s in starts]},
+                        schema={"model": pl.String, "provider": pl.String, "period": pl.Int64, "daypart": pl.Int64,
+                                "tier": pl.Int64, "at_ns": pl.Int64})
+    keys = keys.join(catalog.entry_ids(keys.select("model", "provider").unique()), on=["model", "provider"])
+    return _price_keys(catalog, keys.filter(pl.col("entry").is_not_null()), [0])
+
+
+def _price_keys(catalog: Catalog, keys: pl.DataFrame, tier_floors: list[int]) -> pl.DataFrame:
+    """keys (PRICE_KEY, entry, at_ns) -> PRICE_KEY and its prices. Many names share an
+    entry (dated spellings, regexes), so each (entry, period, daypart, tier) is priced
+    once; tier_floors: the least input of each tier, what a request of the tier is priced as."""
+    cells = keys.group_by("entry", "period", "daypart", "tier").agg(pl.col("at_ns").first())
+    columns: dict[str, list] = {name: [] for name in ("entry", "period", "daypart", "tier", *_PRICES)}
+    for entry, period, daypart, tier, at_ns in cells.iter_rows():
+        price = catalog.entry(entry).price(from_epoch_ns(at_ns), tier_floors[tier])
+        for name, value in zip(("entry", "period", "daypart", "tier"), (entry, period, daypart, tier)):
+            columns[name].append(value)
+        for name, value in zip(_PRICES, (
+                (price.input_per_mtok, price.cached_input_per_mtok, price.cache_write_per_mtok,
+                 price.output_per_mtok, price.reasoning_per_mtok, price.request_usd, price.source, price.updated)
+                if price else (None,) * len(_PRICES))):
+            columns[name].append(value)
+    prices = pl.DataFrame(columns, schema={"entry": pl.Int64, "period": pl.Int64, "daypart": pl.Int64,
+                                           "tier": pl.Int64, **_PRICES})
+    return (keys.join(prices, on=["entry", "period", "daypart", "tier"], how="left")
+            .select(list(_PRICE_SCHEMA)).cast(_PRICE_SCHEMA))  # type: ignore[arg-type]
+
+
+def _with_defaults(groups: pl.LazyFrame) -> pl.LazyFrame:
+    present = set(groups.collect_schema().names())
+    return groups.with_columns(*(value.alias(name) for name, value in _GROUP_DEFAULTS.items() if name not in present))
 
 
 def priced(groups: pl.LazyFrame, prices: pl.LazyFrame, gpu: pl.LazyFrame) -> pl.LazyFrame:
-    """Attach input_cost_usd, output_cost_usd and cost_usd to each token group (null when unpriced)."""
-    api_in = ((pl.col("input_tokens") - pl.col("cached_tokens")) * pl.col("in_price")
-              + pl.col("cached_tokens") * pl.col("cached_price")) / 1e6
-    api_out = pl.col("output_tokens") * pl.col("out_price") / 1e6
+    """Attach input_cost_usd, output_cost_usd, cost_usd (null when unpriced), price_source
+    and price_updated to each token group."""
+    uncached = pl.col("input_tokens") - pl.col("cached_tokens") - pl.col("cache_write_tokens")
+    api_in = ((uncached * pl.col("in_price") + pl.col("cached_tokens") * pl.col("cached_price")
+               + pl.col("cache_write_tokens") * pl.col("write_price")) / 1e6
+              + pl.col("requests") * pl.col("request_price"))
+    api_out = ((pl.col("output_tokens") - pl.col("reasoning_tokens")) * pl.col("out_price")
+               + pl.col("reasoning_tokens") * pl.col("reasoning_price")) / 1e6
     share = pl.when(pl.col("weighted_total") > 0).then(pl.col("gpu_cost") / pl.col("weighted_total"))
     gpu_in = share * pl.col("w_in") * pl.col("input_tokens")
     gpu_out = share * pl.col("w_out") * pl.col("output_tokens")
     self_hosted = pl.col("gpu_cost").is_not_null() | pl.col("w_in").is_not_null()
+    unpriced = pl.col("cost_usd").is_null()
     return (
-        groups.with_columns(pl.col("period").cast(pl.Int64), pl.col("retry", "error").cast(pl.Boolean))
-        .join(prices, on=["model", "period"], how="left")
+        _with_defaults(groups)
+        .with_columns(pl.col("model", "provider").cast(pl.String), pl.col("period", "daypart", "tier").cast(pl.Int64),
+                      pl.col("retry", "error").cast(pl.Boolean))
+        .join(prices, on=PRICE_KEY, how="left")
         .join(gpu, on="deployment", how="left")
         .with_columns(
             pl.when(self_hosted).then(gpu_in).otherwise(api_in).alias("input_cost_usd"),
             pl.when(self_hosted).then(gpu_out).otherwise(api_out).alias("output_cost_usd"),
         )
         .with_columns((pl.col("input_cost_usd") + pl.col("output_cost_usd")).alias("cost_usd"))
-        .drop("in_price", "cached_price", "out_price", "gpu_cost", "w_in", "w_out", "weighted_total")
+        .with_columns(
+            pl.when(unpriced).then(None).when(self_hosted).then(pl.lit(SOURCE_GPU))
+            .otherwise(pl.col("price_source")).alias("price_source"),
+            pl.when(unpriced | self_hosted).then(None).otherwise(pl.col("price_updated")).alias("price_updated"),
+        )
+        .drop("in_price", "cached_price", "write_price", "out_price", "reasoning_price", "request_price",
+              "gpu_cost", "w_in", "w_out", "weighted_total")
     )
 
 
@@ -100,11 +167,10 @@ def gpu_allocation(store: Any, settings: Settings, q: ReportQuery) -> pl.DataFra
 
 def costed_groups(store: Any, settings: Settings, q: ReportQuery) -> pl.LazyFrame:
     """Token groups of the window with their cost (the input of cost and cost-change)."""
-    catalog = Catalog.of(settings.pricing.models)
-    boundaries = catalog.boundaries()
-    groups = loader.cost_groups(store, settings, q, boundaries)
-    models = groups.get_column("model").unique().to_list() if groups.height else []
-    prices = price_table(catalog, models, boundaries)
+    catalog = Catalog.of(settings.pricing.models, settings.pricing.catalog)
+    cuts = catalog.cuts(q.since, q.until)
+    groups = loader.cost_groups(store, settings, q, cuts)
+    prices = group_prices(catalog, groups, cuts.tier_starts)
     return priced(groups.lazy(), prices.lazy(), gpu_allocation(store, settings, q).lazy())
 
 
@@ -126,6 +192,8 @@ def rollup(costed: pl.LazyFrame, by: str) -> pl.LazyFrame:
             pl.col("cost_usd").filter(wasted).sum().alias("_wasted"),
             pl.col("requests").filter(unpriced).sum().cast(pl.Int64).alias("unpriced_requests"),
             priced_requests.alias("_priced_requests"),
+            *((pl.col("price_source") == source).any().alias(f"_{source}") for source in _SOURCES),
+            pl.col("price_updated").max().alias("_updated"),
         )
         .with_columns(
             pl.when(pl.col("_priced_requests") > 0)
@@ -134,8 +202,12 @@ def rollup(costed: pl.LazyFrame, by: str) -> pl.LazyFrame:
             # retries and failed attempts together, each attempt counted once
             pl.when(pl.col("cost_usd") > 0).then(pl.col("_wasted") / pl.col("cost_usd")).otherwise(None)
             .alias("wasted_share"),
+            pl.concat_str([pl.when(pl.col(f"_{source}")).then(pl.lit(source)) for source in _SOURCES],
+                          separator=", ", ignore_nulls=True).alias("_sources"),
+            pl.col("_updated").alias("price_updated"),
         )
-        .drop("_priced_requests", "_wasted")
+        .with_columns(pl.when(pl.col("_sources") != "").then(pl.col("_sources")).alias("price_source"))
+        .drop("_priced_requests", "_wasted", "_sources", "_updated", *(f"_{source}" for source in _SOURCES))
         .sort(["cost_usd", by], descending=[True, False], nulls_last=True)
     )
 

@@ -1,4 +1,4 @@
-"""The `servelens` command (SPEC 1): up, migrate, collector, analytics, dashboard, report, alerts, spool."""
+"""The `servelens` command (SPEC 1): up, migrate, collector, analytics, dashboard, report, prices, alerts, spool."""
 
 from __future__ import annotations
 
@@ -8,12 +8,14 @@ import io
 import json
 import logging
 import sys
+from datetime import datetime
 from typing import Any, Sequence
 
 from servelens import __version__
 from servelens.config import ConfigError, Settings, load
 
 REPORT_FORMATS = ("table", "json", "csv")
+PRICES_FORMATS = ("table", "json")
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -53,6 +55,11 @@ def build_parser() -> argparse.ArgumentParser:
         report.add_argument(f"--{key}", help=f"only this {key}")
     report.add_argument("--format", choices=REPORT_FORMATS, default="table")
     _common(report)
+    prices = sub.add_parser("prices", help="the price catalog: the config's models, and how given models resolve")
+    prices.add_argument("--models", metavar="M1,M2", help="models to resolve (a provider prefix is allowed: openai/gpt-4o)")
+    prices.add_argument("--provider", help="the provider they are sent to, as spans name it (gen_ai.provider.name)")
+    prices.add_argument("--format", choices=PRICES_FORMATS, default="table")
+    _common(prices)
     alerts = sub.add_parser("alerts", help="alert sinks (alerts.sinks)")
     alerts_sub = alerts.add_subparsers(dest="alerts_command", required=True, metavar="ACTION")
     _common(alerts_sub.add_parser("test", help="send a test alert to every configured sink now"))
@@ -83,6 +90,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings = settings_from(args)
         if args.command == "report":
             return _report(args, settings)
+        if args.command == "prices":
+            print(format_prices(prices_document(settings, args.models, args.provider), args.format))
+            return 0
         if args.command == "alerts":
             return _alerts_test(settings)
         if args.command == "spool":
@@ -117,6 +127,35 @@ def _report(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def prices_document(settings: Settings, models: str | None, provider: str | None) -> dict[str, Any]:
+    """The config's price entries, and how each of `models` (comma-separated) resolves now."""
+    from analytics.pricing import Catalog
+
+    catalog = Catalog.of(settings.pricing.models, settings.pricing.catalog)
+    names = [m.strip() for m in (models or "").split(",") if m.strip()]
+    return {"catalog": catalog.genai.version if catalog.genai else "none",
+            "config": catalog.describe_config(),
+            "models": [catalog.describe(name, provider or "") for name in names]}
+
+
+def format_prices(document: dict[str, Any], fmt: str) -> str:
+    if fmt == "json":
+        return json.dumps(document, indent=2, default=_iso)
+    lines = [f"pricing.models ({len(document['config'])} entries), then {document['catalog']} for the rest"]
+    lines += _table(document["config"]) if document["config"] else ["(no entries)"]
+    if document["models"]:
+        lines += ["", "resolved now:", *_table(document["models"])]
+    return "\n".join(lines)
+
+
+def _iso(value: Any) -> str:
+    from analytics.query import iso
+
+    if isinstance(value, datetime):
+        return iso(value)
+    raise TypeError(f"not JSON serializable: {value!r}")
+
+
 def _alerts_test(settings: Settings) -> int:
     """One line per sink; exit 1 when any failed, or when there is nothing to test."""
     from analytics.alerts import send_test
@@ -145,17 +184,24 @@ def format_report(document: dict[str, Any], fmt: str) -> str:
     header = f"{document['report']}  {document['since']} .. {document['until']}"
     if not rows:
         return f"{header}\n(no rows)"
+    return "\n".join([header, *_table(rows)])
+
+
+def _table(rows: list[dict[str, Any]]) -> list[str]:
+    """Aligned text lines: a header, a rule, one line per row (numbers to the right)."""
+    columns = list(rows[0])
     cells = [[_cell(row[c]) for c in columns] for row in rows]
     widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(columns)]
-    lines = [header, "  ".join(c.ljust(w) for c, w in zip(columns, widths)),
-             "  ".join("-" * w for w in widths)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths)), "  ".join("-" * w for w in widths)]
     lines += ["  ".join(v.rjust(w) if _numeric(v) else v.ljust(w) for v, w in zip(r, widths)) for r in cells]
-    return "\n".join(lines)
+    return lines
 
 
 def _cell(value: Any) -> str:
     if value is None:
         return "—"
+    if isinstance(value, datetime):
+        return _iso(value)
     if isinstance(value, float):
         return f"{value:.6g}" if abs(value) < 1e6 else f"{value:,.0f}"
     return str(value)

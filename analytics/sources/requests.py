@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Any
 
 import polars as pl
 
 from analytics import memo
+from analytics.pricing import PriceCuts, epoch_ns
 from analytics.query import ReportQuery, key_expr
 from analytics.sources import frame
 from servelens.config import Settings
@@ -16,6 +16,7 @@ QUANTILES = (0.5, 0.95, 0.99)
 # quantilesExactInclusive interpolates linearly between closest ranks (numpy's default
 # "linear" method): exact, and cheap at these sizes since ClickHouse sorts per group.
 _Q = "quantilesExactInclusive(0.5, 0.95, 0.99)"
+_DAY_NS = 86_400 * 10**9
 
 
 def latency_groups(store: Any, settings: Settings, q: ReportQuery) -> pl.DataFrame:
@@ -79,31 +80,81 @@ def _key(q: ReportQuery, settings: Settings) -> tuple[str, str, dict[str, Any]]:
     return "''", "", {}
 
 
-def cost_groups(store: Any, settings: Settings, q: ReportQuery, boundaries: list[datetime]) -> pl.DataFrame:
-    """Token sums per (key, model, deployment, price period, retry?, error?).
+def _for_models(params: dict[str, Any], name: str, models: list[str] | None, condition: str) -> str:
+    """`condition`, only for models whose names contain one of `models` (None: every model)."""
+    if models is None:
+        return condition
+    params[name] = models
+    return f"({condition} AND multiSearchAnyCaseInsensitive(Model, {{{name}:Array(String)}}))"
 
-    `period` counts the catalog's effective_from boundaries at or before the request, so
-    no price changes inside a group and pricing it in Polars is exact.
+
+def _period(cuts: PriceCuts, params: dict[str, Any]) -> str:
+    """The latest price change at or before the request that concerns its model, as ns
+    since the epoch (0: none): the same instant names the same period for every model."""
+    branches = []
+    for i, (at, models) in reversed(list(enumerate(cuts.boundaries))):  # multiIf: the latest first
+        params[f"bound_{i}"] = epoch_ns(at)
+        passed = _for_models(params, f"bound_models_{i}", models,
+                             f"Timestamp >= fromUnixTimestamp64Nano({{bound_{i}:Int64}})")
+        branches.append(f"{passed}, {{bound_{i}:Int64}}")
+    return f"multiIf({', '.join(branches)}, toInt64(0))" if branches else "toInt64(0)"
+
+
+def _passed(value_sql: str, op: str, name: str, kind: str, cuts: list[Any], params: dict[str, Any]) -> str:
+    """SQL: how many of `cuts` the value has passed (`value op cut`), as a sum of
+    comparisons (bound as name_0, name_1, ...): no per-row array, unlike arrayCount."""
+    terms = []
+    for i, cut in enumerate(cuts):
+        params[f"{name}_{i}"] = cut
+        terms.append(f"({value_sql} {op} {{{name}_{i}:{kind}}})")
+    return " + ".join(terms) if terms else "0"
+
+
+def _price_cut_columns(cuts: PriceCuts, params: dict[str, Any]) -> str:
+    """period: the latest price change at or before the request (for its model); daypart:
+    daily price-change times its time of day has passed (models priced by time of day
+    only); tier: tier thresholds its input exceeds."""
+    daypart = _passed(f"toUnixTimestamp64Nano(Timestamp) % {_DAY_NS}", ">=", "time_of_day", "Int64",
+                      cuts.times_of_day_ns, params)
+    if cuts.times_of_day_ns and cuts.daily_models is not None:
+        params["daily_models"] = cuts.daily_models
+        daypart = f"if(multiSearchAnyCaseInsensitive(Model, {{daily_models:Array(String)}}), {daypart}, 0)"
+    tier = _passed("InputTokens", ">", "tier", "UInt32", cuts.tier_starts, params)
+    return f"{_period(cuts, params)} AS period, toUInt16({daypart}) AS daypart, toUInt16({tier}) AS tier"
+
+
+def cost_groups(store: Any, settings: Settings, q: ReportQuery, cuts: PriceCuts) -> pl.DataFrame:
+    """Token sums per (key, model, provider, deployment, price period, time of day, tier,
+    retry?, error?), with one request's time (any: all in a group pay one price).
+
+    Prices do not change inside a group (period, daypart and tier are where they can:
+    `_price_cut_columns`), so pricing it in Polars, at any one of its requests, is exact.
+    Cache reads and writes are clamped into the input, reasoning into the output
+    (analytics.pricing: they are parts of them).
     """
     where, params = q.where(settings.attributes)
     key_sql, join, key_params = _key(q, settings)
     params.update(key_params)
-    params["bounds"] = [int(b.timestamp() * 1e9) for b in boundaries]
     join = join.replace("{where}", where)
+    cached = "least(CachedInputTokens, InputTokens)"
     sql = f"""
         SELECT {key_sql} AS key,
                Model AS model,
+               Provider AS provider,
                Deployment AS deployment,
-               arrayCount(b -> fromUnixTimestamp64Nano(b) <= Timestamp, {{bounds:Array(Int64)}}) AS period,
+               {_price_cut_columns(cuts, params)},
                RetryAttempt > 0 AS retry,
                IsError AS error,
                count() AS requests,
+               toUnixTimestamp64Nano(any(Timestamp)) AS at_ns,
                sum(InputTokens) AS input_tokens,
                sum(OutputTokens) AS output_tokens,
-               sum(least(CachedInputTokens, InputTokens)) AS cached_tokens
+               sum({cached}) AS cached_tokens,
+               sum(least(CacheWriteInputTokens, InputTokens - {cached})) AS cache_write_tokens,
+               sum(least(ReasoningOutputTokens, OutputTokens)) AS reasoning_tokens
         FROM llm_requests {join}
         WHERE {where}
-        GROUP BY key, model, deployment, period, retry, error"""
+        GROUP BY key, model, provider, deployment, period, daypart, tier, retry, error"""
     return frame(store, sql, params)
 
 

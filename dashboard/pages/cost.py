@@ -11,7 +11,7 @@ from dash import dcc, html
 
 from dashboard import data
 from dashboard.components import (CHART_GROUPS, FONT, LOADING, NO_REQUESTS, NULL, card, chart_layout, empty, graph,
-                                  integer, label, page, pct, register_refresh, search_box, top_table,
+                                  integer, label, page, pct, plain, register_refresh, search_box, top_table,
                                   updated_line, usd)
 
 dash.register_page(__name__, path="/cost", name="Cost", title="Cost · servelens")
@@ -25,6 +25,14 @@ DRIVER_LABELS = {"volume": "Volume", "retries": "Retries", "model_mix": "Model<b
                  "price": "Price"}
 USEFUL_COLOR, WASTED_COLOR, UP_COLOR, DOWN_COLOR, TOTAL_COLOR = "#2f6fed", "#e8a09a", "#c0392b", "#2d9a5b", "#6b7385"
 CHART_HEIGHT = 320
+PRICES_NOTE = ("Priced by: config (pricing.models) first, then the genai-prices catalog for the models the config "
+               "does not name; gpu: a self-hosted deployment's GPU cost. Price since: when the newest price "
+               "applied took effect, where known. servelens prices --models … shows how a model resolves.")
+
+
+def day(value: str) -> str:
+    """An ISO timestamp's date (prices change on days; config times are kept in the API)."""
+    return value[:10]
 
 
 def _columns(by: str) -> tuple:
@@ -34,6 +42,7 @@ def _columns(by: str) -> tuple:
         ("cost_usd", "Cost", usd), ("cost_per_request_usd", "Per request", usd),
         ("retry_cost_usd", "Retries", usd), ("error_cost_usd", "Errors", usd),
         ("wasted_share", "Wasted", pct), ("unpriced_requests", "Unpriced", integer),
+        ("price_source", "Priced by", plain), ("price_updated", "Price since", day),
     )
     if by == "outcome":
         columns += (("outcomes", "Outcomes", integer), ("cost_per_outcome_usd", "Per outcome", usd))
@@ -156,7 +165,9 @@ def layout(**_query: str) -> html.Div:
             html.Section(className="panel", children=[html.H2("What changed"), html.Div(id="cost-change-alert"),
                                                       html.Div(id="cost-change", children=LOADING)]),
         ]),
-        html.Section(className="panel gap-above", children=[html.Div(id="cost-table", children=LOADING)]),
+        html.Section(className="panel gap-above", children=[html.Div(id="cost-table", children=LOADING),
+                                                            html.Div(PRICES_NOTE, className="muted table-note",
+                                                                     id="cost-prices-note")]),
     )
 
 
