@@ -200,9 +200,7 @@ def _resource_spans_only(raw: bytes, keep: tuple[int, ...] = ()) -> tuple[bytes,
         elif number in keep:
             kept.append((start, pos))
     own = b"".join(raw[a:b] for a, b in kept)
-    if len(spans) == 1 and spans[0] == (0, end):
-        return raw, own
-    if sum(b - a for a, b in spans) == end:
+    if sum(b - a for a, b in spans) == end:  # nothing to cut: the client's bytes as they are
         return raw, own
     return b"".join(raw[a:b] for a, b in spans), own
 

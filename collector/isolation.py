@@ -74,7 +74,7 @@ def _bisect(table: str, columns: tuple[str, ...], data: list[list[Any]], token: 
         if not available(error):
             raise StoreUnavailable(describe(error))
     if n == 1:
-        error = _repair(columns, data, token, error, insert, table, budget)
+        error = _repair(table, columns, data, token, error, insert, budget)
         if error is not None:
             rejected.append(Rejected(table, columns, data, describe(error)))
         return
@@ -99,8 +99,8 @@ def _attempt(table: str, columns: tuple[str, ...], data: list[list[Any]], token:
     return None
 
 
-def _repair(columns: tuple[str, ...], data: list[list[Any]], token: str, error: BaseException, insert: InsertOne,
-            table: str, budget: list[int]) -> BaseException | None:
+def _repair(table: str, columns: tuple[str, ...], data: list[list[Any]], token: str, error: BaseException,
+            insert: InsertOne, budget: list[int]) -> BaseException | None:
     """One row the store refused: an engine-mapped request goes again as the full OTLP
     parser reads it (collector.engine_spans.canonical). Returns the error when it still fails."""
     if columns != PROTOBUF_COLUMNS:
