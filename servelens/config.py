@@ -382,6 +382,10 @@ class AlertsConfig(_Strict):
 
 class AnalyticsConfig(_Strict):
     interval: timedelta = timedelta(seconds=60)
+    # Percentiles of windows with at most this many requests come exactly from raw rows;
+    # larger ones from the rollups' sketches, within 1 % (analytics/rollups.py).
+    exact_quantiles_up_to: int = Field(200_000, ge=0)
+    use_rollups: bool = True  # false: every report reads raw rows (to compare, or to rule them out)
     _dur = field_validator("interval", mode="before")(parse_duration)
 
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import polars as pl
 
-from analytics import memo
+from analytics import memo, rollups
 from analytics.pricing import PriceCuts, epoch_ns
 from analytics.query import ReportQuery, key_expr
 from analytics.sources import frame
@@ -19,8 +19,22 @@ _Q = "quantilesExactInclusive(0.5, 0.95, 0.99)"
 _DAY_NS = 86_400 * 10**9
 
 
+def sketched(store: Any, settings: Settings, q: ReportQuery, by: str | None) -> bool:
+    """Whether q's percentiles come from the rollups' sketches: the rollups answer it and
+    the window holds more requests than are cheap to rank exactly."""
+    if not rollups.uses_rollup(q, settings, by):
+        return False
+    limit = settings.analytics.exact_quantiles_up_to
+    return limit == 0 or rollups.request_count(store, settings, q) > limit
+
+
 def latency_groups(store: Any, settings: Settings, q: ReportQuery) -> pl.DataFrame:
-    """Per group: request count and exact p50/p95/p99 of TTFT, latency and TPOT (seconds)."""
+    """Per group: request count and p50/p95/p99 of TTFT, latency and TPOT (seconds):
+    exact from raw rows, or from the rollups' sketches for large windows (`sketched`)."""
+    if sketched(store, settings, q, q.by):
+        sql, params = rollups.request_stats_sql(q, settings, q.by)
+        return frame(store, f"SELECT key, requests, ttft, latency, tpot FROM ({sql}) ORDER BY requests DESC, key",
+                     params)
     where, params = q.where(settings.attributes)
     key_sql, key_params = key_expr(q.by, settings.attributes) if q.by else ("''", {})
     params.update(key_params)
@@ -88,14 +102,14 @@ def _for_models(params: dict[str, Any], name: str, models: list[str] | None, con
     return f"({condition} AND multiSearchAnyCaseInsensitive(Model, {{{name}:Array(String)}}))"
 
 
-def _period(cuts: PriceCuts, params: dict[str, Any]) -> str:
+def _period(cuts: PriceCuts, params: dict[str, Any], time_sql: str = "Timestamp") -> str:
     """The latest price change at or before the request that concerns its model, as ns
     since the epoch (0: none): the same instant names the same period for every model."""
     branches = []
     for i, (at, models) in reversed(list(enumerate(cuts.boundaries))):  # multiIf: the latest first
         params[f"bound_{i}"] = epoch_ns(at)
         passed = _for_models(params, f"bound_models_{i}", models,
-                             f"Timestamp >= fromUnixTimestamp64Nano({{bound_{i}:Int64}})")
+                             f"{time_sql} >= fromUnixTimestamp64Nano({{bound_{i}:Int64}})")
         branches.append(f"{passed}, {{bound_{i}:Int64}}")
     return f"multiIf({', '.join(branches)}, toInt64(0))" if branches else "toInt64(0)"
 
@@ -110,32 +124,40 @@ def _passed(value_sql: str, op: str, name: str, kind: str, cuts: list[Any], para
     return " + ".join(terms) if terms else "0"
 
 
-def _price_cut_columns(cuts: PriceCuts, params: dict[str, Any]) -> str:
+def _price_cut_columns(cuts: PriceCuts, params: dict[str, Any], time_sql: str = "Timestamp",
+                       tier: tuple[str, str] = ("InputTokens", ">")) -> str:
     """period: the latest price change at or before the request (for its model); daypart:
     daily price-change times its time of day has passed (models priced by time of day
-    only); tier: tier thresholds its input exceeds."""
-    daypart = _passed(f"toUnixTimestamp64Nano(Timestamp) % {_DAY_NS}", ">=", "time_of_day", "Int64",
+    only); tier: tier thresholds its input exceeds (`tier`: the column and comparison
+    that say so; the cost rollup holds an input floor instead of the tokens)."""
+    daypart = _passed(f"toUnixTimestamp64Nano({time_sql}) % {_DAY_NS}", ">=", "time_of_day", "Int64",
                       cuts.times_of_day_ns, params)
     if cuts.times_of_day_ns and cuts.daily_models is not None:
         params["daily_models"] = cuts.daily_models
         daypart = f"if(multiSearchAnyCaseInsensitive(Model, {{daily_models:Array(String)}}), {daypart}, 0)"
-    tier = _passed("InputTokens", ">", "tier", "UInt32", cuts.tier_starts, params)
-    return f"{_period(cuts, params)} AS period, toUInt16({daypart}) AS daypart, toUInt16({tier}) AS tier"
+    tier_sql = _passed(tier[0], tier[1], "tier", "UInt32", cuts.tier_starts, params)
+    return f"{_period(cuts, params, time_sql)} AS period, toUInt16({daypart}) AS daypart, toUInt16({tier_sql}) AS tier"
 
 
-def cost_groups(store: Any, settings: Settings, q: ReportQuery, cuts: PriceCuts) -> pl.DataFrame:
+def cost_groups(store: Any, settings: Settings, q: ReportQuery, cuts: PriceCuts,
+                bucket_s: int | None = None) -> pl.DataFrame:
     """Token sums per (key, model, provider, deployment, price period, time of day, tier,
     retry?, error?), with one request's time (any: all in a group pay one price).
 
     Prices do not change inside a group (period, daypart and tier are where they can:
     `_price_cut_columns`), so pricing it in Polars, at any one of its requests, is exact.
     Cache reads and writes are clamped into the input, reasoning into the output
-    (analytics.pricing: they are parts of them).
+    (analytics.pricing: they are parts of them). Read from the 15-minute cost rollup where
+    it prices the window exactly (analytics.rollups), else from raw rows. With
+    `bucket_s` (a multiple of 900), groups are also split by time bucket (`bucket`).
     """
+    if rollups.cost_answerable(q, settings, cuts) and (bucket_s is None or bucket_s % 900 == 0):
+        return _cost_groups_rollup(store, settings, q, cuts, bucket_s)
     where, params = q.where(settings.attributes)
     key_sql, join, key_params = _key(q, settings)
     params.update(key_params)
     join = join.replace("{where}", where)
+    bucket, bucket_key = _bucket_sql(bucket_s, "Timestamp")
     cached = "least(CachedInputTokens, InputTokens)"
     sql = f"""
         SELECT {key_sql} AS key,
@@ -151,10 +173,44 @@ def cost_groups(store: Any, settings: Settings, q: ReportQuery, cuts: PriceCuts)
                sum(OutputTokens) AS output_tokens,
                sum({cached}) AS cached_tokens,
                sum(least(CacheWriteInputTokens, InputTokens - {cached})) AS cache_write_tokens,
-               sum(least(ReasoningOutputTokens, OutputTokens)) AS reasoning_tokens
+               sum(least(ReasoningOutputTokens, OutputTokens)) AS reasoning_tokens{bucket}
         FROM llm_requests {join}
         WHERE {where}
-        GROUP BY key, model, provider, deployment, period, daypart, tier, retry, error"""
+        GROUP BY key, model, provider, deployment, period, daypart, tier, retry, error{bucket_key}"""
+    return frame(store, sql, params)
+
+
+def _bucket_sql(bucket_s: int | None, time_sql: str) -> tuple[str, str]:
+    if not bucket_s:
+        return "", ""
+    return (f",\n               toStartOfInterval({time_sql}, INTERVAL {int(bucket_s)} SECOND) AS bucket", ", bucket")
+
+
+def _cost_groups_rollup(store: Any, settings: Settings, q: ReportQuery, cuts: PriceCuts,
+                        bucket_s: int | None) -> pl.DataFrame:
+    """cost_groups from rollup_costs_15m (+ raw rows at the window's edges): every price
+    cut is on its grid, so a quarter hour's start prices all of its requests."""
+    params: dict[str, Any] = {}
+    source = rollups.cost_source_sql(q, settings, params)
+    at = "toDateTime64(Bucket, 9)"
+    bucket, bucket_key = _bucket_sql(bucket_s, "Bucket")
+    sql = f"""
+        SELECT toString(key) AS key,
+               toString(Model) AS model,
+               toString(Provider) AS provider,
+               toString(Deployment) AS deployment,
+               {_price_cut_columns(cuts, params, at, ("InputFloor", ">="))},
+               Retry AS retry,
+               Error AS error,
+               sum(Requests) AS requests,
+               toUnixTimestamp64Nano(toDateTime64(any(Bucket), 9)) AS at_ns,
+               sum(InputTokens_) AS input_tokens,
+               sum(OutputTokens_) AS output_tokens,
+               sum(CachedTokens) AS cached_tokens,
+               sum(CacheWriteTokens) AS cache_write_tokens,
+               sum(ReasoningTokens) AS reasoning_tokens{bucket}
+        FROM {source}
+        GROUP BY key, model, provider, deployment, period, daypart, tier, retry, error{bucket_key}"""
     return frame(store, sql, params)
 
 
@@ -187,6 +243,12 @@ def deployment_tokens(store: Any, q: ReportQuery, deployments: list[str]) -> pl.
 
 
 def overview_totals(store: Any, settings: Settings, q: ReportQuery) -> pl.DataFrame:
+    if sketched(store, settings, q, None):
+        sql, params = rollups.request_stats_sql(q, settings, None)
+        return frame(store, f"""
+            SELECT sum(requests) AS requests, any(ttft)[3] AS ttft_p99, any(latency)[3] AS latency_p99,
+                   sum(errors) AS errors, sum(retries) AS retries
+            FROM ({sql})""", params)
     where, params = q.where(settings.attributes)
     sql = f"""
         SELECT count() AS requests,

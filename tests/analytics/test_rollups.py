@@ -1,0 +1,226 @@
+"""The rollups (migrations/0019, analytics/rollups.py) against raw rows.
+
+Spans are written into otel_traces as an otelcol-contrib exporter writes them (one
+INSERT ... SELECT, the product's views filling llm_requests and the rollups), with
+shapes unlike the demo's: lognormal and Pareto-tailed latencies, a bimodal TTFT, three
+days, windows with edges off every grain. Every report is computed twice on the same
+store, rollups on and off: sums and counts must be equal, sketched percentiles within
+the documented 1 %.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from analytics import rollups
+from analytics.query import ReportQuery
+from analytics.reports import run
+from analytics.sources import requests as loader
+
+pytestmark = pytest.mark.integration
+
+END = datetime.now(timezone.utc).replace(microsecond=0) - timedelta(minutes=3)
+START = END - timedelta(days=3)
+N = 60_000
+
+
+def _write_spans(store) -> None:
+    span_s = (END - START).total_seconds()
+    store.client().command(f"""
+        INSERT INTO otel_traces (Timestamp, TraceId, SpanId, ParentSpanId, SpanName, SpanKind, ServiceName,
+                                 SpanAttributes, Duration, StatusCode)
+        SELECT fromUnixTimestamp64Nano(toInt64({int(START.timestamp())} * 1e9
+                                               + (cityHash64(number, 0) % {int(span_s * 1000)}) * 1e6)),
+               lower(hex(cityHash64(number, 1))), lower(hex(cityHash64(number, 2))), '',
+               'chat', 'SPAN_KIND_CLIENT', ['chat-api', 'rag', 'agent'][1 + number % 3],
+               map('gen_ai.operation.name', 'chat',
+                   'gen_ai.request.model', ['gpt-4o-mini', 'gpt-4o', 'claude-sonnet-4', 'llama-70b'][1 + number % 4],
+                   'gen_ai.provider.name', ['openai', 'openai', 'anthropic', 'vllm'][1 + number % 4],
+                   'app.tenant', concat('tenant-', toString(cityHash64(number, 3) % 40)),
+                   'app.feature', ['search', 'chat', 'summarize'][1 + cityHash64(number, 4) % 3],
+                   'gen_ai.usage.input_tokens', toString(50 + cityHash64(number, 5) % 40000),
+                   'gen_ai.usage.output_tokens', toString(1 + cityHash64(number, 6) % 2000),
+                   'gen_ai.usage.cache_read.input_tokens', toString(cityHash64(number, 7) % 30),
+                   'gen_ai.response.time_to_first_chunk',
+                       if(number % 9 = 0, '', toString(if(number % 2 = 0, 0.05, 0.8)
+                                                       * exp(0.4 * sqrt(-2 * log((cityHash64(number, 8) % 100000 + 1) / 100001.))))),
+                   'http.request.resend_count', if(number % 23 = 0, '1', '0'),
+                   'http.response.status_code', if(number % 41 = 0, '429', '200')),
+               -- a Pareto tail on every fifth request, lognormal otherwise (ns)
+               toUInt64(1e9 * if(number % 5 = 0, 0.5 / pow((cityHash64(number, 9) % 100000 + 1) / 100001., 0.7),
+                                 exp(0.6 * sqrt(-2 * log((cityHash64(number, 10) % 100000 + 1) / 100001.))
+                                     * cos(6.283185 * (cityHash64(number, 11) % 1000) / 1000.)))),
+               if(number % 37 = 0, 'STATUS_CODE_ERROR', 'STATUS_CODE_OK')
+        FROM numbers({N})""")
+
+
+@pytest.fixture
+def loaded(store):
+    _write_spans(store)
+    return store
+
+
+WINDOWS = [
+    (START, END + timedelta(minutes=1)),  # all of it
+    (START + timedelta(hours=7, minutes=13, seconds=29), END - timedelta(hours=5, seconds=7)),  # off every grain
+    (START + timedelta(days=1, minutes=3, seconds=1), START + timedelta(days=1, minutes=51, seconds=59)),  # < 1 h
+    (START + timedelta(hours=30, seconds=11), START + timedelta(hours=30, seconds=49)),  # inside one minute
+]
+
+
+def _window(since: datetime, until: datetime, **params) -> dict:
+    return {"since": since.isoformat(), "until": until.isoformat(), **params}
+
+
+def test_rollups_fill_from_exporter_written_spans(loaded) -> None:
+    client = loaded.client()
+    raw = client.query("SELECT count(), sum(InputTokens), sum(OutputTokens), countIf(IsError) FROM llm_requests").result_rows[0]
+    assert raw[0] == N
+    for table in ("rollup_requests_1m", "rollup_requests_1h"):
+        got = client.query(f"SELECT sum(Requests), sum(InputTokens), sum(OutputTokens), sum(Errors) FROM {table}").result_rows[0]
+        assert tuple(got) == tuple(raw), table
+    costs = client.query("SELECT sum(Requests), sum(InputTokens), sum(OutputTokens) FROM rollup_costs_15m").result_rows[0]
+    assert tuple(costs) == tuple(raw[:3])
+    # bounded: far fewer rollup rows than requests, whatever the tenants
+    assert client.query("SELECT count() FROM rollup_requests_1h FINAL").result_rows[0][0] <= 74 * 12  # (hours touched) x (service, model) pairs
+
+
+def test_pieces_cover_the_window_once() -> None:
+    ns = rollups.NS
+    since, until = 7 * 3600 * ns + 13 * 60 * ns + 5, 30 * 3600 * ns + 2 * 60 * ns + 17
+    parts = rollups.pieces(since, until, rollups.REQUEST_GRAINS)
+    assert [p.table for p in parts] == ["", "rollup_requests_1m", "rollup_requests_1h", "rollup_requests_1m", ""]
+    assert parts[0].lo_ns == since and parts[-1].hi_ns == until
+    assert all(a.hi_ns == b.lo_ns for a, b in zip(parts, parts[1:]))
+    assert rollups.pieces(5, 59 * ns, rollups.REQUEST_GRAINS) == [rollups.Piece("", 5, 59 * ns)]
+
+
+@pytest.mark.parametrize("window", WINDOWS, ids=["all", "off-grain", "under-an-hour", "inside-a-minute"])
+def test_cost_report_equal_with_and_without_rollups(loaded, make_settings, window) -> None:
+    on, off = make_settings(), make_settings(analytics={"use_rollups": False})
+    for by in ("tenant", "model", "feature", "deployment"):
+        params = _window(*window, by=by)
+        q = ReportQuery.from_params(params)
+        cuts_ok = rollups.cost_answerable(q, on, _cuts(on, q))
+        assert cuts_ok, "the default catalog's cuts lie on the 15-minute grid"
+        a = _by_key(run("cost", loaded, on, params)["rows"], by)
+        b = _by_key(run("cost", loaded, off, params)["rows"], by)
+        assert a.keys() == b.keys() and a, by
+        for key in a:
+            for field in ("requests", "input_tokens", "output_tokens", "unpriced_requests"):
+                assert a[key][field] == b[key][field], (by, key, field)
+            for field in ("cost_usd", "retry_cost_usd", "error_cost_usd"):
+                _same(a[key][field], b[key][field], (by, key, field))
+
+
+def test_cost_filtered_by_tenant_and_feature(loaded, make_settings) -> None:
+    on, off = make_settings(), make_settings(analytics={"use_rollups": False})
+    params = _window(*WINDOWS[1], by="model", tenant="tenant-7", feature="search")
+    a, b = (_by_key(run("cost", loaded, s, params)["rows"], "model") for s in (on, off))
+    assert a.keys() == b.keys() and a
+    for key in a:
+        assert a[key]["requests"] == b[key]["requests"]
+        _same(a[key]["cost_usd"], b[key]["cost_usd"], key)
+
+
+_TPOT = ("if(OutputTokens > 1 AND LatencySeconds > TtftSeconds, "
+         "(LatencySeconds - TtftSeconds) / (OutputTokens - 1), NULL)")
+
+
+def _rank_brackets(store, column: str, q: ReportQuery) -> dict:
+    """Per group: the exact values at each percentile's rank, below and above it (what a
+    sketch answers is one of them, to its accuracy; an exact report interpolates)."""
+    measures = {"ttft": "TtftSeconds", "latency": "LatencySeconds", "tpot": _TPOT}
+    cols = ", ".join(f"quantilesExactLow(0.5, 0.95, 0.99)({m}) AS {n}_lo, "
+                     f"quantilesExactHigh(0.5, 0.95, 0.99)({m}) AS {n}_hi" for n, m in measures.items())
+    rows = store.client().query(
+        f"SELECT {column}, {cols} FROM llm_requests WHERE Timestamp >= {{a:DateTime64(9)}} "
+        f"AND Timestamp < {{b:DateTime64(9)}} GROUP BY {column}",
+        parameters={"a": q.since.replace(tzinfo=None), "b": q.until.replace(tzinfo=None)}).named_results()
+    return {row[column]: row for row in rows}
+
+
+@pytest.mark.parametrize("window", WINDOWS[:2], ids=["all", "off-grain"])
+def test_sketched_percentiles_within_one_percent(loaded, make_settings, window) -> None:
+    exact = make_settings(analytics={"use_rollups": False})
+    sketch = make_settings(analytics={"exact_quantiles_up_to": 0})
+    eps = rollups.SKETCH_ERROR
+    for by, column in (("model", "Model"), ("service", "ServiceName")):
+        params = _window(*window, by=by)
+        q = ReportQuery.from_params(params)
+        assert loader.sketched(loaded, sketch, q, by) and not loader.sketched(loaded, exact, q, by)
+        a = _by_key(run("latency", loaded, sketch, params)["rows"], by)
+        b = _by_key(run("latency", loaded, exact, params)["rows"], by)
+        brackets = _rank_brackets(loaded, column, q)
+        assert a.keys() == b.keys() == brackets.keys() and a
+        for key in a:
+            assert a[key]["requests"] == b[key]["requests"]
+            for measure, levels in (("ttft", (50, 95, 99)), ("latency", (50, 95, 99)), ("tpot", (50,))):
+                for i, level in enumerate(levels):
+                    got = a[key][f"{measure}_p{level}_ms"] / 1000
+                    lo, hi = brackets[key][f"{measure}_lo"][i], brackets[key][f"{measure}_hi"][i]
+                    assert lo * (1 - eps) <= got <= hi * (1 + eps), (by, key, measure, level, lo, got, hi)
+    a, b = (run("overview", loaded, s, _window(*window))["rows"][0] for s in (sketch, exact))
+    assert a["requests"] == b["requests"] and a["error_rate"] == b["error_rate"] and a["retry_rate"] == b["retry_rate"]
+    assert a["latency_p99_ms"] == pytest.approx(b["latency_p99_ms"], rel=eps)  # a dense tail: brackets ~equal
+    assert a["cost_per_request_usd"] == pytest.approx(b["cost_per_request_usd"], rel=1e-9)
+
+
+def test_small_windows_stay_exact(loaded, make_settings) -> None:
+    """Below exact_quantiles_up_to the rollups still count, but percentiles are exact."""
+    settings = make_settings()
+    params = _window(*WINDOWS[2], by="model")
+    q = ReportQuery.from_params(params)
+    assert not loader.sketched(loaded, settings, q, "model")
+    a = _by_key(run("latency", loaded, settings, params)["rows"], "model")
+    b = _by_key(run("latency", loaded, make_settings(analytics={"use_rollups": False}), params)["rows"], "model")
+    assert a == b
+
+
+def test_tenant_filter_reads_raw_rows(loaded, make_settings) -> None:
+    settings = make_settings(analytics={"exact_quantiles_up_to": 0})
+    q = ReportQuery.from_params(_window(*WINDOWS[0], by="model", tenant="tenant-3"))
+    assert not rollups.uses_rollup(q, settings, "model") and not loader.sketched(loaded, settings, q, "model")
+
+
+def _cuts(settings, q):
+    from analytics.pricing import Catalog
+    return Catalog.of(settings.pricing.models, settings.pricing.catalog).cuts(q.since, q.until)
+
+
+def _same(a, b, where) -> None:
+    """Equal costs (null: unpriced, on both sides), to float rounding of the sums' order."""
+    assert (a is None) == (b is None), where
+    if b is not None:
+        assert a == pytest.approx(b, rel=1e-9, abs=1e-12), where
+
+
+def _by_key(rows: list[dict], by: str) -> dict:
+    return {row[by]: row for row in rows}
+
+
+def test_upgrade_backfills_rows_stored_before(make_settings, tmp_path) -> None:
+    import shutil
+
+    from servelens.migrate import MIGRATIONS_DIR, migrate
+    from servelens.store import Store
+
+    settings = make_settings(store={"database": "rollup_upgrade"})
+    store = Store(settings.store_url, settings.store.database)
+    try:
+        older = tmp_path / "older"
+        older.mkdir()
+        for path in sorted(MIGRATIONS_DIR.glob("*.sql")):
+            if int(path.name[:4]) < 19:
+                shutil.copy(path, older / path.name)
+        migrate(store.client(), older)
+        _write_spans(store)
+        migrate(store.client())
+        client = store.client()
+        raw = client.query("SELECT count(), sum(InputTokens) FROM llm_requests").result_rows[0]
+        for table in ("rollup_requests_1m", "rollup_requests_1h", "rollup_costs_15m"):
+            assert tuple(client.query(f"SELECT sum(Requests), sum(InputTokens) FROM {table}").result_rows[0]) == raw
+    finally:
+        store.client().command("DROP DATABASE IF EXISTS rollup_upgrade")
