@@ -229,3 +229,34 @@ def report(store: Any, settings: Settings, q: ReportQuery) -> pl.DataFrame:
     if by == "outcome":
         rows = with_outcomes(rows, loader.outcome_counts(store, settings, q).lazy())
     return rows.collect()
+
+
+def request_costs(store: Any, settings: Settings, q: ReportQuery, requests: list[dict[str, Any]],
+                  gpu: pl.DataFrame | None = None) -> list[float | None]:
+    """Each request's cost as the cost report prices it over q's window, for a handful of
+    requests (one trace, one page of search results). A request is a dict with model,
+    provider, deployment, timestamp (aware datetime) and the token counts input_tokens,
+    output_tokens, cached_tokens, cache_write_tokens, reasoning_tokens.
+
+    API models: Price.cost at the price in force at the request's time and tier (what
+    `priced` applies to a token group). Self-hosted deployments: the request's weighted
+    tokens' share of the deployment's GPU cost in the window (`gpu`: gpu_allocation's
+    frame, computed here when not given). None: unpriced, never 0."""
+    catalog = Catalog.of(settings.pricing.models, settings.pricing.catalog)
+    self_hosted = {d.name for d in settings.deployments}
+    if gpu is None and any(r["deployment"] in self_hosted for r in requests):
+        gpu = gpu_allocation(store, settings, q)
+    shares = {row["deployment"]: row for row in gpu.iter_rows(named=True)} if gpu is not None else {}
+
+    def cost(r: dict[str, Any]) -> float | None:
+        if r["deployment"] in self_hosted:
+            g = shares.get(r["deployment"])
+            if g is None or g["gpu_cost"] is None or not (g["weighted_total"] or 0) > 0:
+                return None
+            return g["gpu_cost"] / g["weighted_total"] * (g["w_in"] * r["input_tokens"]
+                                                          + g["w_out"] * r["output_tokens"])
+        price = catalog.price(r["model"], r["timestamp"], r["provider"], r["input_tokens"])
+        return None if price is None else price.cost(r["input_tokens"], r["output_tokens"], r["cached_tokens"],
+                                                     r["cache_write_tokens"], r["reasoning_tokens"])
+
+    return [cost(r) for r in requests]

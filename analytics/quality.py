@@ -63,13 +63,16 @@ _PASSED = """if(tupleElement(ev.v, 4) IS NOT NULL, assumeNotNull(tupleElement(ev
                                                  {thr_values:Array(Float64)}, {thr_default:Float64}), false))"""
 
 
-def _sql(exprs: dict[str, str], keys: list[str], filters: list[str]) -> str:
-    """Per slice: evaluations, passed, mean score. `exprs`: column -> SQL over llm_requests."""
+def _sql(exprs: dict[str, str], keys: list[str], filters: list[str], bucket_s: int | None = None) -> str:
+    """Per slice (and time bucket of the result, `bucket`): evaluations, passed, mean
+    score. `exprs`: column -> SQL over llm_requests."""
     cols = ", ".join(f"{sql} AS k_{c}" for c, sql in exprs.items())
     firsts = ", ".join(f"argMin(k_{c}, (Timestamp, SpanId)) AS k_{c}" for c in exprs)
     # ANY LEFT JOIN leaves hit = 0 and '' keys when nothing matched.
     picks = "".join(f"if(s.hit = 1, s.k_{c}, if(f.hit = 1, f.k_{c}, '')) AS k_{c}, " for c in exprs)
-    group = ", ".join(f"k_{k}" for k in keys)
+    group = ", ".join([*(f"k_{k}" for k in keys), *(["bucket"] if bucket_s else [])])
+    bucket = (f"toStartOfInterval(tupleElement(ev.v, 1), INTERVAL {int(bucket_s)} SECOND) AS bucket, "
+              if bucket_s else "")
     return f"""
     WITH ev AS (
         -- The latest version of each result by IngestedAt: exact whether or not the
@@ -81,23 +84,24 @@ def _sql(exprs: dict[str, str], keys: list[str], filters: list[str]) -> str:
         GROUP BY TraceId, SpanId, Name
         HAVING {_WINDOW.format(t="tupleElement(v, 1)")}),
     req AS (SELECT TraceId, SpanId, Timestamp, {cols} FROM llm_requests WHERE TraceId IN (SELECT TraceId FROM ev))
-    SELECT {", ".join(f"k_{k} AS {k}" for k in keys)}{", " if keys else ""}
+    SELECT {", ".join(f"k_{k} AS {k}" for k in keys)}{", " if keys else ""}{"bucket, " if bucket_s else ""}
            count() AS evaluations, countIf(passed_) AS passed, avg(score_) AS mean_score
     FROM (
-        SELECT {picks}tupleElement(ev.v, 2) AS score_, {_PASSED} AS passed_
+        SELECT {picks}{bucket}tupleElement(ev.v, 2) AS score_, {_PASSED} AS passed_
         FROM ev
         ANY LEFT JOIN (SELECT *, 1 AS hit FROM req) AS s ON ev.TraceId = s.TraceId AND ev.SpanId = s.SpanId
         ANY LEFT JOIN (SELECT TraceId, {firsts}, 1 AS hit FROM req GROUP BY TraceId) AS f
             ON ev.TraceId = f.TraceId)
     WHERE {" AND ".join(filters) or "1"}
-    {f"GROUP BY {group}" if keys else ""}"""
+    {f"GROUP BY {group}" if group else ""}"""
 
 
 def slice_table(store: Any, settings: Settings, since: datetime, until: datetime, keys: list[str],
-                filters: Mapping[str, str] | None = None) -> pl.DataFrame:
+                filters: Mapping[str, str] | None = None, bucket_s: int | None = None) -> pl.DataFrame:
     """One row per slice with evaluations in [since, until): the key columns, `evaluations`,
     `passed` and `mean_score` (null when no result had a score). No keys: one aggregate row.
-    `filters` are the report filters (service, deployment, model, tenant, feature)."""
+    `filters` are the report filters (service, deployment, model, tenant, feature). With
+    `bucket_s`, one row per slice and time bucket (`bucket`) of the results."""
     filters = dict(filters or {})
     params: dict[str, Any] = {**ReportQuery(since, until).bounds(), **_thresholds(settings)}
     exprs = {}
@@ -111,8 +115,8 @@ def slice_table(store: Any, settings: Settings, since: datetime, until: datetime
         clauses.append(f"k_{key} = {{flt_{key}:String}}")
         params[f"flt_{key}"] = value
     exprs = exprs or {"none": "''"}  # the joins need one column
-    out = frame(store, _sql(exprs, keys, clauses), params)
-    schema = {**{k: pl.String for k in keys}, "evaluations": pl.Int64, "passed": pl.Int64, "mean_score": pl.Float64}
+    out = frame(store, _sql(exprs, keys, clauses, bucket_s), params)
+    schema = {**{k: pl.String for k in keys}, **({"bucket": pl.Datetime("ns")} if bucket_s else {}), "evaluations": pl.Int64, "passed": pl.Int64, "mean_score": pl.Float64}
     if out.is_empty():
         return pl.DataFrame(schema=schema)
     return out.cast(schema).filter(pl.col("evaluations") > 0)  # type: ignore[arg-type]

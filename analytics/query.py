@@ -81,6 +81,12 @@ def unit_expr(unit: str, attributes: AttributesConfig) -> tuple[str, dict[str, A
 
 
 def key_expr(key: str, attributes: AttributesConfig) -> tuple[str, dict[str, Any]]:
+    """SQL over llm_requests for a group/filter key, with its parameters. The model is the
+    one that served the request (analytics.model_names: a refused request's alias maps to
+    it), which needs the window's {since_ns}/{until_ns} (ReportQuery.where binds them)."""
+    if key == "model":
+        from analytics.model_names import served_model_sql
+        return served_model_sql(), {}
     if key in COLUMN_KEYS:
         return COLUMN_KEYS[key], {}
     if key in UNIT_KEYS:

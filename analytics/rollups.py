@@ -13,9 +13,9 @@ What falls back to raw rows entirely (`answerable` says no):
   the cost rollup holds tenant/feature/team under their default keys;
 - cost when a price cut inside the window is not on the cost rollup's 15-minute grid or
   a tier threshold is not one of its input floors (`cost_answerable`).
-Quantiles from sketches are within 1 % of a value at their rank (of the exact values
-just below or above it, between which an exact report interpolates; BENCHMARKS.md
-"Rollups"); windows with at most `analytics.exact_quantiles_up_to` requests are answered
+Quantiles from sketches are within 1 % of an exact value at most one rank from the
+percentile (the sketch ranks as q·n, the exact reports interpolate at q·(n−1); measured
+at most 0.75 %: BENCHMARKS.md "Rollups", `python -m bench.sketch_error`); windows with at most `analytics.exact_quantiles_up_to` requests are answered
 exactly from raw rows instead, where that is cheap.
 """
 
@@ -24,12 +24,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from analytics.model_names import served_model_sql
 from analytics.query import COLUMN_KEYS, ReportQuery, unit_expr
 from servelens.config import Settings
 
 NS = 1_000_000_000
 SKETCH = "quantilesDD(0.0025, 0.5, 0.95, 0.99)"  # the rollups' state: keep in step with 0019
-SKETCH_ERROR = 0.01  # relative, at the answer's rank (see the module docstring)
+SKETCH_ERROR = 0.01  # relative, within a rank of the percentile (the module docstring)
 
 REQUEST_GRAINS = (("rollup_requests_1h", 3600), ("rollup_requests_1m", 60))
 COST_GRAINS = (("rollup_costs_15m", 900),)
@@ -37,8 +38,12 @@ COST_GRAINS = (("rollup_costs_15m", 900),)
 INPUT_FLOORS = (0, 32000, 100000, 128000, 199999, 200000, 256000, 272000, 512000, 524288, 1000000)
 
 # Dimensions each rollup holds, by report key.
-REQUEST_DIMS = {k: COLUMN_KEYS[k] for k in ("service", "deployment", "model", "provider", "operation", "region")}
-COST_DIMS = {**{k: COLUMN_KEYS[k] for k in ("service", "deployment", "model", "provider")},
+# The model: the served one (analytics.model_names); a rollup row holds no RequestModel, and
+# a row whose Model is an alias its service was answered for holds that alias's refusals.
+_SERVED = served_model_sql(request_model="Model")
+REQUEST_DIMS = {**{k: COLUMN_KEYS[k] for k in ("service", "deployment", "provider", "operation", "region")},
+                "model": _SERVED}
+COST_DIMS = {**{k: COLUMN_KEYS[k] for k in ("service", "deployment", "provider")}, "model": _SERVED,
              "tenant": "Tenant", "feature": "Feature", "team": "Team"}
 
 
@@ -214,6 +219,7 @@ def cost_source_sql(q: ReportQuery, settings: Settings, params: dict[str, Any]) 
     """A subquery of pre-aggregated cost rows (key, Bucket, model..., sums) covering q's
     window from the cost rollup and raw rows at its edges (cost_answerable() said yes)."""
     bounds = q.bounds()
+    params.update(bounds)
     floors = "[" + ", ".join(str(f) for f in INPUT_FLOORS) + "]"
     parts = []
     for i, piece in enumerate(pieces(bounds["since_ns"], bounds["until_ns"], COST_GRAINS)):

@@ -6,6 +6,14 @@ same windows; a lease (analytics_leases) lets exactly one of them compute each w
 and results replace, never double (analytics_results is keyed by report and window).
 On-demand runs (`POST /api/v1/analytics/run`, `servelens analytics --once`) compute the
 window ending now.
+
+A dashboard process without an analytics role (`servelens dashboard`) runs a standby
+scheduler (dashboard.evaluate_triggers: auto): every runner that is not on standby writes a
+heartbeat row into analytics_leases each tick, and the standby does nothing while another
+runner's heartbeat is fresh, so the alerts keep coming from the analytics process (its
+sinks, its keepalives) and the dashboard takes over only when none is alive. The per-window
+leases stay what makes two runners safe: whoever runs, each window is evaluated, and each
+episode transition announced, once.
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ from servelens.config import Settings
 log = logging.getLogger(__name__)
 
 LEASE_SECONDS = 600  # a claim without a result after this long is presumed dead
+HEARTBEAT = "runner:analytics"  # analytics_leases.report of the runners' heartbeats
 
 
 def runner_id() -> str:
@@ -95,27 +104,74 @@ def run_all(store: Any, settings: Settings, now: datetime | None = None, schedul
     return {"jobs": jobs, "until": iso(until)}
 
 
+def heartbeat(store: Any, owner: str, now: datetime) -> None:
+    """Say that `owner`, a runner that is not on standby, is alive (see runner_alive)."""
+    store.client().insert("analytics_leases", [[HEARTBEAT, now, 0, owner, now]],
+                          column_names=["report", "until", "attempt", "owner", "acquired_at"])
+
+
+def runner_alive(store: Any, settings: Settings, now: datetime, besides: str) -> bool:
+    """Whether a runner other than `besides` wrote a heartbeat lately: within three
+    intervals (a tick's reports may take a while) and a minute of clock skew."""
+    fresh = 3 * settings.analytics.interval + timedelta(minutes=1)
+    return store.client().query(
+        "SELECT count() FROM analytics_leases WHERE report = {report:String} AND owner != {owner:String} "
+        "AND acquired_at >= {since:DateTime64(3)}",
+        parameters={"report": HEARTBEAT, "owner": besides, "since": now - fresh}).first_row[0] > 0
+
+
 class Scheduler:
     """Every `analytics.interval`: the report jobs for the latest aligned window, then the
-    trigger windows that have closed (their episodes publish to the alert dispatcher)."""
+    trigger windows that have closed (their episodes publish to the alert dispatcher).
 
-    def __init__(self, store: Any, settings: Settings, dispatcher: Any = None) -> None:
+    `standby`: the dashboard's scheduler, which runs only while no other runner is alive.
+    """
+
+    def __init__(self, store: Any, settings: Settings, dispatcher: Any = None, standby: bool = False) -> None:
         self._store = store
         self._settings = settings
         self._dispatcher = dispatcher
         self._owner = runner_id()
+        self._standby = standby
+        self._running = not standby  # whether the last tick ran (a standby starts idle)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="analytics", daemon=True)
         self.last: dict[str, Any] | None = None
 
+    @property
+    def running(self) -> bool:
+        """Whether the last tick ran the jobs (False: a standby that found a runner alive)."""
+        return self._running
+
     def start(self) -> None:
+        if not self._standby:  # seen by a standby at once, not one interval later
+            heartbeat(self._store, self._owner, datetime.now(timezone.utc))
         self._thread.start()
 
-    def tick(self) -> None:
-        from analytics.triggers.engine import evaluate_due  # triggers build on the reports
+    def tick(self, now: datetime | None = None) -> None:
+        from analytics.triggers.engine import active_triggers, evaluate_due  # triggers build on the reports
 
-        self.last = run_all(self._store, self._settings, scheduled=True, owner=self._owner)
-        evaluate_due(self._store, self._settings, self._dispatcher, owner=self._owner)
+        now = now or datetime.now(timezone.utc)
+        if self._standby:
+            if runner_alive(self._store, self._settings, now, self._owner):
+                if self._running:
+                    log.info("an analytics runner is alive: this dashboard stops evaluating triggers")
+                    self._running = False
+                if self._dispatcher is not None:
+                    self._dispatcher.retain(set())  # the runner keeps the open episodes alive
+                return
+            if not self._running:
+                log.info("no analytics runner is alive: this dashboard runs the reports and triggers")
+                self._running = True
+                if self._dispatcher is not None:
+                    # Alertmanager expires what is not re-posted: the open episodes go out again.
+                    self._dispatcher.restore(active_triggers(self._store))
+        else:
+            heartbeat(self._store, self._owner, now)
+        self.last = run_all(self._store, self._settings, now=now, scheduled=True, owner=self._owner)
+        evaluate_due(self._store, self._settings, self._dispatcher, owner=self._owner, now=now)
+        if self._dispatcher is not None:
+            self._dispatcher.retain({t["id"] for t in active_triggers(self._store)})
 
     def _loop(self) -> None:
         interval = self._settings.analytics.interval.total_seconds()

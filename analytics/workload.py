@@ -4,6 +4,14 @@ Arrivals are attempts (a retry loads the server like a first try). Per-second bu
 start at `since`, so the window holds ceil(window / 1 s) of them; burstiness is the
 index of dispersion (population variance / mean) of the per-second counts over all of
 those seconds, the empty ones included: 1 for Poisson arrivals, > 1 for bursty traffic.
+
+Rates: arrival_rps_mean is over the whole window; arrival_rps_peak is the busiest
+second's arrivals, arrival_rpm_peak the busiest minute's (60 s buckets from `since`).
+peak_to_average is at the granularity the row names (peak_granularity, "1m"): the busiest
+minute over the mean minute of the span that has traffic, from the first arrival's minute
+to the last's (active_minutes, both counted). Against the whole window's mean, traffic
+that began two hours before the end of a 24 h window reads 12x peakier than it is, and a
+busiest second against a mean second is mostly counting noise at low rates.
 """
 
 from __future__ import annotations
@@ -17,6 +25,7 @@ from analytics.sources import traffic as loader
 from servelens.config import Settings
 
 DEFAULT_BY = "service"
+PEAK_GRANULARITY = "1m"  # peak_to_average's buckets (traffic._arrivals_sql's minutes)
 
 
 def _share(part: str) -> pl.Expr:
@@ -38,7 +47,9 @@ def shape(groups: pl.LazyFrame, window_ns: int, by: str) -> pl.LazyFrame:
             rps_mean.alias("arrival_rps_mean"),
             pl.col("peak_second").cast(pl.Int64).alias("arrival_rps_peak"),
             pl.col("peak_minute").cast(pl.Int64).alias("arrival_rpm_peak"),
-            (pl.col("peak_second") / rps_mean).alias("peak_to_average"),
+            (pl.col("peak_minute") * pl.col("active_minutes") / pl.col("arrivals")).alias("peak_to_average"),
+            pl.lit(PEAK_GRANULARITY).alias("peak_granularity"),
+            pl.col("active_minutes").cast(pl.Int64).alias("active_minutes"),
             dispersion.alias("burstiness"),
             pl.col("input_q").list.get(0, null_on_oob=True).alias("input_tokens_p50"),
             pl.col("input_q").list.get(1, null_on_oob=True).alias("input_tokens_p99"),

@@ -149,7 +149,7 @@ IDLE_JS = """
     const queues = ['requested', 'prioritized', 'blocked', 'executing', 'watched', 'executed', 'stored'];
     const pending = s && s.callbacks ? queues.reduce(function (n, q) { return n + s.callbacks[q].length; }, 0) : -1;
     const updated = document.querySelector('[id$="-updated"]');
-    return pending === 0 && !!updated && updated.textContent.indexOf('Last') === 0
+    return pending === 0 && !!updated && /updated \d\d:\d\d:\d\d UTC/.test(updated.textContent)
 """
 # ... and, on the Overview, both tables drawn.
 OVERVIEW_DRAWN_JS = IDLE_JS.rstrip().rstrip('"') + """ && ['overview-latency', 'overview-cost'].every(function (id) {

@@ -18,7 +18,7 @@ TRACE_ID_BYTES = 16
 SPAN_ID_BYTES = 8
 # DateTime64(9) holds times up to 2262-04-11; an OTLP fixed64 can say more.
 MAX_TIME_NS = 2**63 - 1
-# The tables partition by toDate(time) and expire by toDateTime(time) + retention: both
+# The tables partition by toDate(time) and expire by that day + retention + 1 day: both
 # 32-bit, so a time past 2106-02-07 (or whose expiry is) wraps around, and the TTL drops
 # the row as soon as it is written. Such times are refused at ingest instead (TimeWindow).
 _DATETIME_MAX_NS = (2**32 - 1) * 1_000_000_000

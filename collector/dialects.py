@@ -4,8 +4,8 @@ FIELDS maps a request field to the ordered places it is looked for; the first th
 a value wins. One table, two readers that must agree (tests/collector/test_dialects.py
 compares them on every library's real output): `request_fields`, the Python reading of
 one stored span, and `select_sql`, the ClickHouse expressions the llm_requests view is
-rendered from (migrations/0014_llm_requests_dialects.sql holds the rendering; a test
-checks it is current).
+rendered from (VIEW_MIGRATION, the latest migration to re-create the view, holds the
+rendering; a test checks it is current).
 
 Dialects: GenAI semconv (current, in-flight and deprecated names), vLLM, OpenLLMetry
 (before and after its 0.5 rename), OpenLIT, OpenInference, Langfuse, LiteLLM, Vercel AI
@@ -76,6 +76,16 @@ STRING_FIELDS: dict[str, tuple[Carrier, ...]] = {
         *_a(OPENLLMETRY, "llm.response.model"), *_a(VERCEL, "ai.response.model"),
         Carrier(OPENINFERENCE, "llm.invocation_parameters", "json", ("model",)),
         *_a(OPENLLMETRY, "llm.request.model"), *_a(VERCEL, "ai.model.id"),
+    ),
+    # the model asked for, '' when the dialect does not say (Langfuse names one model only).
+    # A request refused before a model answered (a 429) carries only this one, so its
+    # `model` is the alias ("gpt-4o") while answered calls have the served name
+    # ("gpt-4o-2024-08-06"): analytics/model_names.py maps it to the served one.
+    "request_model": (
+        *_a(SEMCONV, "gen_ai.request.model"), *_a(OPENLLMETRY, "llm.request.model"),
+        Carrier(OPENINFERENCE, "llm.invocation_parameters", "json", ("model",)),
+        Carrier(OPENINFERENCE, "embedding.invocation_parameters", "json", ("model",)),
+        *_a(VERCEL, "ai.model.id"),
     ),
     "provider": (
         *_a(SEMCONV, "gen_ai.provider.name", "gen_ai.system"), *_a(OPENINFERENCE, "llm.provider", "llm.system"),
@@ -482,6 +492,7 @@ def select_sql() -> dict[str, str]:
     tpot, _ = _sql_seconds_columns("tpot")
     return {
         "Model": _sql_first([_sql_read(c) for c in STRING_FIELDS["model"]]),
+        "RequestModel": _sql_first([_sql_read(c) for c in STRING_FIELDS["request_model"]]),
         "Provider": _sql_first([_sql_read(c) for c in STRING_FIELDS["provider"]]),
         "Operation": sql_operation(),
         "Tenant": sql_unit(UNIT_KEYS["tenant"]),
@@ -537,15 +548,19 @@ FIXED_COLUMNS = {
               "                        AND NOT startsWith(k, 'telemetry.') AND length(v) <= 256,\n"
               "              mapUpdate(r, a))",
 }
-# The table's column order (migrations/0004, then 0014's additions).
+# The table's column order (migrations/0004, then 0014's additions, then 0021's).
 COLUMN_ORDER = (
     "Timestamp", "TraceId", "SpanId", "ParentSpanId", "ServiceName", "Deployment", "Model", "Provider", "Operation",
     "Region", "Tenant", "Feature", "Team", "UserId", "TaskType", "Language", "Mode", "PrefixHash", "InputTokens",
     "OutputTokens", "CachedInputTokens", "LatencySeconds", "TtftSeconds", "QueueSeconds", "PrefillSeconds",
     "DecodeSeconds", "IsError", "ErrorType", "HttpStatusCode", "RetryAttempt", "Fallback", "Outcome", "Labels",
     "CacheWriteInputTokens", "ReasoningOutputTokens", "TtftSource", "Streaming", "ClientCostUsd", "SessionId",
-    "TpotSeconds", "Dialect",
+    "TpotSeconds", "Dialect", "RequestModel",
 )
+# The migration holding the current rendering of the view; a change to the table above
+# goes into a new migration (ADD COLUMN, DROP VIEW, the view) named here, rendered by
+# `python -m collector.dialects`.
+VIEW_MIGRATION = "0021_llm_requests_request_model.sql"
 
 
 def llm_requests_view_sql() -> str:
@@ -567,4 +582,4 @@ def render_migration(path: Path) -> None:
 
 
 if __name__ == "__main__":
-    render_migration(Path(__file__).resolve().parent.parent / "migrations" / "0014_llm_requests_dialects.sql")
+    render_migration(Path(__file__).resolve().parent.parent / "migrations" / VIEW_MIGRATION)

@@ -14,7 +14,7 @@ from flask import Blueprint, Response, current_app, request
 from werkzeug.exceptions import HTTPException
 
 import servelens
-from analytics import evaluations, reports, runner
+from analytics import evaluations, reports, runner, series, traces_search
 from analytics.query import QueryError, ReportQuery
 from collector.spool import quarantine_summary
 from analytics.triggers import engine as triggers_engine
@@ -97,6 +97,12 @@ def blueprint(settings: Settings, store: Any, collector_stats: Callable[[], dict
             return _error(404, f"unknown report {name!r}; available: {sorted(reports.REPORTS)}")
         return _guarded(guard, f"report {name}", reports.run, name, store, settings, request.args.to_dict())
 
+    @api.get("/v1/series/<metric>")
+    def metric_series(metric: str) -> Any:
+        if metric not in series.METRICS:
+            return _error(404, f"unknown metric {metric!r}; available: {sorted(series.METRICS)}")
+        return _guarded(guard, f"series {metric}", series.run, metric, store, settings, request.args.to_dict())
+
     @api.post("/v1/evaluations")
     def post_evaluations() -> Any:
         limit = settings.collector.max_request_bytes
@@ -111,6 +117,21 @@ def blueprint(settings: Settings, store: Any, collector_stats: Callable[[], dict
     @api.get("/v1/triggers")
     def triggers() -> Any:
         return _guarded(guard, "triggers", _triggers, store, request.args.to_dict())
+
+    @api.get("/v1/traces")
+    def traces() -> Any:
+        return _guarded(guard, "trace search", traces_search.search, store, settings, request.args.to_dict())
+
+    @api.get("/v1/traces/<trace_id>")
+    def trace(trace_id: str) -> Any:
+        try:
+            trace_id = traces_search.parse_trace_id(trace_id)
+        except QueryError as exc:
+            return _error(400, str(exc))
+        found = _guarded(guard, "trace lookup", traces_search.get_trace, store, settings, trace_id)
+        if found.status_code == 200 and found.get_json() is None:
+            return _error(404, f"no trace {trace_id}")
+        return found
 
     @api.route("/<path:rest>", methods=_METHODS)
     def not_found(rest: str) -> Any:

@@ -17,7 +17,7 @@ import dash
 import flask
 from dash import ALL, Input, Output, State, dcc, html
 
-from dashboard import api, data
+from dashboard import api, data, timecharts
 from dashboard.components import pause_when_hidden
 from dashboard.guard import Guard
 from servelens.config import Settings
@@ -29,7 +29,7 @@ ASSETS_DIR = Path(__file__).parent / "assets"
 PRODUCT = "servelens"
 _OPTIONS_REFRESH_MS = 60_000  # new services/models appear without a reload
 # The navigation in SPEC 8's order, by page path; pages not listed follow in registry order.
-NAV_ORDER = ("/", "/latency", "/cost", "/gpus", "/quality", "/workload", "/reliability", "/triggers")
+NAV_ORDER = ("/", "/latency", "/cost", "/gpus", "/quality", "/workload", "/reliability", "/triggers", "/traces")
 _PLACEHOLDERS = {"service": "All services", "deployment": "All deployments",
                  "model": "All models", "tenant": "All tenants"}
 
@@ -137,8 +137,13 @@ def _layout() -> html.Div:
             html.Div(className="filters", children=[
                 dcc.RadioItems(
                     id="filter-range", className="range-selector", inline=True,
-                    options=[{"label": data.RANGE_LABELS[k], "value": k} for k in data.RANGES],
+                    options=[{"label": data.RANGE_LABELS[k], "value": k} for k in (*data.RANGES, data.CUSTOM)],
                     value=data.DEFAULT_RANGE, persistence=True, persistence_type="session"),
+                # custom range: typed here, or set by dragging across any chart
+                dcc.Input(id="filter-from", className="filter-time", type="text", debounce=True,
+                          placeholder="from (UTC)", persistence=True, persistence_type="session"),
+                dcc.Input(id="filter-to", className="filter-time", type="text", debounce=True,
+                          placeholder="to (UTC)", persistence=True, persistence_type="session"),
                 *(dcc.Dropdown(id=f"filter-{key}", className="filter-dropdown", options=[],
                                placeholder=_PLACEHOLDERS[key], clearable=True,
                                persistence=True, persistence_type="session")
@@ -164,11 +169,42 @@ def _register_callbacks(app: dash.Dash) -> None:
     @app.callback(
         Output(data.FILTERS_ID, "data"),
         Input("filter-range", "value"),
+        Input("filter-from", "value"),
+        Input("filter-to", "value"),
         *(Input(f"filter-{key}", "value") for key in data.FILTER_KEYS),
     )
-    def keep_filters(range_key: Any, *values: Any) -> dict[str, Any]:
+    def keep_filters(range_key: Any, since: Any, until: Any, *values: Any) -> dict[str, Any]:
         # Filters.from_store drops what is not a plain short string (a crafted request's value)
-        return data.Filters.from_store({"range": range_key, **dict(zip(data.FILTER_KEYS, values))}).to_store()
+        return data.Filters.from_store({"range": range_key, "since": since, "until": until,
+                                        **dict(zip(data.FILTER_KEYS, values))}).to_store()
+
+    # A click on a chart's point opens the requests of its bucket (timecharts._hrefs).
+    app.clientside_callback(
+        """function () {
+            const t = (window.dash_clientside.callback_context.triggered || [])[0];
+            const p = t && t.value && t.value.points && t.value.points[0];
+            return p && typeof p.customdata === "string" && p.customdata.indexOf("/traces?") === 0
+                ? p.customdata : window.dash_clientside.no_update;
+        }""",
+        Output("url", "href"),
+        Input({"type": timecharts.CHART_TYPE, "page": ALL, "name": ALL}, "clickData"),
+        prevent_initial_call=True,
+    )
+
+    @app.callback(
+        Output("filter-range", "value"),
+        Output("filter-from", "value"),
+        Output("filter-to", "value"),
+        Input({"type": timecharts.CHART_TYPE, "page": ALL, "name": ALL}, "relayoutData"),
+        prevent_initial_call=True,
+    )
+    def zoom(relayouts: Any) -> tuple[Any, ...]:
+        """A drag across a chart selects that range for every page (a custom range)."""
+        picked = timecharts.zoomed_range((dash.callback_context.triggered or [{}])[0].get("value"))
+        if picked is None:
+            return (dash.no_update,) * 3
+        since, until = picked
+        return data.CUSTOM, f"{since:%Y-%m-%d %H:%M:%S}", f"{until:%Y-%m-%d %H:%M:%S}"
 
     @app.callback(
         *(Output(f"filter-{key}", "options") for key in data.FILTER_KEYS),

@@ -195,7 +195,7 @@ def badge(kind: str) -> html.Span:
 
 def updated_line(filters: data.Filters, *details: str) -> str:
     """The page header's note: the window, any details, and when the numbers were read."""
-    return " · ".join((f"Last {data.RANGE_LABELS[filters.range]}", *details,
+    return " · ".join((filters.describe(), *details,
                        f"updated {datetime.now(timezone.utc):%H:%M:%S} UTC"))
 
 

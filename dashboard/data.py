@@ -8,6 +8,7 @@ in are identifiers from analytics.query's fixed key table.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any, Mapping, Sequence
@@ -27,8 +28,10 @@ RANGES: dict[str, timedelta] = {
     "6h": timedelta(hours=6),
     "24h": timedelta(hours=24),
     "7d": timedelta(days=7),
+    "30d": timedelta(days=30),
 }
-RANGE_LABELS = {"1h": "1 h", "6h": "6 h", "24h": "24 h", "7d": "7 d"}
+CUSTOM = "custom"  # from-to given (typed, or dragged on a chart)
+RANGE_LABELS = {"1h": "1 h", "6h": "6 h", "24h": "24 h", "7d": "7 d", "30d": "30 d", CUSTOM: "custom"}
 DEFAULT_RANGE = "24h"
 FILTER_KEYS = ("service", "deployment", "model", "tenant")
 # A dropdown past a few hundred entries is unusable; bound the query too.
@@ -51,30 +54,80 @@ def clean(value: Any) -> str | None:
     return value or None
 
 
+def parse_chart_time(value: str) -> datetime:
+    """A time as the range inputs and Plotly's date axes write it ("2026-12-01 10:23:45.1",
+    ISO-8601 with or without an offset); UTC when it has none. ValueError otherwise."""
+    text = value.strip().replace(" ", "T").replace("Z", "+00:00")
+    dt = datetime.fromisoformat(text)
+    dt = dt if dt.tzinfo else dt.replace(tzinfo=timezone.utc)
+    if not datetime(1970, 1, 1, tzinfo=timezone.utc) <= dt <= datetime(2200, 1, 1, tzinfo=timezone.utc):
+        raise ValueError(f"out of range: {value}")
+    return dt
+
+
+def _custom(since: Any, until: Any) -> tuple[str, str] | None:
+    since, until = clean(since), clean(until)
+    if since is None or until is None:
+        return None
+    try:
+        a, b = parse_chart_time(since), parse_chart_time(until)
+    except ValueError:
+        return None
+    return (a.isoformat(), b.isoformat()) if a < b else None
+
+
 @dataclass(frozen=True)
 class Filters:
-    """The global filters as the top bar keeps them in its dcc.Store."""
+    """The global filters as the top bar keeps them in its dcc.Store. With range
+    "custom", `since` and `until` (ISO-8601) bound the window; other ranges end now."""
 
     range: str = DEFAULT_RANGE
     service: str | None = None
     deployment: str | None = None
     model: str | None = None
     tenant: str | None = None
+    since: str | None = None
+    until: str | None = None
 
     @classmethod
     def from_store(cls, data: Any) -> Filters:
-        """The filters in `data`; whatever is not a valid value of its field is dropped."""
+        """The filters in `data`; whatever is not a valid value of its field is dropped
+        (a custom range without a valid from-to falls back to the default range)."""
         data = data if isinstance(data, Mapping) else {}
         range_key = clean(data.get("range"))
-        return cls(range_key if range_key in RANGES else DEFAULT_RANGE, *(clean(data.get(k)) for k in FILTER_KEYS))
+        units = (clean(data.get(k)) for k in FILTER_KEYS)
+        if range_key == CUSTOM:
+            bounds = _custom(data.get("since"), data.get("until"))
+            if bounds:
+                return cls(CUSTOM, *units, *bounds)
+            range_key = None
+        return cls(range_key if range_key in RANGES else DEFAULT_RANGE, *units)
 
     def to_store(self) -> dict[str, Any]:
-        return {"range": self.range, **{k: getattr(self, k) for k in FILTER_KEYS}}
+        return {"range": self.range, **{k: getattr(self, k) for k in FILTER_KEYS},
+                "since": self.since, "until": self.until}
+
+    @property
+    def range_label(self) -> str:
+        """The range in a sentence's words: "24 h", or "window" for a custom one."""
+        return "window" if self.range == CUSTOM else RANGE_LABELS[self.range]
+
+    def describe(self) -> str:
+        if self.range != CUSTOM:
+            return f"Last {RANGE_LABELS[self.range]}"
+        since, until = self.window()
+        return f"{since:%Y-%m-%d %H:%M} – {until:%Y-%m-%d %H:%M} UTC"
+
+    def window(self, now: datetime | None = None) -> tuple[datetime, datetime]:
+        if self.range == CUSTOM and self.since and self.until:
+            return datetime.fromisoformat(self.since), datetime.fromisoformat(self.until)
+        until = now or datetime.now(timezone.utc)
+        return until - RANGES[self.range], until
 
     def params(self, now: datetime | None = None) -> dict[str, Any]:
-        """Report parameters: the window ends now, so every refresh slides it forward."""
-        until = now or datetime.now(timezone.utc)
-        params: dict[str, Any] = {"since": until - RANGES[self.range], "until": until}
+        """Report parameters: a preset range ends now, so every refresh slides it forward."""
+        since, until = self.window(now)
+        params: dict[str, Any] = {"since": since, "until": until}
         params.update({k: getattr(self, k) for k in FILTER_KEYS if getattr(self, k)})
         return params
 
@@ -90,6 +143,38 @@ class DataSource:
     def report(self, name: str, filters: Filters, **extra: Any) -> dict[str, Any]:
         """analytics.reports.run for the filters' window (extra: e.g. by="model")."""
         return reports.run(name, self.store, self.settings, {**filters.params(), **extra})
+
+    def computed(self, fn: Any, filters: Filters, **extra: Any) -> list[dict[str, Any]]:
+        """The rows of fn(store, settings, query) (a part of a report) as reports.run gives them."""
+        q = ReportQuery.from_params({**filters.params(), **extra})
+        return reports.to_records(fn(self.store, self.settings, q))
+
+    def value(self, fn: Any, filters: Filters, **extra: Any) -> Any:
+        """fn(store, settings, query): one value of a report, computed on its own."""
+        return fn(self.store, self.settings, ReportQuery.from_params({**filters.params(), **extra}))
+
+    def scheduled_rows(self, name: str, filters: Filters, now: datetime | None = None) -> tuple[list, datetime] | None:
+        """The rows the analytics scheduler stored for report `name` over the last 24 h
+        (analytics.runner: every analytics.interval, the window ending at its last
+        boundary), when the filters ask for exactly that and the result is at most two
+        intervals old; with its window's end. None otherwise: compute it live."""
+        if self.range_is_default_window(filters) is False:
+            return None
+        now = now or datetime.now(timezone.utc)
+        fresh = now - 2 * self.settings.analytics.interval
+        row = self.store.client().query(
+            "SELECT until, argMax(rows, computed_at) FROM analytics_results WHERE report = {report:String} "
+            "AND until >= {fresh:DateTime64(3)} AND dateDiff('second', since, until) = 86400 "
+            "GROUP BY since, until ORDER BY until DESC LIMIT 1",
+            parameters={"report": name, "fresh": fresh}).first_row
+        if not row:
+            return None
+        until = row[0] if row[0].tzinfo else row[0].replace(tzinfo=timezone.utc)
+        return json.loads(row[1]), until
+
+    @staticmethod
+    def range_is_default_window(filters: Filters) -> bool:
+        return filters.range == "24h" and not any(getattr(filters, k) for k in FILTER_KEYS)
 
     def rows(self, name: str, filters: Filters, **extra: Any) -> list[dict[str, Any]]:
         """Just the rows of report(...)."""
@@ -123,7 +208,8 @@ class DataSource:
     def filter_options(self, range_key: str, now: datetime | None = None) -> dict[str, list[str]]:
         """Distinct non-empty values of each filter key over the window, sorted."""
         until = now or datetime.now(timezone.utc)
-        q = ReportQuery(until - RANGES.get(range_key, RANGES[DEFAULT_RANGE]), until)
+        q = ReportQuery(until - RANGES.get(range_key, RANGES["30d"] if range_key == CUSTOM else RANGES[DEFAULT_RANGE]),
+                        until)
         where, params = q.where(self.settings.attributes)
         columns = []
         for key in FILTER_KEYS:

@@ -10,10 +10,9 @@
 --   operation, region). Rows per minute are bounded by the number of such combinations
 --   active in it (tens to hundreds on a fleet), never by tenants or users. Quantiles are
 --   DDSketch states (quantilesDD with accuracy parameter 0.0025): mergeable across rows
---   and parts; each answer within 1 % of a value at the percentile's rank (the engine's
---   error runs to ~3x the parameter; an exact report interpolates between the two
---   values around the rank instead: BENCHMARKS.md "Rollups", tests/analytics/
---   test_rollups.py). Sums are exact.
+--   and parts; each answer within 1 % of an exact value at most one rank from the
+--   percentile (measured: at most 0.75 %; the sketch ranks as q*n where the exact
+--   reports interpolate at q*(n-1): BENCHMARKS.md "Rollups"). Sums are exact.
 -- rollup_costs_15m: token sums per (service, deployment, model, provider, tenant,
 --   feature, team, retry?, error?, input band) for cost. Rows per quarter hour are bounded
 --   by the business-unit combinations active in it (and by the requests themselves).

@@ -39,8 +39,11 @@ def build_parser() -> argparse.ArgumentParser:
     up = sub.add_parser("up", help="all-in-one: migrate, receivers, analytics, dashboard")
     up.add_argument("--demo", action="store_true", help="also send realistic demo traffic to the receivers")
     _common(up)
-    for name, text in (("migrate", "apply migrations/ (safe to re-run)"),
-                       ("collector", "OTLP receivers only"),
+    migrate_cmd = sub.add_parser("migrate", help="apply migrations/ (safe to re-run)")
+    migrate_cmd.add_argument("--print-ddl", action="store_true",
+                             help="print the DDL the migrations run (for store.cluster when set) and exit; needs no store")
+    _common(migrate_cmd)
+    for name, text in (("collector", "OTLP receivers only"),
                        ("dashboard", "dashboard + JSON API only")):
         _common(sub.add_parser(name, help=text))
     analytics = sub.add_parser("analytics", help="run the analytics jobs on a schedule")
@@ -95,6 +98,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         if args.command == "alerts":
             return _alerts_test(settings)
+        if args.command == "migrate" and args.print_ddl:
+            from servelens.migrate import ddl_script
+
+            print(ddl_script(settings.store.cluster, settings.store.database), end="")
+            return 0
         if args.command == "spool":
             from servelens import spool_cli
 

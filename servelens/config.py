@@ -44,12 +44,23 @@ class StoreConfig(_Strict):
     clickhouse_url: str | None = None  # None: chdb://<data_dir>
     database: str = "otel"
     retention_days: int = Field(30, ge=1)
+    # A ClickHouse cluster (its name in the servers' remote_servers): the migrations create
+    # replicated tables and Distributed tables over them on it (servelens.cluster_ddl).
+    cluster: str | None = None
 
     @field_validator("clickhouse_url")
     @classmethod
     def _scheme(cls, v: str | None) -> str | None:
         if v is not None and not re.match(r"^(chdb|https?)://", v):
             raise ValueError("must start with chdb://, http:// or https://")
+        return v
+
+    @field_validator("cluster")
+    @classmethod
+    def _cluster_name(cls, v: str | None) -> str | None:
+        # It is spliced into ON CLUSTER and Distributed(...) as it is.
+        if v is not None and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", v):
+            raise ValueError("must be a plain identifier (letters, digits, _), as remote_servers names it")
         return v
 
 
@@ -389,6 +400,19 @@ class AnalyticsConfig(_Strict):
     _dur = field_validator("interval", mode="before")(parse_duration)
 
 
+class DashboardConfig(_Strict):
+    # Whether `servelens dashboard` (no analytics role in its process) runs the report jobs
+    # and evaluates triggers on analytics.interval, so its Triggers page fills:
+    #   auto  while no `servelens analytics` (or `up`) on the same store is alive: it stands
+    #         by while one is, takes over when it stops (its heartbeat, analytics.runner)
+    #   on    always, as an analytics runner of its own
+    #   off   never (a read-only dashboard)
+    # Either way each window is evaluated once per store (the lease in analytics_leases),
+    # so two processes never announce one transition twice. Give the dashboard the same
+    # alerts.sinks as the analytics process: the windows it evaluates alert from it.
+    evaluate_triggers: Literal["auto", "on", "off"] = "auto"
+
+
 class GpusConfig(_Strict):  # busy time; auto: DCGM_FI_PROF_GR_ENGINE_ACTIVE where reported, else DCGM_FI_DEV_GPU_UTIL
     busy_metric: Literal["auto", "gr_engine_active", "gpu_util"] = "auto"
 
@@ -423,6 +447,7 @@ class Settings(BaseSettings):
     triggers: TriggersConfig = TriggersConfig()
     alerts: AlertsConfig = AlertsConfig()
     analytics: AnalyticsConfig = AnalyticsConfig()
+    dashboard: DashboardConfig = DashboardConfig()
     gpus: GpusConfig = GpusConfig()
 
     # Set by load(); the YAML source reads it.

@@ -1,40 +1,67 @@
 """store.retention_days as table TTLs: whole day-partitions drop once they are older.
 
+A table's TTL is its partition key (the row's day) + retention + 1 day: every row of a
+day expires at the same instant, the end of that day plus the retention, so
+- ttl_only_drop_parts drops the day's parts whole, never rewriting them row by row;
+- a raw table and its rollups (gpu_samples / gpu_util_minutes, otel_metrics_histogram /
+  genai_metric_histograms) lose a day together: at the edge both hold it or neither;
+- every row is kept at least `days` days (the collector refuses older ones at ingest).
+
 Applied after migrations, only where the TTL in force differs, with
 materialize_ttl_after_modify=0 so a change never rewrites existing parts in one go.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
-# table -> its time column (the partition key's source)
+# table -> its partition key, the day its rows expire with (a test checks they match)
 TTL_COLUMNS = {
-    "otel_traces": "toDateTime(Timestamp)",
-    "otel_traces_trace_id_ts": "Start",
-    "otel_metrics_gauge": "toDateTime(TimeUnix)",
-    "otel_metrics_sum": "toDateTime(TimeUnix)",
-    "otel_metrics_histogram": "toDateTime(TimeUnix)",
-    "otel_logs": "TimestampTime",
-    "llm_requests": "toDateTime(Timestamp)",
-    "trace_outcomes": "toDateTime(Timestamp)",
-    "gpu_samples": "toDateTime(Timestamp)",
-    "gpu_util_minutes": "Minute",
-    "engine_samples": "toDateTime(Timestamp)",
-    "stage_spans": "toDateTime(Timestamp)",
-    "evaluations": "toDateTime(Timestamp)",
+    "otel_traces": "toDate(Timestamp)",
+    "otel_traces_trace_id_ts": "toDate(Start)",
+    "otel_metrics_gauge": "toDate(TimeUnix)",
+    "otel_metrics_sum": "toDate(TimeUnix)",
+    "otel_metrics_histogram": "toDate(TimeUnix)",
+    "otel_logs": "toDate(TimestampTime)",
+    "llm_requests": "toDate(Timestamp)",
+    "trace_outcomes": "toDate(Timestamp)",
+    "gpu_samples": "toDate(Timestamp)",
+    "gpu_util_minutes": "toDate(Minute)",
+    "engine_samples": "toDate(Timestamp)",
+    "stage_spans": "toDate(Timestamp)",
+    "evaluations": "toDate(Timestamp)",
+    "genai_metric_histograms": "toDate(Minute)",
+    "rollup_requests_1m": "toDate(Minute)",
+    "rollup_requests_1h": "toDate(Minute)",
+    "rollup_costs_15m": "toDate(Bucket)",
 }
 
+_TTL = re.compile(r" TTL (.+?)(?: SETTINGS |$)")
 
-def apply_retention(client: Any, days: int) -> list[str]:
-    """Set TTL <time> + days on every table; returns the tables changed."""
+
+def ttl_expression(table: str, days: int) -> str:
+    """The TTL `table` gets for `days` of retention, as the server prints it."""
+    return f"{TTL_COLUMNS[table]} + toIntervalDay({days + 1})"
+
+
+def apply_retention(client: Any, days: int, cluster: str | None = None) -> list[str]:
+    """Set the day-aligned TTL on every table; returns the tables changed. On a cluster
+    the rows live in the x_local tables (the plain names are Distributed tables, which
+    hold none and take no TTL): the TTL goes there, on every node."""
     engines = dict(client.query(
         "SELECT name, engine_full FROM system.tables WHERE database = currentDatabase()").result_rows)
     changed = []
-    for table, column in TTL_COLUMNS.items():
-        if table not in engines or f"toIntervalDay({days})" in engines[table]:
+    for table in TTL_COLUMNS:
+        stored = f"{table}_local" if cluster else table
+        if stored not in engines:
             continue
-        client.command(f"ALTER TABLE {table} MODIFY TTL {column} + toIntervalDay({days})",
+        expression = ttl_expression(table, days)
+        current = _TTL.search(engines[stored])
+        if current and current.group(1) == expression:
+            continue
+        on = f" ON CLUSTER {cluster}" if cluster else ""
+        client.command(f"ALTER TABLE {stored}{on} MODIFY TTL {expression}",
                        settings={"materialize_ttl_after_modify": 0})
-        changed.append(table)
+        changed.append(stored)
     return changed

@@ -26,9 +26,9 @@ def open_store(settings: Settings, migrate_schema: bool = True) -> Store:
     try:
         store = Store(settings.store_url, settings.store.database)
         if migrate_schema:
-            for m in migrate(store.client()):
+            for m in migrate(store.client(), cluster=settings.store.cluster):
                 log.info("migrated %04d_%s", m.version, m.name)
-            changed = apply_retention(store.client(), settings.store.retention_days)
+            changed = apply_retention(store.client(), settings.store.retention_days, settings.store.cluster)
             if changed:
                 log.info("retention %d days set on %s", settings.store.retention_days, ", ".join(changed))
     except Exception as exc:
@@ -70,6 +70,17 @@ def with_demo_defaults(settings: Settings) -> Settings:
     return settings.model_copy(update=update)
 
 
+def scheduler_role(command: str, settings: Settings) -> str | None:
+    """The analytics scheduler a command runs: "runner", "standby" (the dashboard alone,
+    running only while no runner is alive: analytics.runner) or None."""
+    if command in ("up", "analytics"):
+        return "runner"
+    if command == "dashboard":
+        # without it, a dashboard with no analytics process beside it never evaluates triggers
+        return {"auto": "standby", "on": "runner", "off": None}[settings.dashboard.evaluate_triggers]
+    return None
+
+
 def _stop_on_signal() -> threading.Event:
     """An event set by SIGINT/SIGTERM, installed before anything starts so a Ctrl-C at any
     moment (even during the demo's backfill) leads to the orderly stop below."""
@@ -107,7 +118,8 @@ def run(command: str, settings: Settings, demo: bool = False, once: bool = False
             components.append(collector)
             ports.update(collector.ports)
         dispatcher = None
-        if command in ("up", "analytics"):
+        role = scheduler_role(command, settings)
+        if role is not None:
             from analytics.alerts import Dispatcher
             from analytics.runner import Scheduler
             from analytics.triggers.engine import active_triggers
@@ -115,10 +127,12 @@ def run(command: str, settings: Settings, demo: bool = False, once: bool = False
             # started before the scheduler and stopped after it, so its last resolves go out
             dispatcher = Dispatcher(settings, None)
             dispatcher.start()
-            # Alertmanager expires what is not re-posted: the episodes still open go out again.
-            dispatcher.restore(active_triggers(store))
+            if role == "runner":
+                # Alertmanager expires what is not re-posted: the episodes still open go out
+                # again (a standby does this when it takes over).
+                dispatcher.restore(active_triggers(store))
             components.append(dispatcher)
-            scheduler = Scheduler(store, settings, dispatcher)
+            scheduler = Scheduler(store, settings, dispatcher, standby=role == "standby")
             scheduler.start()
             components.append(scheduler)
         if command in ("up", "dashboard"):

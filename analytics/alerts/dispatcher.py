@@ -94,6 +94,7 @@ class SinkWorker:
         self._halt = threading.Event()  # cuts retry waits short once the shutdown deadline passes
         self._stop_by = float("inf")
         self._active: dict[str, Alert] = {}  # firing alerts, for sinks that need keepalives
+        self._active_lock = threading.Lock()  # retain() prunes it from the scheduler's thread
         self._thread = threading.Thread(target=self._run, name=f"alerts {sink.name}", daemon=True)
 
     def start(self) -> None:
@@ -151,15 +152,24 @@ class SinkWorker:
         if self.sink.keepalive is None:
             return
         key = str(alert.trigger.get("id"))
-        if alert.transition == "firing":
-            self._active[key] = alert  # kept even if delivery failed: the next keepalive retries it
-        else:
-            self._active.pop(key, None)
+        with self._active_lock:
+            if alert.transition == "firing":
+                self._active[key] = alert  # kept even if delivery failed: the next keepalive retries it
+            else:
+                self._active.pop(key, None)
+
+    def retain(self, ids: set[str]) -> None:
+        """Stop keeping alive the alerts whose episode is not in `ids` (see Dispatcher.retain)."""
+        with self._active_lock:
+            for key in [k for k in self._active if k not in ids]:
+                del self._active[key]
 
     def _keepalive(self) -> None:
         # One attempt each: the next interval is the retry, and the queue must not wait on it.
         once = RetryPolicy(1, self._timeout, 0.0)
-        for alert in list(self._active.values()):
+        with self._active_lock:
+            alerts = list(self._active.values())
+        for alert in alerts:
             self._deliver(alert, once, "resent")
 
     def _deliver(self, alert: Alert, policy: RetryPolicy, result: str) -> bool:
@@ -260,6 +270,18 @@ class Dispatcher:
             for w in self._workers:
                 if w.sink.keepalive and severity_rank(trigger.get("severity")) >= severity_rank(w.sink.min_severity):
                     w.offer(alert)
+
+    def retain(self, active_ids: set[str]) -> None:
+        """Keep alive only these episodes (the store's active ones, or none).
+
+        Where several processes evaluate one store, the window that resolves an episode may
+        be another process's: its "resolved" goes out from there, and this one would go on
+        re-posting the episode as firing to Alertmanager. The scheduler calls this every
+        tick with the episodes still active, and with none while it stands by.
+        """
+        for w in self._workers:
+            if w.sink.keepalive:
+                w.retain(active_ids)
 
     def stats(self) -> dict[str, dict[str, int]]:
         """{sink: {result: count}} for results in RESULTS that happened."""

@@ -193,6 +193,18 @@ def per_minute(store: Any, settings: Settings, q: ReportQuery) -> pl.DataFrame:
                        lambda: frame(store, sql, _params(settings, q)))
 
 
+def per_bucket(store: Any, settings: Settings, q: ReportQuery, seconds: int) -> pl.DataFrame:
+    """Per deployment and time bucket: readings, their busy sum and the GPUs seen (charts)."""
+    sql = f"""
+        SELECT {_DEPLOYMENT} AS deployment,
+               toStartOfInterval(Minute, INTERVAL {int(seconds)} SECOND) AS bucket,
+               sum(Samples) AS samples, sum(UtilSum) AS util_sum, uniqExact(Host, GpuUuid) AS gpus
+        FROM ({_rows(settings)})
+        GROUP BY deployment, bucket"""
+    return memo.cached(_key("per_bucket", store, settings, q, seconds),
+                       lambda: frame(store, sql, _params(settings, q)))
+
+
 def mean_utilization(store: Any, settings: Settings, q: ReportQuery) -> float | None:
     """Mean utilization over every GPU sample in the window; with a deployment filter,
     over that deployment's hosts only. None without samples."""

@@ -31,14 +31,16 @@ def _scoped(settings: Settings, q: ReportQuery) -> tuple[str, str, dict[str, Any
 
 def _arrivals_sql(key_sql: str, where: str) -> str:
     """Per group, from per-second arrival counts c (seconds counted from `since`):
-    arrivals = Σc, arrivals_sq = Σc², peak_second = max c, peak_minute = max per 60 s.
+    arrivals = Σc, arrivals_sq = Σc², peak_second = max c, peak_minute = max per 60 s,
+    active_minutes = the 60 s buckets from the first arrival's to the last's, both counted.
 
     Only seconds with arrivals exist here; the report adds the empty ones exactly from
     the window length, so ClickHouse never materialises a row per empty second.
     """
     return f"""
         SELECT key, sum(n) AS arrivals, sum(n_sq) AS arrivals_sq,
-               max(peak) AS peak_second, max(n) AS peak_minute
+               max(peak) AS peak_second, max(n) AS peak_minute,
+               max(minute) - min(minute) + 1 AS active_minutes
         FROM (
             SELECT key, intDiv(second, 60) AS minute, sum(c) AS n, sum(c * c) AS n_sq, max(c) AS peak
             FROM (

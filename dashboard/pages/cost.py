@@ -9,7 +9,9 @@ import dash
 import plotly.graph_objects as go
 from dash import dcc, html
 
-from dashboard import data
+from dashboard import data, traces_links
+from dashboard import timecharts
+from dashboard.timecharts import CONTROL, Chart, Line
 from dashboard.components import (CHART_GROUPS, FONT, LOADING, NO_REQUESTS, NULL, card, chart_layout, empty, graph,
                                   integer, label, page, pct, plain, register_refresh, search_box, top_table,
                                   updated_line, usd)
@@ -144,6 +146,12 @@ def change_panel(rows: list[dict[str, Any]] | None, range_label: str) -> html.Di
     ]
 
 
+CHARTS = (
+    Chart("spend", "Spend over time", (Line("cost_usd", "spend", CONTROL),), unit="$", stacked=True, control="by"),
+    Chart("per-request", "Cost per request over time", (Line("cost_per_request_usd", "per request"),), unit="$"),
+)
+
+
 def layout(**_query: str) -> html.Div:
     return page(
         "cost", "Cost",
@@ -159,6 +167,7 @@ def layout(**_query: str) -> html.Div:
             search_box("cost-search", "groups"),
         ]),
         html.Div(id="cost-cards", className="cards"),
+        timecharts.charts_row("cost", CHARTS),
         html.Div(className="panels", children=[
             html.Section(className="panel", children=[html.H2(id="cost-title", children="Spend"),
                                                       html.Div(id="cost-chart")]),
@@ -185,7 +194,8 @@ def render(fetched: tuple, filters: data.Filters) -> tuple:
     chart = graph(cost_figure(rows, by)) if rows else empty("No priced requests in this window.")
     # The cards add up every group, whatever the table's filter shows.
     return (summary_cards([top.total], by), title, chart,
-            top_table(top, _columns(by), NO_REQUESTS, f"{BY_OPTIONS[by].lower()}s", "cost"),
+            traces_links.link_keys(top_table(top, _columns(by), NO_REQUESTS, f"{BY_OPTIONS[by].lower()}s", "cost"),
+                                   top.with_other(), by, lambda row: traces_links.costliest(filters, by, row[by])),
             updated_line(filters, VIEWS[view].lower()))
 
 
@@ -196,7 +206,8 @@ def fetch_change(source: data.DataSource, filters: data.Filters) -> list[dict[st
 def register_callbacks(app: dash.Dash) -> None:
     register_refresh(app, "cost", ("cards", "title", "chart", "table", "updated"), fetch, render,
                      controls=("by", "view", "search"))
+    timecharts.register(app, "cost", CHARTS)
     # Its own refresh: the change's decomposition can take far longer than the spend itself.
     register_refresh(app, "cost", ("change",), fetch_change,
-                     lambda rows, filters: (change_panel(rows, data.RANGE_LABELS[filters.range]),),
+                     lambda rows, filters: (change_panel(rows, filters.range_label),),
                      alert_name="change-alert")

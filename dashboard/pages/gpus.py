@@ -8,6 +8,8 @@ import dash
 from dash import html
 
 from dashboard import data
+from dashboard import timecharts
+from dashboard.timecharts import Chart, Line
 from dashboard.components import (LOADING, NULL, card, empty, integer, page, panel, pct, register_refresh,
                                   search_box, show, top_table, updated_line, usd)
 
@@ -73,10 +75,17 @@ def totals(rows: list[dict[str, Any]]) -> str:
     return f"Idle GPU cost {usd(sum(idle)) if idle else NULL} of {usd(sum(provisioned))} provisioned"
 
 
+CHARTS = (
+    Chart("util", "Utilization over time", (Line("gpu_utilization", "utilization", "deployment"),), unit="%"),
+    Chart("idle", "Idle cost over time", (Line("idle_cost_usd", "idle", "deployment"),), unit="$", stacked=True),
+)
+
+
 def layout(**_query: str) -> html.Div:
     return page(
         "gpus", "GPUs",
         html.Div(id="gpus-total", className="page-summary"),
+        timecharts.charts_row("gpus", CHARTS),
         html.Div(id="gpus-deployments", children=LOADING),
         panel("Per GPU", search_box("gpus-search", "GPUs"), html.Div(id="gpus-table", children=LOADING)),
     )
@@ -97,3 +106,4 @@ def render(fetched: tuple, filters: data.Filters) -> tuple:
 
 def register_callbacks(app: dash.Dash) -> None:
     register_refresh(app, "gpus", ("deployments", "table", "total", "updated"), fetch, render, controls=("search",))
+    timecharts.register(app, "gpus", CHARTS)

@@ -9,7 +9,9 @@ import dash
 import plotly.graph_objects as go
 from dash import dcc, html
 
-from dashboard import data
+from dashboard import data, traces_links
+from dashboard import timecharts
+from dashboard.timecharts import CONTROL, Chart, Line
 from dashboard.components import (CHART_GROUPS, LOADING, NO_REQUESTS, badge, chart_layout, empty, graph, integer,
                                   labels, ms, page, panel, register_refresh, search_box, table, top_table,
                                   updated_line)
@@ -117,6 +119,25 @@ def stages_panels(rows: list[dict[str, Any]]) -> list[Any] | html.Div:
     return panels
 
 
+def queue_ceilings(source: data.DataSource, filters: data.Filters) -> list[dict[str, Any]]:
+    """The configured queue budgets (p99 ceilings), as lines on the queue chart."""
+    return [{"y": d.budgets["queue"].total_seconds() * 1000, "text": f"{d.name} queue ceiling"}
+            for d in source.settings.deployments if "queue" in d.budgets
+            and filters.deployment in (None, d.name)][:4]
+
+
+CHARTS = (
+    Chart("p99", "Latency p99 over time", (Line("latency_p99_ms", "p99", CONTROL),), unit="ms", control="by"),
+    Chart("ttft", "TTFT p99 over time", (Line("ttft_p99_ms", "TTFT p99", CONTROL),), unit="ms", control="by"),
+    Chart("drift", "p50 against p99 (all requests)", (Line("latency_p50_ms", "p50", dash="dot"),
+                                                      Line("latency_p95_ms", "p95", dash="dash"),
+                                                      Line("latency_p99_ms", "p99")), unit="ms"),
+    Chart("queue", "Queue wait (vLLM) against its ceiling", (Line("queue_p95_ms", "p95", "deployment", dash="dot"),
+                                                            Line("queue_p99_ms", "p99", "deployment")),
+          unit="ms", marks=queue_ceilings),
+)
+
+
 def layout(**_query: str) -> html.Div:
     return page(
         "lat", "Latency & stages",
@@ -131,6 +152,7 @@ def layout(**_query: str) -> html.Div:
             html.Div(id="lat-chart"),
             html.Div(id="lat-table", children=LOADING),
         ]),
+        timecharts.charts_row("lat", CHARTS),
         html.H2("Stages against their p99 ceilings, per deployment", className="section-title"),
         html.Div(id="lat-stages", className="panels", children=LOADING),
     )
@@ -146,9 +168,12 @@ def render(fetched: tuple, filters: data.Filters) -> tuple:
     by, latency, stages = fetched
     chart = graph(latency_figure(latency.rows, by)) if latency.rows else None
     what = f"{BY_OPTIONS[by].lower()}s"
-    return (chart, top_table(latency, _latency_columns(by), NO_REQUESTS, what, "requests"), stages_panels(stages),
-            updated_line(filters))
+    listed = traces_links.link_keys(  # each group's key: its requests at or above its p99
+        top_table(latency, _latency_columns(by), NO_REQUESTS, what, "requests"), latency.with_other(), by,
+        lambda row: traces_links.slowest(filters, by, row[by], row.get("latency_p99_ms")))
+    return chart, listed, stages_panels(stages), updated_line(filters)
 
 
 def register_callbacks(app: dash.Dash) -> None:
     register_refresh(app, "lat", ("chart", "table", "stages", "updated"), fetch, render, controls=("by", "search"))
+    timecharts.register(app, "lat", CHARTS)

@@ -7,7 +7,10 @@ from typing import Any, Callable
 import dash
 from dash import html
 
+from analytics import overview
 from dashboard import data
+from dashboard import timecharts
+from dashboard.timecharts import CONTROL, Chart, Line
 from collector.spool import quarantine_summary
 from dashboard.components import (LOADING, NO_REQUESTS, alert, card, integer, ms, page, panel, pct, register_refresh,
                                   search_box, show, top_table, updated_line, usd)
@@ -38,6 +41,19 @@ COST_COLUMNS = (
 )
 
 
+CHARTS = (
+    Chart("requests", "Requests", (Line("requests", "requests"),)),
+    Chart("rates", "Error and retry rate", (Line("error_rate", "errors"), Line("retry_rate", "retries", dash="dot")),
+          unit="%"),
+    Chart("latency", "TTFT and latency", (Line("ttft_p50_ms", "TTFT p50", dash="dot"), Line("ttft_p99_ms", "TTFT p99"),
+                                          Line("latency_p50_ms", "latency p50", dash="dot"),
+                                          Line("latency_p95_ms", "latency p95", dash="dash"),
+                                          Line("latency_p99_ms", "latency p99")), unit="ms"),
+    Chart("cost", "Spend", (Line("cost_usd", "spend"),), unit="$"),
+    Chart("gpu", "GPU utilization", (Line("gpu_utilization", "utilization"),), unit="%"),
+)
+
+
 def _card(key: str, label: str, value: str, hint: str, extra_class: str = "") -> html.Div:
     return card(f"ov-{key}", label, value, hint, extra_class, card_id=f"ov-card-{key}")
 
@@ -50,15 +66,25 @@ def cards(row: dict[str, Any] | None) -> list[html.Div]:
     return [
         *(_card(key, label, text(key, fmt), hint) for key, label, fmt, hint in CARDS),
         _card("requests", "Requests", text("requests", integer), "in the window", "card-secondary"),
-        _card("binding_constraint", "Binding constraint", text("binding_constraint", str),
-              "stage nearest its p99 budget", "card-secondary"),
     ]
+
+
+def binding_card(value: str | None, loaded: bool = True, as_of: Any = None) -> html.Div:
+    """Its own refresh: per trace, the costliest number of the page at scale."""
+    hint = "stage nearest its p99 budget" + (f" (as of {as_of:%H:%M} UTC)" if as_of else "")
+    return _card("binding_constraint", "Binding constraint", show(value, str) if loaded else LOADING,
+                 hint, "card-secondary")
 
 
 def layout(**_query: str) -> html.Div:
     return page(
         "overview", "Overview",
-        html.Div(cards(None), id="overview-cards", className="cards"),
+        html.Div(className="cards", children=[
+            html.Div(cards(None), id="overview-cards", className="cards-part"),
+            html.Div(binding_card(None, loaded=False), id="overview-binding", className="cards-part"),
+        ]),
+        timecharts.charts_row("overview", CHARTS),
+        html.Div(id="overview-binding-alert"),
         html.Div(className="panels", children=[
             panel("Latency by model", search_box("overview-latency-search", "models"),
                   html.Div(id="overview-latency-alert"), html.Div(id="overview-latency", children=LOADING)),
@@ -69,7 +95,16 @@ def layout(**_query: str) -> html.Div:
 
 
 def fetch_cards(source: data.DataSource, filters: data.Filters) -> tuple[list[dict[str, Any]], dict[str, int]]:
-    return source.rows("overview", filters), quarantine_summary(source.settings.spool_dir)
+    return source.computed(overview.headline, filters), quarantine_summary(source.settings.spool_dir)
+
+
+def fetch_binding(source: data.DataSource, filters: data.Filters) -> tuple[str | None, Any]:
+    """The scheduler's answer for the last 24 h when it is fresh (it computes that window
+    every analytics.interval), else computed now."""
+    stored = source.scheduled_rows("overview", filters)
+    if stored and stored[0]:
+        return stored[0][0].get("binding_constraint"), stored[1]
+    return source.value(overview.binding, filters), None
 
 
 def render_cards(fetched: tuple[list[dict[str, Any]], dict[str, int]], filters: data.Filters) -> tuple:
@@ -96,6 +131,9 @@ def fetch_cost(source: data.DataSource, filters: data.Filters, search: str | Non
 def register_callbacks(app: dash.Dash) -> None:
     # Three refreshes, not one: they run side by side, and each part shows when it is ready.
     register_refresh(app, "overview", ("cards", "updated"), fetch_cards, render_cards)
+    register_refresh(app, "overview", ("binding",), fetch_binding, lambda found, _f: ([binding_card(found[0], as_of=found[1])],),
+                     alert_name="binding-alert")
+    timecharts.register(app, "overview", CHARTS)
     register_refresh(app, "overview", ("latency",), fetch_latency,
                      lambda top, _f: (top_table(top, LATENCY_COLUMNS, NO_REQUESTS, "models", "requests"),),
                      controls=("latency-search",), alert_name="latency-alert")

@@ -11,6 +11,8 @@ import plotly.graph_objects as go
 from dash import dcc, html
 
 from dashboard import data
+from dashboard import timecharts
+from dashboard.timecharts import CONTROL, Chart, Line
 from dashboard.components import (BADGES, LOADING, SERIES_COLORS, chart_layout, empty, graph, integer, label, page,
                                   panel, pct, plain, register_refresh, search_box, top_table, updated_line)
 
@@ -104,6 +106,11 @@ def pass_rate_figure(rows: list[dict[str, Any]], range_label: str) -> go.Figure:
     return fig
 
 
+CHARTS = (
+    Chart("pass", "Pass rate over time", (Line("pass_rate", "pass rate", CONTROL),), unit="%", control="by"),
+)
+
+
 def layout(**_query: str) -> html.Div:
     return page(
         "qual", "Quality slices",
@@ -115,6 +122,7 @@ def layout(**_query: str) -> html.Div:
         ]),
         html.Div(id="qual-regressed"),
         html.Div(id="qual-total", className="page-summary"),
+        timecharts.charts_row("qual", CHARTS),
         panel("Slices", search_box("qual-search", "slices"), html.Div(id="qual-table", children=LOADING),
               extra_class="gap-below"),
         panel("Pass rate against the baseline", html.Div(id="qual-chart")),
@@ -136,7 +144,7 @@ def _shown(row: dict[str, Any], by: str) -> dict[str, Any]:
 def render(fetched: tuple[str, data.Top], filters: data.Filters) -> tuple:
     by, top = fetched
     rows = top.rows
-    chart = graph(pass_rate_figure(rows, data.RANGE_LABELS[filters.range])) if rows else empty(NO_EVALUATIONS)
+    chart = graph(pass_rate_figure(rows, filters.range_label)) if rows else empty(NO_EVALUATIONS)
     shown = replace(top, rows=[_shown(r, by) for r in rows], other=top.other and _shown(top.other, by))
     return (regressed_note(rows), totals(top),
             top_table(shown, COLUMNS, NO_EVALUATIONS, "slices", "regression, then evaluations"), chart,
@@ -146,3 +154,4 @@ def render(fetched: tuple[str, data.Top], filters: data.Filters) -> tuple:
 def register_callbacks(app: dash.Dash) -> None:
     register_refresh(app, "qual", ("regressed", "total", "table", "chart", "updated"), fetch, render,
                      controls=("by", "search"))
+    timecharts.register(app, "qual", CHARTS)

@@ -11,6 +11,8 @@ import plotly.graph_objects as go
 from dash import html
 
 from dashboard import data
+from dashboard import timecharts
+from dashboard.timecharts import Chart, Line
 from dashboard.components import (BADGES, LOADING, NO_REQUESTS, NULL, SERIES_COLORS, empty, graph, integer,
                                   metric_bars, ms, page, panel, pct, plain, register_refresh, search_box, top_table,
                                   updated_line)
@@ -57,10 +59,19 @@ def over_budget_note(rows: list[dict[str, Any]]) -> html.Div | None:
     return html.Div(f"Fallback p99 exceeds the primary's latency budget: {', '.join(over)}", className="alert")
 
 
+CHARTS = (
+    Chart("rates", "Error, retry and fallback rates over time",
+          (Line("error_rate", "errors"), Line("retry_rate", "retries", dash="dot"),
+           Line("fallback_rate", "fallbacks", dash="dash")), unit="%"),
+    Chart("limited", "Rate-limited (429) requests over time", (Line("rate_limited", "429s", "service"),)),
+)
+
+
 def layout(**_query: str) -> html.Div:
     return page(
         "rel", "Reliability",
         html.Div(id="rel-over-budget"),
+        timecharts.charts_row("rel", CHARTS),
         panel("By service", search_box("rel-search", "services"), html.Div(id="rel-table", children=LOADING),
               extra_class="gap-below"),
         panel("Error, retry, fallback and rate-limit rates", html.Div(id="rel-chart")),
@@ -81,3 +92,4 @@ def render(top: data.Top, filters: data.Filters) -> tuple:
 
 def register_callbacks(app: dash.Dash) -> None:
     register_refresh(app, "rel", ("table", "chart", "over-budget", "updated"), fetch, render, controls=("search",))
+    timecharts.register(app, "rel", CHARTS)

@@ -11,7 +11,7 @@ from urllib.parse import quote
 import dash
 from dash import dcc, html
 
-from dashboard import data
+from dashboard import data, episode_chart, traces_links
 from dashboard.components import (LOADING, NULL, badge, integer, page, panel, register_refresh, search_box, table,
                                   updated_line)
 
@@ -21,7 +21,7 @@ NO_EPISODES = "No trigger fired in this window."
 COLUMNS = (
     ("kind_link", "Kind", str), ("subject_text", "Subject", str), ("state_badge", "State", str),
     ("severity_badge", "Severity", str), ("started", "Started", str), ("detected", "Detected", str),
-    ("resolved", "Resolved", str), ("summary_text", "Summary", str),
+    ("resolved", "Resolved", str), ("summary_text", "Summary", str), ("traces_link", "Evidence", str),
 )
 
 
@@ -58,6 +58,7 @@ def _row(trigger: dict[str, Any]) -> dict[str, Any]:
         "state_badge": badge(trigger["state"]), "severity_badge": badge(trigger["severity"]),
         "started": when(trigger["started_at"]), "detected": when(trigger["detected_at"]),
         "resolved": when(trigger.get("resolved_at")), "summary_text": html.Span(trigger["summary"], className="wrap"),
+        "traces_link": dcc.Link("requests", href=traces_links.episode(trigger)),
     }
 
 
@@ -117,6 +118,8 @@ def layout(**query: str) -> html.Div:
         # The query's episode id as a control, so the page's one refresh callback reads it.
         dcc.Input(id="trg-id", type="hidden", value=episode_id),
         html.Div(id="trg-episode", children=LOADING if episode_id else None),
+        panel("The signal it fired on", html.Div(id="trg-signal-alert"), html.Div(id="trg-signal", children=LOADING),
+              extra_class="gap-below"),
         html.Div(id="trg-total", className="page-summary"),
         panel("Episodes", search_box("trg-search", "episodes"), html.Div(id="trg-table", children=LOADING)),
     )
@@ -136,5 +139,19 @@ def render(fetched: tuple, filters: data.Filters) -> tuple:
             episodes_table(listed), updated_line(filters))
 
 
+def fetch_signal(source: data.DataSource, filters: data.Filters, episode_id: str | None) -> tuple | None:
+    """The linked episode's signal, else the newest episode's in the window."""
+    trigger = source.trigger(episode_id) if episode_id else None
+    if trigger is None:
+        listed = ordered([t for t in source.triggers(filters) if in_scope(t["subject"], filters)])
+        trigger = listed[0] if listed else None
+    return episode_chart.fetch(source, trigger)
+
+
+def render_signal(fetched: tuple | None, _filters: data.Filters) -> tuple:
+    return (episode_chart.render(fetched) or html.Div(NO_EPISODES, className="empty"),)
+
+
 def register_callbacks(app: dash.Dash) -> None:
     register_refresh(app, "trg", ("episode", "total", "table", "updated"), fetch, render, controls=("id", "search"))
+    register_refresh(app, "trg", ("signal",), fetch_signal, render_signal, controls=("id",), alert_name="signal-alert")

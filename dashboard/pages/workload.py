@@ -9,6 +9,8 @@ import plotly.graph_objects as go
 from dash import html
 
 from dashboard import data
+from dashboard import timecharts
+from dashboard.timecharts import Chart, Line
 from dashboard.components import (LOADING, NO_REQUESTS, empty, graph, integer, metric_bars, page, panel, pct,
                                   register_refresh, search_box, top_table, updated_line)
 
@@ -43,7 +45,7 @@ def _prompt_output(value: float) -> str:
 COLUMNS = (
     ("service", "Service", str), ("requests", "Requests", integer),
     ("arrival_rps_mean", "Arrivals mean", _rps), ("arrival_rps_peak", "Peak", lambda v: f"{v:,}/s"),
-    ("peak_to_average", "Peak/avg", _ratio), ("burstiness", "Burstiness", lambda v: f"{v:,.2f}"),
+    ("peak_to_average", "Peak/avg (1 min)", _ratio), ("burstiness", "Burstiness", lambda v: f"{v:,.2f}"),
     ("input_tokens_p50", "Input p50", _tokens), ("input_tokens_p99", "Input p99", _tokens),
     ("output_tokens_p50", "Output p50", _tokens), ("output_tokens_p99", "Output p99", _tokens),
     ("prompt_to_output_ratio", "Prompt:output", _prompt_output),
@@ -61,9 +63,16 @@ def arrivals_figure(rows: list[dict[str, Any]]) -> go.Figure:
                        title_text="requests per second (log)")
 
 
+CHARTS = (
+    Chart("arrivals", "Arrival rate over time (requests/s)", (Line("arrival_rps", "arrivals", "service"),)),
+    Chart("tokens", "Tokens over time", (Line("input_tokens", "input"), Line("output_tokens", "output", dash="dot"))),
+)
+
+
 def layout(**_query: str) -> html.Div:
     return page(
         "wl", "Workload shape",
+        timecharts.charts_row("wl", CHARTS),
         panel("By service", search_box("wl-search", "services"), html.Div(id="wl-table", children=LOADING),
               extra_class="gap-below"),
         html.Div(className="panels", children=[
@@ -87,3 +96,4 @@ def render(top: data.Top, filters: data.Filters) -> tuple:
 
 def register_callbacks(app: dash.Dash) -> None:
     register_refresh(app, "wl", ("table", "arrivals", "tokens", "updated"), fetch, render, controls=("search",))
+    timecharts.register(app, "wl", CHARTS)

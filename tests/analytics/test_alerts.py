@@ -270,6 +270,23 @@ def test_alertmanager_keepalive_until_resolved(receivers, dispatcher) -> None:
     assert until(lambda: d.stats()["alertmanager:127.0.0.1"]["sent"] == 2)
 
 
+def test_keepalives_stop_for_an_episode_another_process_resolved(receivers, dispatcher) -> None:
+    """The scheduler passes the store's active episodes every tick: one resolved by another
+    process's window (its "resolved" went out from there) is no longer re-posted here."""
+    am = receivers()
+    d = dispatcher({"type": "alertmanager", "url": am.url, "resend_interval": "100ms"})
+    d.publish(FIRING, "firing")
+    assert len(am.wait_for(2, timeout=3)) >= 2
+    d.retain({FIRING["id"]})  # still active: still kept alive
+    count = len(am.requests)
+    assert until(lambda: len(am.requests) > count)
+    d.retain(set())
+    time.sleep(0.15)  # a keepalive already under way may still land
+    count = len(am.requests)
+    time.sleep(0.35)
+    assert len(am.requests) == count
+
+
 def test_restart_reposts_open_episodes_to_alertmanager_only(store, receivers, dispatcher) -> None:
     """After a restart the open episodes (read from the store) go to Alertmanager again,
     which expires what is not re-posted; a webhook already had its one message."""

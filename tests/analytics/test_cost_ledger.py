@@ -344,11 +344,28 @@ def test_ledger_has_the_cases_it_claims() -> None:
     assert ledger_cost(LlmRequest(at, 1, "xgpt-4o", 10**6, 0)) is None
 
 
+def served_model(loaded: list[LlmRequest], since: datetime, until: datetime):
+    """The ledger's reading of the served model (analytics.model_names): a span naming only
+    the model asked for groups with the model its service's requests for that name were
+    answered with in the window's hours, the most frequent one."""
+    first_hour = since.replace(minute=0, second=0, microsecond=0)
+    answered: dict[tuple[str, str], dict[str, int]] = {}
+    for r in loaded:
+        if r.request_model and r.request_model != r.model and first_hour <= r.start < until:
+            names = answered.setdefault((r.service, r.request_model), {})
+            names[r.model] = names.get(r.model, 0) + 1
+    chosen = {k: max(v.items(), key=lambda kv: (kv[1], kv[0]))[0] for k, v in answered.items()}
+    return lambda r: r.model if r.request_model else chosen.get((r.service, r.model), r.model)
+
+
 def test_cost_report_matches_the_ledger(loaded, store, settings) -> None:
+    model_of = served_model(loaded, SINCE, UNTIL)
+    assert model_of(LlmRequest(NOW, 1, "gpt-4o", 1, 1)) == "gpt-4o-2024-08-06"  # the data holds the case
     for by in ("tenant", "model", "feature"):
         doc = run("cost", store, settings, {**WINDOW, "by": by})
         assert doc["report"] == "cost" and doc["since"].startswith(SINCE.strftime("%Y-%m-%dT%H:%M"))
-        assert_matches_ledger(doc["rows"], by, ledger(loaded, lambda r: getattr(r, by)))
+        key = model_of if by == "model" else (lambda r, by=by: getattr(r, by))
+        assert_matches_ledger(doc["rows"], by, ledger(loaded, key))
     # the default grouping is by tenant
     assert_matches_ledger(run("cost", store, settings, WINDOW)["rows"], "tenant", ledger(loaded, lambda r: r.tenant))
 
@@ -365,16 +382,17 @@ def test_cost_report_matches_the_ledger(loaded, store, settings) -> None:
 
     # filters narrow the population the ledger is computed over
     doc = run("cost", store, settings, {**WINDOW, "by": "model", "tenant": "acme"})
-    assert_matches_ledger(doc["rows"], "model", ledger([r for r in loaded if r.tenant == "acme"], lambda r: r.model))
+    assert_matches_ledger(doc["rows"], "model", ledger([r for r in loaded if r.tenant == "acme"], model_of))
     doc = run("cost", store, settings, {**WINDOW, "by": "tenant", "model": "gpt-4o-2024-08-06"})
     assert_matches_ledger(doc["rows"], "tenant",
-                          ledger([r for r in loaded if r.model == "gpt-4o-2024-08-06"], lambda r: r.tenant))
+                          ledger([r for r in loaded if model_of(r) == "gpt-4o-2024-08-06"], lambda r: r.tenant))
     doc = run("cost", store, settings, {**WINDOW, "by": "feature", "tenant": "globex", "feature": "search"})
     want = ledger([r for r in loaded if r.tenant == "globex" and r.feature == "search"], lambda r: r.feature)
     assert_matches_ledger(doc["rows"], "feature", want)
     # a narrower window: only the requests from the price change on
     doc = run("cost", store, settings, {"since": PRICE_CHANGE.isoformat(), "until": UNTIL.isoformat(), "by": "model"})
-    assert_matches_ledger(doc["rows"], "model", ledger([r for r in loaded if r.start >= PRICE_CHANGE], lambda r: r.model))
+    assert_matches_ledger(doc["rows"], "model", ledger([r for r in loaded if r.start >= PRICE_CHANGE],
+                                                       served_model(loaded, PRICE_CHANGE, UNTIL)))
 
     # overview: the headline numbers over the same window
     (row,) = run("overview", store, settings, WINDOW)["rows"]

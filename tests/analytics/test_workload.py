@@ -88,13 +88,16 @@ def send(otlp_http: str):
         p.shutdown()
 
 
-def expected(reqs: list[Req], window_ns: int, reused_prefixes: set[str]) -> dict[str, Any]:
+def expected(reqs: list[Req], window_ns: int, reused_prefixes: set[str], since_ns: int = SINCE_NS) -> dict[str, Any]:
     """The report row computed independently from the requests sent."""
     n_seconds = -(-window_ns // S)
-    seconds = np.array([(r.start - SINCE_NS) // S for r in reqs])
+    seconds = np.array([(r.start - since_ns) // S for r in reqs])
     counts = np.bincount(seconds, minlength=n_seconds)
     assert counts.size == n_seconds
     per_minute = np.add.reduceat(counts, np.arange(0, n_seconds, 60))
+    # the minutes from the first arrival's to the last's, both counted
+    busy = np.flatnonzero(per_minute)
+    active_minutes = int(busy[-1] - busy[0] + 1)
     inp = np.array([r.input_tokens for r in reqs], dtype=float)
     out = np.array([r.output_tokens for r in reqs], dtype=float)
     mean_rps = len(reqs) / (window_ns / S)
@@ -103,7 +106,9 @@ def expected(reqs: list[Req], window_ns: int, reused_prefixes: set[str]) -> dict
         "arrival_rps_mean": mean_rps,
         "arrival_rps_peak": int(counts.max()),
         "arrival_rpm_peak": int(per_minute.max()),
-        "peak_to_average": counts.max() / mean_rps,
+        "peak_to_average": per_minute.max() / (len(reqs) / active_minutes),
+        "peak_granularity": "1m",
+        "active_minutes": active_minutes,
         "burstiness": float(np.var(counts) / np.mean(counts)),
         "input_tokens_p50": float(np.percentile(inp, 50)),
         "input_tokens_p99": float(np.percentile(inp, 99)),
@@ -124,7 +129,8 @@ def assert_row(row: dict[str, Any], want: dict[str, Any]) -> None:
 
 
 COLUMNS = ["service", "requests", "arrival_rps_mean", "arrival_rps_peak", "arrival_rpm_peak", "peak_to_average",
-           "burstiness", "input_tokens_p50", "input_tokens_p99", "output_tokens_p50", "output_tokens_p99",
+           "peak_granularity", "active_minutes", "burstiness", "input_tokens_p50", "input_tokens_p99",
+           "output_tokens_p50", "output_tokens_p99",
            "prompt_to_output_ratio", "prefix_reuse_rate", "batch_share"]
 
 
@@ -168,6 +174,9 @@ def test_arrivals_tokens_and_shares_match_independent_computation(send, store, s
     assert_row(rows["batch-jobs"], expected(batch_reqs, window, reused))
     # Hand-checked anchors for the independent computation itself.
     assert rows["chat-api"]["arrival_rps_peak"] == 6 and rows["chat-api"]["arrival_rpm_peak"] == 8
+    # chat-api's minutes 0..2 hold 8, 8 and 1 arrivals: the busiest over the mean of 17/3
+    assert rows["chat-api"]["active_minutes"] == 3
+    assert rows["chat-api"]["peak_to_average"] == pytest.approx(8 / (17 / 3), rel=REL)
     assert rows["batch-jobs"]["batch_share"] == 1.0 and rows["batch-jobs"]["prefix_reuse_rate"] == 2 / 3
 
     records = to_records(frame)
@@ -205,12 +214,36 @@ def test_shape_zero_output_ratio_is_null_and_steady_traffic_has_zero_dispersion(
     # One request in each of 4 seconds of a 4 s window: variance 0 -> burstiness 0.
     groups = pl.LazyFrame({"key": ["svc"], "requests": [4], "input_q": [[10.0, 20.0]], "output_q": [[0.0, 0.0]],
                            "input_tokens": [60], "output_tokens": [0], "reused": [1], "batch": [0],
-                           "arrivals": [4], "arrivals_sq": [4], "peak_second": [1], "peak_minute": [4]})
+                           "arrivals": [4], "arrivals_sq": [4], "peak_second": [1], "peak_minute": [4],
+                           "active_minutes": [1]})
     got = workload.shape(groups, 4 * S, "service").collect()
     want = pl.DataFrame({
         "service": ["svc"], "requests": [4], "arrival_rps_mean": [1.0], "arrival_rps_peak": [1],
-        "arrival_rpm_peak": [4], "peak_to_average": [1.0], "burstiness": [0.0], "input_tokens_p50": [10.0],
+        "arrival_rpm_peak": [4], "peak_to_average": [1.0], "peak_granularity": ["1m"], "active_minutes": [1],
+        "burstiness": [0.0], "input_tokens_p50": [10.0],
         "input_tokens_p99": [20.0], "output_tokens_p50": [0.0], "output_tokens_p99": [0.0],
         "prompt_to_output_ratio": [None], "prefix_reuse_rate": [0.25], "batch_share": [0.0],
     }, schema_overrides={"prompt_to_output_ratio": pl.Float64})
     assert_frame_equal(got, want)
+
+
+@pytest.mark.integration
+def test_traffic_that_starts_late_in_the_window_is_compared_with_its_own_span(send, store, settings) -> None:
+    # A 24 h window whose traffic began two hours before its end: one request every 30 s,
+    # and one minute with 10 more. Per second against the whole window this read ~350x.
+    until_ns = time.time_ns() // S * S
+    since_ns = until_ns - 24 * 3600 * S
+    first = until_ns - 2 * 3600 * S
+    steady = [Req(first + k * 30 * S) for k in range(240)]
+    spike = [Req(first + 3600 * S + 5 * S + j * S) for j in range(10)]
+    send("late-api", steady + spike)
+
+    frame = workload.report(store, settings, ReportQuery(at(since_ns), at(until_ns)))
+    row = frame.row(0, named=True)
+    assert_row(row, {"service": "late-api", **expected(steady + spike, until_ns - since_ns, set(), since_ns)})
+    assert row["active_minutes"] == 120 and row["peak_granularity"] == "1m"
+    # the spike's minute holds 12 of 250 arrivals spread over 120 minutes
+    assert row["peak_to_average"] == pytest.approx(12 / (250 / 120), rel=REL)
+    assert row["arrival_rps_peak"] == 1 and row["arrival_rpm_peak"] == 12
+    # the whole-window per-second reading this replaces
+    assert row["arrival_rps_peak"] / row["arrival_rps_mean"] > 300

@@ -33,6 +33,7 @@ LIBRARIES = sorted(p.name for p in CAPTURES.iterdir() if (p / "manifest.json").i
 SENDS_CACHED = {"traceloop", "openlit", "openinference", "langfuse"}
 SENDS_REASONING = {"openinference", "langfuse"}  # traceloop: on non-streamed calls only
 SENDS_TTFT = {"traceloop", "openlit", "openinference", "langfuse"}
+SENDS_REQUEST_MODEL = set(LIBRARIES) - {"langfuse"}  # Langfuse names one model, not both
 
 COLUMNS = {  # llm_requests column -> request_fields key
     "Model": "model", "Provider": "provider", "Operation": "operation", "Tenant": "tenant", "Feature": "feature",
@@ -41,12 +42,12 @@ COLUMNS = {  # llm_requests column -> request_fields key
     "CacheWriteInputTokens": "cache_write_tokens", "ReasoningOutputTokens": "reasoning_tokens",
     "TtftSeconds": "ttft", "TtftSource": "ttft_source", "TpotSeconds": "tpot", "Streaming": "streaming",
     "ClientCostUsd": "client_cost", "IsError": "is_error", "ErrorType": "error_type",
-    "HttpStatusCode": "http_status", "Dialect": "dialect",
+    "HttpStatusCode": "http_status", "Dialect": "dialect", "RequestModel": "request_model",
 }
 
 
 def test_the_migration_holds_the_current_rendering_of_the_dialect_table() -> None:
-    text = (MIGRATIONS_DIR / "0014_llm_requests_dialects.sql").read_text()
+    text = (MIGRATIONS_DIR / dialects.VIEW_MIGRATION).read_text()
     assert dialects.llm_requests_view_sql() in text, "re-render: python -m collector.dialects"
 
 
@@ -139,9 +140,13 @@ def test_every_call_is_one_row_with_what_the_server_returned(stored, library: st
         if call["kind"].startswith("error"):
             [row] = [r for r in rows if r["Model"] == call["request_model"]]
             assert row["IsError"] and row["Tenant"] == call["tenant"], (library, call["label"])
+            if library in SENDS_REQUEST_MODEL:
+                assert row["RequestModel"] == call["request_model"], (library, call["label"])
             continue
         [row] = [r for r in rows if r["InputTokens"] == call["input_tokens"] and not r["IsError"]]
         what = (library, call["label"])
+        if library in SENDS_REQUEST_MODEL:
+            assert row["RequestModel"] == call["request_model"], what
         assert row["OutputTokens"] == call["output_tokens"], what
         assert row["Tenant"] == call["tenant"], what
         assert row["Operation"] == ("embeddings" if call["kind"] == "embedding" else "chat"), what

@@ -15,6 +15,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import importlib
+import itertools
 import json
 import re
 import threading
@@ -326,7 +327,7 @@ def test_hostile_callback_inputs_are_dropped_and_the_page_still_draws(served, st
     keep = next(d for d in deps if d["output"] == f"{data.FILTERS_ID}.data")
     body = {"output": keep["output"], "outputs": {"id": data.FILTERS_ID, "property": "data"}, "state": [],
             "changedPropIds": ["filter-range.value"],
-            "inputs": [{**i, "value": v} for i, v in zip(keep["inputs"], HOSTILE_VALUES)]}
+            "inputs": [{**i, "value": v} for i, v in zip(keep["inputs"], itertools.cycle(HOSTILE_VALUES))]}
     status, payload = post_callback(url, body)
     assert status == 200 and json.loads(payload)["response"][data.FILTERS_ID]["data"] == data.Filters().to_store()
 

@@ -31,7 +31,7 @@ pytestmark = [
 
 GROUPS, REQUESTS = 5000, 10_000
 SCREENSHOT = "/tmp/servelens_overview_top_n.png"
-PAGES = ("/", "/latency", "/cost", "/gpus", "/quality", "/workload", "/reliability", "/triggers")
+PAGES = ("/", "/latency", "/cost", "/gpus", "/quality", "/workload", "/reliability", "/triggers", "/traces")
 
 
 def _wait(driver, until, timeout: float = 30) -> None:
@@ -121,7 +121,8 @@ def test_refreshes_pause_while_the_window_is_hidden(browser, counting):
     _wait(browser, lambda d: counting.refreshes >= 3)  # ticking every 0.4 s
     browser.minimize_window()  # headless Chromium reports the page hidden, as a background tab
     assert browser.execute_script("return document.visibilityState") == "hidden"
-    time.sleep(0.6)  # one tick may have been on its way
+    time.sleep(0.6)  # one tick may have been on its way: let what it started finish
+    _wait(browser, lambda d: d.execute_script(IDLE_JS))
     paused = counting.refreshes
     time.sleep(2.5)
     assert counting.refreshes == paused

@@ -1,0 +1,127 @@
+"""Time series (analytics/series.py) against raw-row answers per bucket.
+
+Spans are written into otel_traces as an exporter writes them; each bucket's count,
+error rate and spend must equal what the raw rows (and the cost report over that bucket
+alone) say, and its p99 be within the sketch's bound of a value at the rank.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from analytics import rollups, series
+from analytics.query import QueryError, ReportQuery
+from analytics.reports import run
+
+pytestmark = pytest.mark.integration
+
+END = datetime.now(timezone.utc).replace(second=0, microsecond=0) - timedelta(hours=1)
+START = END - timedelta(hours=12)
+N = 20_000
+
+
+def _write(store) -> None:
+    span_ms = int((END - START).total_seconds() * 1000)
+    store.client().command(f"""
+        INSERT INTO otel_traces (Timestamp, TraceId, SpanId, ParentSpanId, SpanName, SpanKind, ServiceName,
+                                 SpanAttributes, Duration, StatusCode)
+        SELECT fromUnixTimestamp64Nano(toInt64({int(START.timestamp())} * 1e9
+                   -- traffic ramps up through the window: later buckets hold more
+                   + sqrt((cityHash64(number, 0) % 1000000) / 1e6) * {span_ms} * 1e6)),
+               lower(hex(cityHash64(number, 1))), lower(hex(cityHash64(number, 2))), '',
+               'chat', 'SPAN_KIND_CLIENT', ['chat-api', 'batch'][1 + number % 2],
+               map('gen_ai.operation.name', 'chat',
+                   'gen_ai.request.model', ['gpt-4o-mini', 'gpt-4o'][1 + number % 2],
+                   'gen_ai.provider.name', 'openai',
+                   'gen_ai.usage.input_tokens', toString(100 + cityHash64(number, 5) % 5000),
+                   'gen_ai.usage.output_tokens', toString(1 + cityHash64(number, 6) % 900)),
+               toUInt64(2e8 + cityHash64(number, 9) % 3000000000),
+               if(cityHash64(number, 3) % 29 = 0, 'STATUS_CODE_ERROR', 'STATUS_CODE_OK')
+        FROM numbers({N})""")
+
+
+@pytest.fixture
+def loaded(store):
+    _write(store)
+    return store
+
+
+def _q(**params) -> ReportQuery:
+    return ReportQuery.from_params({"since": START.isoformat(), "until": END.isoformat(), **params})
+
+
+def test_auto_bucket_keeps_points_bounded() -> None:
+    now = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    picks = {span: series.bucket_seconds("auto", ReportQuery(now - span, now))
+             for span in (timedelta(hours=1), timedelta(hours=6), timedelta(hours=24), timedelta(days=7),
+                          timedelta(days=30))}
+    assert list(picks.values()) == [60, 60, 300, 3600, 21600]
+    with pytest.raises(QueryError):
+        series.bucket_seconds("1m", ReportQuery(now - timedelta(days=30), now))
+    with pytest.raises(QueryError):
+        series.bucket_seconds("7m", ReportQuery(now - timedelta(hours=1), now))
+
+
+def test_requests_and_error_rate_per_bucket_equal_raw_rows(loaded, settings) -> None:
+    q = _q(by="service")
+    got = series.series(loaded, settings, "requests", q, "1h")
+    rates = series.series(loaded, settings, "error_rate", q, "1h")
+    assert got["bucket"] == "1h" and {s["key"]["service"] for s in got["series"]} == {"chat-api", "batch"}
+    raw = loaded.client().query("""
+        SELECT ServiceName, toStartOfHour(Timestamp) AS h, count(), countIf(IsError) / count()
+        FROM llm_requests GROUP BY ServiceName, h""").result_rows
+    want = {(s, h.replace(tzinfo=timezone.utc).isoformat().replace("+00:00", "Z")): (n, e) for s, h, n, e in raw}
+    seen = 0
+    for counts, errors in zip(got["series"], rates["series"]):
+        assert counts["key"] == errors["key"]
+        for (t, n), (t2, rate) in zip(counts["points"], errors["points"]):
+            assert t == t2
+            expected = want.get((counts["key"]["service"], t))
+            if expected is None:
+                assert n == 0 and rate is None  # no requests: 0 of them, and no rate
+            else:
+                seen += 1
+                assert n == expected[0] and rate == pytest.approx(expected[1], rel=1e-12)
+    assert seen == len(want)
+    # the counts keep rising with the ramp: later hours hold more than earlier ones
+    totals = [sum(s["points"][i][1] for s in got["series"]) for i in range(len(got["series"][0]["points"]))]
+    assert totals[-2] > totals[1] > 0  # (the last hour is cut by the window)
+
+
+def test_latency_p99_per_bucket_within_the_sketch_bound(loaded, settings) -> None:
+    got = series.series(loaded, settings, "latency_p99_ms", _q(), "1h")
+    rows = loaded.client().query(
+        "SELECT toStartOfHour(Timestamp) AS h, arraySort(groupArray(LatencySeconds)) FROM llm_requests GROUP BY h"
+    ).result_rows
+    brackets = {}
+    for h, values in rows:  # the exact values one rank either side of the p99 (see analytics.rollups)
+        rank = 0.99 * (len(values) - 1)
+        brackets[h.replace(tzinfo=timezone.utc).isoformat().replace("+00:00", "Z")] = (
+            values[max(0, int(rank) - 1)], values[min(len(values) - 1, int(rank) + 2)])
+    (only,) = got["series"]
+    eps = rollups.SKETCH_ERROR
+    for t, value in only["points"]:
+        if t in brackets:
+            lo, hi = brackets[t]
+            assert lo * (1 - eps) <= value / 1000 <= hi * (1 + eps), t
+
+
+def test_cost_per_bucket_equals_the_cost_report_over_that_bucket(loaded, settings) -> None:
+    got = series.series(loaded, settings, "cost_usd", _q(by="model"), "1h")
+    assert got["bucket"] == "1h" and got["series"]
+    for s in got["series"]:
+        model = s["key"]["model"]
+        for t, value in s["points"][-3:]:
+            since = datetime.fromisoformat(t.replace("Z", "+00:00"))
+            rows = run("cost", loaded, settings, {"since": since.isoformat(),
+                                                  "until": (since + timedelta(hours=1)).isoformat(),
+                                                  "by": "model", "model": model})["rows"]
+            want = rows[0]["cost_usd"] if rows else 0.0
+            assert value == pytest.approx(want, rel=1e-9), (model, t)
+
+
+def test_unknown_metric_is_a_clear_error(loaded, settings) -> None:
+    with pytest.raises(QueryError, match="unknown metric"):
+        series.series(loaded, settings, "latency_p42", _q())
