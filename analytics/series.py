@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 import polars as pl
 
-from analytics import rollups
+from analytics import memo, rollups
 from analytics.query import QueryError, ReportQuery
 from analytics.sources import frame
 from servelens.config import Settings
@@ -80,7 +80,10 @@ def series(store: Any, settings: Settings, metric: str, q: ReportQuery, bucket: 
 
 def _request_points(store: Any, settings: Settings, q: ReportQuery, seconds: int, value: pl.Expr) -> pl.DataFrame:
     sql, params = rollups.request_stats_sql(q, settings, q.by, bucket_s=seconds)
-    stats = frame(store, sql, params)
+    # every request metric of one grouping and bucket reads the same stats: once per run
+    # (a chart of five percentiles is one query)
+    stats = memo.cached(("series.request_stats", id(store), sql, repr(sorted(params.items()))),
+                        lambda: frame(store, sql, params))
     if not stats.height:
         return _EMPTY
     return (_seconds(stats).with_columns(pl.lit(float(seconds)).alias("_bucket_s"))

@@ -17,7 +17,7 @@ import dash
 import plotly.graph_objects as go
 from dash import dcc, html
 
-from analytics import series
+from analytics import memo, series
 from dashboard import data, traces_links
 from dashboard.components import LOADING, SERIES_COLORS, chart_layout, empty, label, panel, register_refresh
 
@@ -60,14 +60,20 @@ def charts_row(prefix: str, charts: Sequence[Chart]) -> html.Div:
 def fetch(source: data.DataSource, filters: data.Filters, chart: Chart,
           control: str | None = None) -> tuple[list[tuple[Line, dict]], list]:
     params = filters.params()
+    with memo.run():  # the chart's lines share their queries (analytics/series.py)
+        docs = _docs(source, chart, params, control)
+    marks = chart.marks(source, filters) if chart.marks else []
+    return docs, marks
+
+
+def _docs(source: data.DataSource, chart: Chart, params: dict[str, Any], control: str | None) -> list:
     docs = []
     for line in chart.lines:
         if line.by == CONTROL:
             line = Line(line.metric, line.name, control, line.dash)
         docs.append((line, series.run(line.metric, source.store, source.settings,
                                       {**params, **({"by": line.by} if line.by else {})})))
-    marks = chart.marks(source, filters) if chart.marks else []
-    return docs, marks
+    return docs
 
 
 _SCALE = {"%": 100.0}
