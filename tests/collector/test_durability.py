@@ -162,7 +162,12 @@ def test_sigkill_mid_stream_loses_nothing_acknowledged(tmp_path: Path, env: dict
     stop = threading.Event()
 
     def killer() -> None:
-        time.sleep(1.5)
+        # mid-stream: once a few requests were acknowledged (a loaded machine acknowledges
+        # slowly), with more on their way; bounded
+        deadline = time.monotonic() + 15
+        while acked < 5 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.3)
         os.kill(proc.pid, signal.SIGKILL)
         stop.set()
 
