@@ -50,3 +50,17 @@ INTEROP_LIBS ?= openai_v2,traceloop,openlit,openinference,langfuse,litellm
 .PHONY: interop-capture
 interop-capture:
 	$(PYTHON) interop/capture_all.py --libs $(INTEROP_LIBS)
+
+# Fleet scale (bench/fleet_data.py, bench/dashboard_scale.py, bench/rollup_cost.py):
+# FLEET_REQUESTS requests over 30 days into FLEET_DIR (replaced), every dashboard page at
+# every range in Chromium plus the API and the dashboard's peak RSS, then the rollup views'
+# ingest cost and bytes (also on that store); figures into BENCHMARKS.md and
+# .servelens/bench/*.json. 10 M on 2 cores: ~3.5 GiB of disk, ~20 min to generate, an hour
+# or more of page loads.
+FLEET_REQUESTS ?= 10000000
+FLEET_DIR ?= .servelens/bench/fleet-$(FLEET_REQUESTS)
+.PHONY: bench-fleet
+bench-fleet: $(STAMP) browser
+	$(BIN)/python -m bench.fleet_data --requests $(FLEET_REQUESTS) --dir $(FLEET_DIR) --force
+	$(BIN)/python -m bench.dashboard_scale --reuse $(FLEET_DIR) --write
+	$(BIN)/python -m bench.rollup_cost --fleet $(FLEET_DIR) --write

@@ -48,20 +48,23 @@ class Chart:
 
 
 def chart_panel(prefix: str, chart: Chart, extra_class: str = "") -> html.Section:
-    return panel(chart.title, html.Div(id=f"{prefix}-ts-{chart.name}-alert"),
-                 html.Div(id=f"{prefix}-ts-{chart.name}", children=LOADING, className="timechart"),
+    return panel(chart.title, html.Div(id=f"{prefix}-ts-{chart.name}", children=LOADING, className="timechart"),
                  extra_class=f"panel-chart {extra_class}".strip())
 
 
 def charts_row(prefix: str, charts: Sequence[Chart]) -> html.Div:
-    return html.Div(className="panels charts gap-below", children=[chart_panel(prefix, c) for c in charts])
+    return html.Div([html.Div(id=f"{prefix}-ts-alert"),
+                     html.Div(className="panels charts gap-below", children=[chart_panel(prefix, c) for c in charts])])
+
+
+def _controls(charts: Sequence[Chart]) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(c.control for c in charts if c.control))
 
 
 def fetch(source: data.DataSource, filters: data.Filters, chart: Chart,
           control: str | None = None) -> tuple[list[tuple[Line, dict]], list]:
     params = filters.params()
-    with memo.run():  # the chart's lines share their queries (analytics/series.py)
-        docs = _docs(source, chart, params, control)
+    docs = _docs(source, chart, params, control)
     marks = chart.marks(source, filters) if chart.marks else []
     return docs, marks
 
@@ -156,13 +159,21 @@ def graph_of(prefix: str, chart: Chart, docs: Sequence[tuple[Line, dict]], marks
 
 
 def register(app: dash.Dash, prefix: str, charts: Sequence[Chart]) -> None:
-    """One refresh per chart: each draws as soon as its own series arrive."""
-    for chart in charts:
-        register_refresh(app, prefix, (f"ts-{chart.name}",),
-                         lambda source, filters, *control, c=chart: fetch(source, filters, c, *control),
-                         lambda fetched, filters, c=chart: render(c, prefix, fetched, filters),
-                         controls=(chart.control,) if chart.control else (),
-                         alert_name=f"ts-{chart.name}-alert")
+    """One refresh for a page's charts: they share their queries (the request stats of one
+    grouping and bucket are read once, analytics/series.py), and a page's refreshes stay
+    within what the server runs at once (dashboard.guard)."""
+    controls = _controls(charts)
+
+    def fetch_all(source: data.DataSource, filters: data.Filters, *values: str | None) -> list:
+        chosen = dict(zip(controls, values))
+        with memo.run():
+            return [fetch(source, filters, c, chosen.get(c.control) if c.control else None) for c in charts]
+
+    def render_all(fetched: list, filters: data.Filters) -> tuple:
+        return tuple(render(c, prefix, f, filters)[0] for c, f in zip(charts, fetched))
+
+    register_refresh(app, prefix, tuple(f"ts-{c.name}" for c in charts), fetch_all, render_all,
+                     controls=controls, alert_name="ts-alert")
 
 
 def zoomed_range(relayout: Any) -> tuple[datetime, datetime] | None:

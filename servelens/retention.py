@@ -28,6 +28,7 @@ TTL_COLUMNS = {
     "trace_outcomes": "toDate(Timestamp)",
     "gpu_samples": "toDate(Timestamp)",
     "gpu_util_minutes": "toDate(Minute)",
+    "gpu_util_hours": "toDate(Minute)",
     "engine_samples": "toDate(Timestamp)",
     "stage_spans": "toDate(Timestamp)",
     "evaluations": "toDate(Timestamp)",

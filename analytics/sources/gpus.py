@@ -35,6 +35,7 @@ from analytics.sources import frame
 from servelens.config import Settings
 
 MINUTE_NS = 60 * 10**9
+HOUR_NS = 60 * MINUTE_NS
 P95 = 0.95
 
 _DEPLOYMENT = "transform(Host, {hosts:Array(String)}, {deployments:Array(String)}, '')"
@@ -55,25 +56,37 @@ _EDGES = """(Timestamp >= fromUnixTimestamp64Nano({since_ns:Int64})
               OR (Timestamp >= fromUnixTimestamp64Nano({full_until_ns:Int64})
                AND Timestamp < fromUnixTimestamp64Nano({until_ns:Int64}))"""
 
-# The window's readings as per-(Host, GpuUuid, busy metric, minute) states: whole minutes
-# from the rollup, the edges' readings (one row each) from gpu_samples.
-_STATES = f"""
-    SELECT Host, GpuUuid, toString(BusyMetric) AS BusyMetric, Minute, ModelName, Samples, UtilSum, FirstSample,
-           LastSample, UtilCounts
-    FROM gpu_util_minutes
-    WHERE Minute >= toDateTime({{full_since_s:Int64}}) AND Minute < toDateTime({{full_until_s:Int64}})
-    UNION ALL
+# The window's readings as per-(Host, GpuUuid, busy metric, minute or hour) states: whole
+# hours from gpu_util_hours, the whole minutes left from gpu_util_minutes, the edges'
+# readings (one row each) from gpu_samples. `_MINUTES` keeps every row a minute (peaks).
+_STATE_COLUMNS = "Host, GpuUuid, toString(BusyMetric) AS BusyMetric, Minute, ModelName, Samples, UtilSum, FirstSample, LastSample, UtilCounts"
+_HOURS = f"""
+    SELECT {_STATE_COLUMNS} FROM gpu_util_hours
+    WHERE Minute >= toDateTime({{full_since_h_s:Int64}}) AND Minute < toDateTime({{full_until_h_s:Int64}})"""
+_EDGE_MINUTES = """((Minute >= toDateTime({full_since_s:Int64}) AND Minute < toDateTime({full_since_h_s:Int64}))
+                   OR (Minute >= toDateTime({full_until_h_s:Int64}) AND Minute < toDateTime({full_until_s:Int64})))"""
+_ALL_MINUTES = "Minute >= toDateTime({full_since_s:Int64}) AND Minute < toDateTime({full_until_s:Int64})"
+_EDGE_READINGS = f"""
     SELECT Host, GpuUuid, BusyMetric, toStartOfMinute(Timestamp), ModelName, toUInt64(1), busy, Timestamp, Timestamp,
            ([if(BusyMetric = 'gr_engine_active', round(busy, 3), busy)], [toUInt64(1)])
     FROM ({_READINGS.format(where=_EDGES)})"""
+_STATES = f"""{_HOURS}
+    UNION ALL
+    SELECT {_STATE_COLUMNS} FROM gpu_util_minutes WHERE {_EDGE_MINUTES}
+    UNION ALL {_EDGE_READINGS}"""
+_MINUTES = f"""
+    SELECT {_STATE_COLUMNS} FROM gpu_util_minutes WHERE {_ALL_MINUTES}
+    UNION ALL {_EDGE_READINGS}"""
 
 
 # The GPUs with graphics-engine readings in the window: a cheaper pass than the readings'
 # (no collapsing: one non-null value is enough).
 _WITH_GR = f"""
-    SELECT Host, GpuUuid FROM gpu_util_minutes
-    WHERE Minute >= toDateTime({{full_since_s:Int64}}) AND Minute < toDateTime({{full_until_s:Int64}})
+    SELECT Host, GpuUuid FROM gpu_util_hours
+    WHERE Minute >= toDateTime({{full_since_h_s:Int64}}) AND Minute < toDateTime({{full_until_h_s:Int64}})
       AND BusyMetric = 'gr_engine_active'
+    UNION ALL
+    SELECT Host, GpuUuid FROM gpu_util_minutes WHERE {_EDGE_MINUTES} AND BusyMetric = 'gr_engine_active'
     UNION ALL
     SELECT Host, GpuUuid FROM gpu_samples WHERE ({_EDGES}) AND GrEngineActive IS NOT NULL"""
 
@@ -99,9 +112,10 @@ def readings(settings: Settings, where: str, per: str = "") -> str:
     return chosen(settings, _READINGS.format(where=where), with_gr, per)
 
 
-def _rows(settings: Settings) -> str:
-    """SQL: the window's states of the busy metric each GPU is measured by."""
-    return chosen(settings, _STATES, _WITH_GR)
+def _rows(settings: Settings, minutes: bool = False) -> str:
+    """SQL: the window's states of the busy metric each GPU is measured by (`minutes`:
+    each row one minute, for per-minute peaks and buckets under an hour)."""
+    return chosen(settings, _MINUTES if minutes else _STATES, _WITH_GR)
 
 
 def busy_metric_of(column: str = "busy_metric") -> pl.Expr:
@@ -132,8 +146,14 @@ def _params(settings: Settings, q: ReportQuery) -> dict[str, Any]:
     full_until = until_ns // MINUTE_NS * MINUTE_NS
     if full_since >= full_until:
         full_since = full_until = until_ns
+    # its whole hours, inside the whole minutes (none: both at full_until, so no hour row)
+    full_since_h = -(-full_since // HOUR_NS) * HOUR_NS
+    full_until_h = full_until // HOUR_NS * HOUR_NS
+    if full_since_h >= full_until_h:
+        full_since_h = full_until_h = full_until
     return {**b, "full_since_ns": full_since, "full_until_ns": full_until,
             "full_since_s": full_since // 10**9, "full_until_s": full_until // 10**9,
+            "full_since_h_s": full_since_h // 10**9, "full_until_h_s": full_until_h // 10**9,
             "busy_metric": settings.gpus.busy_metric, **host_deployments(settings)}
 
 
@@ -187,7 +207,7 @@ def per_minute(store: Any, settings: Settings, q: ReportQuery) -> pl.DataFrame:
     """Per deployment and minute: mean utilization over its GPUs (for peak-to-average)."""
     sql = f"""
         SELECT {_DEPLOYMENT} AS deployment, Minute AS minute, sum(UtilSum) / sum(Samples) AS minute_util
-        FROM ({_rows(settings)})
+        FROM ({_rows(settings, minutes=True)})
         GROUP BY deployment, minute"""
     return memo.cached(_key("per_minute", store, settings, q),
                        lambda: frame(store, sql, _params(settings, q)))
@@ -199,7 +219,7 @@ def per_bucket(store: Any, settings: Settings, q: ReportQuery, seconds: int) -> 
         SELECT {_DEPLOYMENT} AS deployment,
                toStartOfInterval(Minute, INTERVAL {int(seconds)} SECOND) AS bucket,
                sum(Samples) AS samples, sum(UtilSum) AS util_sum, uniqExact(Host, GpuUuid) AS gpus
-        FROM ({_rows(settings)})
+        FROM ({_rows(settings, minutes=seconds % 3600 != 0)})
         GROUP BY deployment, bucket"""
     return memo.cached(_key("per_bucket", store, settings, q, seconds),
                        lambda: frame(store, sql, _params(settings, q)))

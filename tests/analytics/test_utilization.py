@@ -160,3 +160,14 @@ def test_the_rollup_counts_each_reading_once(store, loaded) -> None:
                               "GROUP BY ALL HAVING anyLast(Util) IS NOT NULL)")
     assert readings == len(loaded)
     assert client.command("SELECT sum(Samples) FROM gpu_util_minutes") == len(loaded)
+
+
+def test_the_hour_rollup_holds_the_minutes(store, loaded) -> None:
+    """gpu_util_hours (0023) folds gpu_util_minutes' inserts into hours: the same readings,
+    sums and distributions per GPU, so whole hours of a window can be read from it."""
+    client = store.client()
+    per = ("SELECT Host, GpuUuid, toStartOfHour(Minute) AS h, sum(Samples), round(sum(UtilSum), 9), min(FirstSample), "
+           "max(LastSample), arraySort(sumMap(UtilCounts).1) FROM {t} GROUP BY Host, GpuUuid, h ORDER BY ALL")
+    hours = client.query(per.format(t="gpu_util_hours")).result_rows
+    assert hours and hours == client.query(per.format(t="gpu_util_minutes")).result_rows
+    assert client.command("SELECT count() FROM gpu_util_hours WHERE toMinute(Minute) != 0") == 0
