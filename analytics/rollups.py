@@ -25,7 +25,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from analytics.model_names import served_model_sql
-from analytics.query import COLUMN_KEYS, ReportQuery, unit_expr
+from analytics.pricing import epoch_ns
+from analytics.query import COLUMN_KEYS, ReportQuery, key_expr, unit_expr
+from analytics.sources import frame
 from servelens.config import Settings
 
 NS = 1_000_000_000
@@ -170,7 +172,6 @@ def request_stats_sql(q: ReportQuery, settings: Settings, by: str | None,
 
 
 def _raw_key(by: str | None, settings: Settings) -> tuple[str, dict[str, Any]]:
-    from analytics.query import key_expr
     return key_expr(by, settings.attributes) if by else ("''", {})
 
 
@@ -186,7 +187,6 @@ def cost_answerable(q: ReportQuery, settings: Settings, cuts: Any) -> bool:
     if q.by == "outcome" or not answerable(q, settings, COST_DIMS, q.by):
         return False
     grid = 900 * NS
-    from analytics.pricing import epoch_ns
     return (all(epoch_ns(at) % grid == 0 for at, _ in cuts.boundaries)
             and all(t % grid == 0 for t in cuts.times_of_day_ns)
             and set(cuts.tier_starts) <= set(INPUT_FLOORS))
@@ -242,7 +242,6 @@ def cost_source_sql(q: ReportQuery, settings: Settings, params: dict[str, Any]) 
 
 def request_count(store: Any, settings: Settings, q: ReportQuery) -> int:
     """Requests in q's window under its filters (which the request rollups answer)."""
-    from analytics.sources import frame
     sql, params = request_stats_sql(q, settings, None)
     # only the counts: the sketches of the same pieces are not merged
     sql = sql.replace(_MERGED, " sum(Requests) AS requests").replace("HAVING requests > 0", "")

@@ -15,9 +15,11 @@ from typing import Any, Callable
 
 import polars as pl
 
-from analytics import memo, rollups
+from analytics import cost, memo, quality, rollups
+from analytics.pricing import Catalog
 from analytics.query import QueryError, ReportQuery
-from analytics.sources import frame
+from analytics.sources import frame, gpus
+from analytics.sources import requests as loader
 from servelens.config import Settings
 
 BUCKETS = {"1m": 60, "5m": 300, "15m": 900, "1h": 3600, "6h": 21600, "1d": 86400}
@@ -92,10 +94,6 @@ def _request_points(store: Any, settings: Settings, q: ReportQuery, seconds: int
 
 
 def _cost_points(store: Any, settings: Settings, q: ReportQuery, seconds: int, metric: str) -> pl.DataFrame:
-    from analytics import cost
-    from analytics.pricing import Catalog
-    from analytics.sources import requests as loader
-
     catalog = Catalog.of(settings.pricing.models, settings.pricing.catalog)
     cuts = catalog.cuts(q.since, q.until)
     groups = loader.cost_groups(store, settings, q, cuts, bucket_s=seconds)
@@ -117,8 +115,6 @@ def _cost_points(store: Any, settings: Settings, q: ReportQuery, seconds: int, m
 
 
 def _gpu_points(store: Any, settings: Settings, q: ReportQuery, seconds: int, metric: str) -> pl.DataFrame:
-    from analytics.sources import gpus
-
     per = gpus.per_bucket(store, settings, q, seconds)
     if not per.height:
         return _EMPTY
@@ -155,8 +151,6 @@ def _gpu_points(store: Any, settings: Settings, q: ReportQuery, seconds: int, me
 def _pass_points(store: Any, settings: Settings, q: ReportQuery, seconds: int) -> pl.DataFrame:
     """Pass rate per bucket (of the slice keys, `by` may be one), as the quality report
     counts it (analytics/quality.py)."""
-    from analytics import quality
-
     keys = quality.parse_keys(q.by) if q.by else []
     table = quality.slice_table(store, settings, q.since, q.until, keys, q.filters, bucket_s=seconds)
     if not table.height:

@@ -158,7 +158,7 @@ class DataSource:
         (analytics.runner: every analytics.interval, the window ending at its last
         boundary), when the filters ask for exactly that and the result is at most two
         intervals old; with its window's end. None otherwise: compute it live."""
-        if self.range_is_default_window(filters) is False:
+        if not self.range_is_default_window(filters):
             return None
         now = now or datetime.now(timezone.utc)
         fresh = now - 2 * self.settings.analytics.interval
