@@ -121,8 +121,9 @@ def runner_alive(store: Any, settings: Settings, now: datetime, besides: str) ->
 
 
 class Scheduler:
-    """Every `analytics.interval`: the report jobs for the latest aligned window, then the
-    trigger windows that have closed (their episodes publish to the alert dispatcher).
+    """At start and every `analytics.interval`: the report jobs for the latest aligned
+    window, then the trigger windows that have closed (their episodes publish to the alert
+    dispatcher).
 
     `standby`: the dashboard's scheduler, which runs only while no other runner is alive.
     """
@@ -174,12 +175,16 @@ class Scheduler:
             self._dispatcher.retain({t["id"] for t in active_triggers(self._store)})
 
     def _loop(self) -> None:
+        # The first tick runs at start: windows that closed while no runner was up (an
+        # outage, a back-filled history) are evaluated now, not one interval later.
         interval = self._settings.analytics.interval.total_seconds()
-        while not self._stop.wait(interval):
+        while not self._stop.is_set():
             try:
                 self.tick()
             except Exception:  # noqa: BLE001 - a failed run must not stop the schedule
                 log.exception("analytics run failed")
+            if self._stop.wait(interval):
+                break
 
     def shutdown(self, timeout: float = 10.0) -> None:
         self._stop.set()

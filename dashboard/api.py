@@ -18,6 +18,7 @@ from analytics import evaluations, reports, runner, series, traces_search
 from analytics.query import QueryError, ReportQuery
 from collector.spool import quarantine_summary
 from analytics.triggers import engine as triggers_engine
+from analytics.triggers import replay as replays
 from dashboard.guard import Guard, Refused
 from servelens.config import Settings
 
@@ -65,11 +66,15 @@ def _guarded(guard: Guard, what: str, fn: Callable[..., Any], *args: Any) -> Res
 
 
 def blueprint(settings: Settings, store: Any, collector_stats: Callable[[], dict[str, float]] | None = None,
-              guard: Guard | None = None) -> Blueprint:
+              guard: Guard | None = None,
+              evaluate_triggers: Callable[[], dict[str, Any]] | None = None) -> Blueprint:
     """A fresh blueprint bound to settings and store (one per app, so tests build many).
 
     `collector_stats`: the in-process collector's counters (all-in-one mode), shown on health.
     `guard`: what report calls run under (the app's, shared with its pages).
+    `evaluate_triggers`: evaluates the trigger windows due, announcing through the process's
+    alert dispatcher (analytics.triggers.engine.catch_up); None where this process has no
+    trigger role (dashboard.evaluate_triggers: off), and analytics/run then says so.
     """
     guard = guard or Guard()
     api = Blueprint("servelens_api", __name__, url_prefix="/api")
@@ -89,7 +94,24 @@ def blueprint(settings: Settings, store: Any, collector_stats: Callable[[], dict
 
     @api.post("/v1/analytics/run")
     def analytics_run() -> Any:
-        return _json(runner.run_all(store, settings))
+        result = runner.run_all(store, settings)
+        if evaluate_triggers is None:
+            result["jobs"]["triggers"] = {"rows": 0, "seconds": 0.0,
+                                          "skipped": "this process evaluates no triggers (dashboard.evaluate_triggers)"}
+        else:
+            done = evaluate_triggers()
+            result["jobs"]["triggers"] = {"rows": len(done["changes"]), "seconds": done["seconds"],
+                                          "windows": len(done["windows"]), "changes": done["changes"]}
+        return _json(result)
+
+    @api.get("/v1/trigger-replays")
+    def trigger_replays() -> Any:
+        return _json({"replays": replays.listing(store)})
+
+    @api.get("/v1/trigger-replays/<replay_id>")
+    def trigger_replay(replay_id: str) -> Any:
+        found = replays.load(store, replay_id)
+        return _json(found) if found is not None else _error(404, f"no replay {replay_id!r}")
 
     @api.get("/v1/reports/<name>")
     def report(name: str) -> Any:

@@ -29,24 +29,28 @@ ASSETS_DIR = Path(__file__).parent / "assets"
 PRODUCT = "servelens"
 _OPTIONS_REFRESH_MS = 60_000  # new services/models appear without a reload
 # The navigation in SPEC 8's order, by page path; pages not listed follow in registry order.
-NAV_ORDER = ("/", "/latency", "/cost", "/gpus", "/quality", "/workload", "/reliability", "/triggers", "/traces")
+NAV_ORDER = ("/", "/latency", "/cost", "/gpus", "/quality", "/workload", "/reliability", "/triggers", "/traces",
+             "/slos")
 _PLACEHOLDERS = {"service": "All services", "deployment": "All deployments",
                  "model": "All models", "tenant": "All tenants"}
 
 
 def create_app(settings: Settings, store: Any,
                collector_stats: Callable[[], dict[str, float]] | None = None,
-               guard: Guard | None = None) -> dash.Dash:
+               guard: Guard | None = None,
+               evaluate_triggers: Callable[[], dict[str, Any]] | None = None) -> dash.Dash:
     """A new Dash app bound to settings and store (tests build one per test).
 
     `guard`: the deadline and pool every report call of the pages and the API runs under.
+    `evaluate_triggers`: what `POST /api/v1/analytics/run` evaluates the due trigger windows
+    with (dashboard.api.blueprint).
     """
     # name="dashboard" makes Dash import the pages as dashboard.pages.<name>.
     app = dash.Dash("dashboard", use_pages=True, pages_folder=str(PAGES_DIR),
                     assets_folder=str(ASSETS_DIR), title=PRODUCT, update_title=None)
     guard = guard or Guard()
     data.attach(app.server, data.DataSource(settings, store, guard))
-    app.server.register_blueprint(api.blueprint(settings, store, collector_stats, guard))
+    app.server.register_blueprint(api.blueprint(settings, store, collector_stats, guard, evaluate_triggers))
     app.layout = _layout
     _register_callbacks(app)
     # Page callbacks are registered on this app, not through dash.callback's global

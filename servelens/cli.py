@@ -66,6 +66,19 @@ def build_parser() -> argparse.ArgumentParser:
     alerts = sub.add_parser("alerts", help="alert sinks (alerts.sinks)")
     alerts_sub = alerts.add_subparsers(dest="alerts_command", required=True, metavar="ACTION")
     _common(alerts_sub.add_parser("test", help="send a test alert to every configured sink now"))
+    triggers = sub.add_parser("triggers", help="re-evaluation triggers: replay history with the current config")
+    triggers_sub = triggers.add_subparsers(dest="triggers_command", required=True, metavar="ACTION")
+    replay = triggers_sub.add_parser(
+        "replay", help="evaluate past windows one by one into a separate result set (no alerts sent)")
+    replay.add_argument("--since", required=True, help="ISO-8601 start")
+    replay.add_argument("--until", help="ISO-8601 end (default: now)")
+    replay.add_argument("--kind", action="append", metavar="KIND", help="only this kind (repeatable)")
+    replay.add_argument("--format", choices=("table", "json"), default="table")
+    _common(replay)
+    replays = triggers_sub.add_parser("replays", help="list stored replays, or show one")
+    replays.add_argument("id", nargs="?", help="one replay's id")
+    replays.add_argument("--format", choices=("table", "json"), default="table")
+    _common(replays)
     spool = sub.add_parser("spool", help="batches the collector set aside (quarantine): list, show, release")
     spool_sub = spool.add_subparsers(dest="spool_command", required=True, metavar="ACTION")
     listing = spool_sub.add_parser("list", help="what waits in the spool and what was quarantined, with why")
@@ -103,6 +116,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             print(ddl_script(settings.store.cluster, settings.store.database), end="")
             return 0
+        if args.command == "triggers":
+            return _triggers(args, settings)
         if args.command == "spool":
             from servelens import spool_cli
 
@@ -133,6 +148,53 @@ def _report(args: argparse.Namespace, settings: Settings) -> int:
         store.close()
     print(format_report(document, args.format))
     return 0
+
+
+def _triggers(args: argparse.Namespace, settings: Settings) -> int:
+    """`servelens triggers replay|replays`: analytics.triggers.replay."""
+    from analytics.query import QueryError, parse_time
+    from analytics.triggers import replay as replays
+    from analytics.triggers.base import KINDS
+    from servelens.runtime import open_store
+
+    store = open_store(settings, migrate_schema=args.triggers_command == "replay")
+    try:
+        if args.triggers_command == "replays":
+            document: Any = replays.load(store, args.id) if args.id else {"replays": replays.listing(store)}
+            if document is None:
+                print(f"servelens: no replay {args.id!r}", file=sys.stderr)
+                return 2
+        else:
+            unknown = sorted(set(args.kind or ()) - set(KINDS))
+            if unknown:
+                print(f"servelens: unknown trigger kind(s) {unknown}; kinds: {', '.join(KINDS)}", file=sys.stderr)
+                return 2
+            since = parse_time(args.since, "since")
+            until = parse_time(args.until, "until") or datetime.now(since.tzinfo)
+
+            def progress(end: datetime, found: int) -> None:
+                print(f"  window ending {end.isoformat()}: {found} episodes so far", file=sys.stderr, flush=True)
+
+            document = replays.replay(store, settings, since, until, args.kind, progress=progress)
+    except QueryError as exc:
+        print(f"servelens: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        store.close()
+    print(json.dumps(document, indent=2) if args.format == "json" else format_replay(document))
+    return 0
+
+
+def format_replay(document: dict[str, Any]) -> str:
+    """A replay (or the list of replays) as aligned text."""
+    if "replays" in document:
+        return "\n".join(_table(document["replays"])) if document["replays"] else "no replays stored"
+    lines = [f"replay {document['replay']}: {document['windows']} windows, {document['since']} .. {document['until']}, "
+             f"{len(document['triggers'])} episodes (stored; no alert was sent)"]
+    rows = [{"kind": t["kind"], "subject": ",".join(f"{k}={v}" for k, v in t["subject"].items()),
+             "severity": t["severity"], "started_at": t["started_at"], "resolved_at": t["resolved_at"] or "(open)",
+             "firing_windows": t["firing_windows"], "summary": t["summary"]} for t in document["triggers"]]
+    return "\n".join(lines + (_table(rows) if rows else []))
 
 
 def prices_document(settings: Settings, models: str | None, provider: str | None) -> dict[str, Any]:

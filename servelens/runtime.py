@@ -140,7 +140,14 @@ def run(command: str, settings: Settings, demo: bool = False, once: bool = False
             from dashboard.server import DashboardServer
 
             stats = collector.metrics.snapshot if collector is not None else None  # shown on health
-            server = DashboardServer(create_app(settings, store, stats), settings.host, settings.ui_port)
+            on_demand = None
+            if dispatcher is not None:
+                from analytics.triggers.engine import catch_up
+
+                def on_demand() -> dict[str, Any]:  # POST /api/v1/analytics/run's trigger windows
+                    return catch_up(store, settings, dispatcher)
+            server = DashboardServer(create_app(settings, store, stats, evaluate_triggers=on_demand),
+                                     settings.host, settings.ui_port)
             server.start()
             components.append(server)
             ports["ui"] = server.port
@@ -174,7 +181,7 @@ def _analytics_once(store: Store, settings: Settings) -> int:
     delivered before the process exits."""
     from analytics.alerts import Dispatcher
     from analytics.runner import run_all
-    from analytics.triggers.engine import evaluate_due
+    from analytics.triggers.engine import catch_up
 
     dispatcher = Dispatcher(settings, None)
     dispatcher.start()
@@ -182,8 +189,9 @@ def _analytics_once(store: Store, settings: Settings) -> int:
         result = run_all(store, settings)
         for name, job in result["jobs"].items():
             print(f"{name}: {job['rows']} rows in {job['seconds']:.3f}s")
-        changed = evaluate_due(store, settings, dispatcher)
-        print(f"triggers: {len(changed)} episode changes")
+        done = catch_up(store, settings, dispatcher)
+        print(f"triggers: {len(done['windows'])} windows evaluated, {len(done['changes'])} episode changes "
+              f"in {done['seconds']:.3f}s")
     finally:
         dispatcher.shutdown(30.0)
         store.close()

@@ -87,29 +87,61 @@ def evaluate(store: Any, settings: Settings, until: datetime, dispatcher: episod
     return [e.trigger() for e, _ in changes]
 
 
-def due_windows(settings: Settings, now: datetime, last: datetime | None) -> list[datetime]:
-    """Ends of the windows closed (plus `settle` for late spans) since `last`, oldest first;
-    after a long outage only the latest `catch_up` of them."""
+def first_data(store: Any) -> datetime | None:
+    """When the stored history begins (requests or GPU samples), None when the store is empty."""
+    firsts = []
+    for table in ("llm_requests", "gpu_samples"):
+        row = store.client().query(
+            f"SELECT toUnixTimestamp64Milli(min(Timestamp)), count() FROM {table}").first_row
+        if row and row[1]:
+            firsts.append(datetime.fromtimestamp(row[0] / 1000, tz=timezone.utc))
+    return min(firsts) if firsts else None
+
+
+def due_windows(settings: Settings, now: datetime, last: datetime | None,
+                earliest: datetime | None = None) -> list[datetime]:
+    """Ends of the windows closed (plus `settle` for late spans) since `last`, oldest first,
+    the latest `catch_up` of them. Never evaluated before: from the first window holding
+    `earliest` (the history's start), so a back-filled or restored history is evaluated,
+    not just its latest window."""
     window = settings.triggers.window
     latest = aligned(now - settings.triggers.settle, window)
-    first = latest if last is None else last + window
+    if last is not None:
+        first = last + window
+    elif earliest is not None:
+        first = min(latest, aligned(earliest, window) + window)
+    else:
+        first = latest
     count = max(0, int((latest - first) / window) + 1)
     return [first + i * window for i in range(count)][-settings.triggers.catch_up:]
 
 
 def evaluate_due(store: Any, settings: Settings, dispatcher: episodes.Publisher | None = None, *,
                  owner: str | None = None, now: datetime | None = None) -> list[dict[str, Any]]:
-    """What the scheduler calls every tick: evaluate each due window in order. Stops at a
-    window another runner holds, so no runner ever gets ahead of an unfinished window."""
+    """The trigger objects changed by `catch_up`'s windows."""
+    return catch_up(store, settings, dispatcher, owner=owner, now=now)["changes"]
+
+
+def catch_up(store: Any, settings: Settings, dispatcher: episodes.Publisher | None = None, *,
+             owner: str | None = None, now: datetime | None = None) -> dict[str, Any]:
+    """Evaluate each due window in order: what the scheduler does at start and every tick,
+    and what an on-demand run does. Stops at a window another runner holds, so no runner
+    ever gets ahead of an unfinished window. {"windows": [ends evaluated], "changes":
+    [trigger objects], "seconds": s}."""
+    started = time.perf_counter()
     now = now or datetime.now(timezone.utc)
     owner = owner or runner_id()
+    last = last_evaluated(store)
+    done: list[str] = []
     changed: list[dict[str, Any]] = []
-    for until in due_windows(settings, now, last_evaluated(store)):
-        before = last_evaluated(store)
+    for until in due_windows(settings, now, last, None if last else first_data(store)):
         changed.extend(evaluate(store, settings, until, dispatcher, owner=owner, now=now))
-        if last_evaluated(store) == before:  # not ours to do now: someone else is on it
+        latest = last_evaluated(store)
+        if latest == last:  # not ours to do now: someone else is on it
             break
-    return changed
+        done.append(iso(until))
+        last = latest
+    return {"windows": done, "changes": changed, "seconds": round(time.perf_counter() - started, 4)}
 
 
 def list_triggers(store: Any, since: datetime, until: datetime, state: str = "all") -> list[dict[str, Any]]:
