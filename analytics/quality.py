@@ -119,6 +119,9 @@ def slice_table(store: Any, settings: Settings, since: datetime, until: datetime
     schema = {**{k: pl.String for k in keys}, **({"bucket": pl.Datetime("ns")} if bucket_s else {}), "evaluations": pl.Int64, "passed": pl.Int64, "mean_score": pl.Float64}
     if out.is_empty():
         return pl.DataFrame(schema=schema)
+    if bucket_s and not out.schema["bucket"].is_temporal():
+        # An engine DateTime arrives as epoch seconds: cast, they would read as nanoseconds.
+        out = out.with_columns(pl.from_epoch(pl.col("bucket").cast(pl.Int64), "s"))
     return out.cast(schema).filter(pl.col("evaluations") > 0)  # type: ignore[arg-type]
 
 

@@ -8,7 +8,7 @@ from typing import Any, Callable, Mapping
 
 import polars as pl
 
-from analytics import (cost, cost_change, ingest, latency, overview, quality, reliability, stages, utilization,
+from analytics import (cost, cost_change, ingest, latency, overview, quality, reliability, slo, stages, utilization,
                        workload)
 from analytics.query import QueryError, ReportQuery, iso
 from servelens.config import Settings
@@ -26,6 +26,7 @@ REPORTS: dict[str, tuple[Job, str | None]] = {
     "reliability": (reliability.report, reliability.DEFAULT_BY),
     "quality": (quality.report, quality.DEFAULT_BY),
     "ingest": (ingest.report, ingest.DEFAULT_BY),
+    "slo": (slo.report, None),
 }
 
 

@@ -7,16 +7,18 @@ remaining arguments on (`--quick`, `--no-write`, ...).
 
 import sys
 
-from bench import analytics, dashboard_scale, detection, fleet_data, ingest, rollup_cost
+from bench import analytics, dashboard_scale, detection, fleet_data, ingest, power, rollup_cost
 
 BENCHES = {"ingest": ingest.main, "analytics": analytics.main, "detection": detection.main}
 # Hours at fleet scale: run by name, or all three with `make bench-fleet`.
 FLEET = {"fleet_data": fleet_data.main, "dashboard_scale": dashboard_scale.main, "rollup_cost": rollup_cost.main}
+# Arithmetic, by name: the detection floors per volume.
+TABLES = {"power": power.main}
 
 
 def main(argv: list[str]) -> int:
-    if argv and argv[0] in {**BENCHES, **FLEET}:
-        return {**BENCHES, **FLEET}[argv[0]](argv[1:])
+    if argv and argv[0] in {**BENCHES, **FLEET, **TABLES}:
+        return {**BENCHES, **FLEET, **TABLES}[argv[0]](argv[1:])
     return max(bench(argv) for bench in BENCHES.values())
 
 

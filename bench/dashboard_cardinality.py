@@ -36,7 +36,8 @@ TARGET_OVERVIEW_S = 1.0
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 # Every page refresh (components.register_refresh), by the alert element it owns.
 REFRESHES = ("overview-alert", "overview-latency-alert", "overview-cost-alert", "lat-alert", "cost-alert",
-             "cost-change-alert", "gpus-alert", "qual-alert", "wl-alert", "rel-alert", "trg-alert")
+             "cost-change-alert", "gpus-alert", "qual-alert", "wl-alert", "rel-alert", "trg-alert",
+             "slo-alert")
 
 
 def generate(client: Any, requests: int, groups: int, services: int = SERVICES) -> None:

@@ -2,6 +2,8 @@
 
     .venv/bin/python -m bench.detection            20 injections per kind, 3 clean weeks; into BENCHMARKS.md
     .venv/bin/python -m bench.detection --quick    4 injections per kind, 1 clean week (nothing written)
+    .venv/bin/python -m bench.detection --fleets   the same on bench/fleets.py's fleets, per volume band
+    .venv/bin/python -m bench.detection --fleets --quick    one trial per kind, band and fleet, a few clean hours
 
 A simulated fleet (bench/history.py, generated inside the embedded ClickHouse): five
 request streams over three services and a self-hosted deployment, four tenants, three
@@ -22,13 +24,29 @@ injected subject within `DELAY_TARGET` windows; the delay is the number of windo
 the onset to the end of the window that fired (1 = the first changed window). A queue
 climb is a trend: its onset is the hour it has grown 50 % over its usual level (the
 smallest growth the defaults call material, min_growth), its climb starting before.
+Kinds without an injection here are listed as such; their detectors still run on the
+clean weeks.
+
+Other fleets (--fleets, bench/fleets.py): per fleet, streams at 30, 100, 1,000 and
+10,000+ requests an hour, other daily shapes, holidays and a real change. A fleet's
+history is generated once per trial day (BASE_DAYS of it, in a database of its own);
+each trial and clean run starts from a copy of it (its day partitions attached, hard
+links: no rows rewritten) and generates only the trial day. A trial changes every band
+at once where the kind judges each service or deployment apart, so one trial measures
+each band; recall counts a firing on the band's subject within FLEET_WATCH windows (the
+pooled span), and a trial stops once every band has fired. The targets: recall >= 95 %
+at every band >= 100 requests an hour, delay <= 2 windows at >= 1,000 an hour and <= 6
+below, <= 1 false alert per simulated week per fleet; the step change is expected to
+open one episode that stays open.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import re
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -41,7 +59,9 @@ from typing import Any
 import numpy as np
 
 from analytics.triggers import engine
-from analytics.triggers.base import KINDS
+from analytics.triggers.base import DETECTORS, KINDS
+from bench import fleets
+from bench.fleets import BASE_DAYS, Change, Fleet
 from bench.history import Traffic, insert, insert_gpus
 from bench.report import cpu_model, write_section
 from servelens.config import Settings, load
@@ -168,7 +188,7 @@ def injections() -> dict[str, list[Injection]]:
                       ("search",), {"input_tokens": search.input_tokens * x, "output_tokens": search.output_tokens * x},
                       subjects=({"service": "rag-api"},)) for x in (1.5, 2.0, 3.0)],
     }
-    assert set(out) == set(KINDS)
+    assert set(out) <= set(KINDS), set(out) - set(KINDS)
     return out
 
 
@@ -180,9 +200,9 @@ class Engine:
     def __init__(self, data_dir: Path) -> None:
         self.url = f"chdb://{data_dir}"
 
-    def database(self, tag: str) -> tuple[Store, Settings]:
+    def database(self, tag: str, config: dict[str, Any] | None = None) -> tuple[Store, Settings]:
         name = f"{tag}_{uuid.uuid4().hex[:8]}"
-        settings = load(None, clickhouse_url=self.url, store={"database": name}, **CONFIG)
+        settings = load(None, clickhouse_url=self.url, store={"database": name}, **(CONFIG if config is None else config))
         store = Store(settings.store_url, name)
         migrate(store.client())
         return store, settings
@@ -275,10 +295,13 @@ def run_trial(eng: Engine, inj: Injection, onset: datetime, seed: int, debug: bo
 class Recorder:
     def __init__(self) -> None:
         self.opened: list[dict[str, Any]] = []
+        self.resolved: list[dict[str, Any]] = []
 
     def publish(self, trigger: dict[str, Any], transition: str) -> None:
         if transition == "firing":
             self.opened.append(trigger)
+        elif transition == "resolved":
+            self.resolved.append(trigger)
 
 
 def clean_weeks(eng: Engine, weeks: int, seed: int = 7) -> tuple[list[dict[str, Any]], int, float]:
@@ -321,13 +344,16 @@ def run_injections(eng: Engine, per_kind: int, kinds: list[str], debug: bool = F
 
 def summarize(trials: list[Trial], opened: list[dict[str, Any]], weeks: int) -> list[dict[str, Any]]:
     rows = []
+    known = injections()
     for kind in KINDS:
         mine = [t for t in trials if t.kind == kind]
         if not mine:
-            if weeks:
+            if weeks or kind not in known:
                 rows.append({"kind": kind, "trials": 0, "recall": float("nan"), "recall_watch": float("nan"),
-                             "delay_mean": None, "delay_max": None, "early": 0, "magnitudes": [],
-                             "false_per_week": sum(1 for o in opened if o["kind"] == kind) / weeks})
+                             "delay_mean": None, "delay_max": None, "early": 0,
+                             "magnitudes": [] if kind in known else ["no injection"],
+                             "false_per_week": sum(1 for o in opened if o["kind"] == kind) / weeks
+                             if weeks else float("nan")})
             continue
         delays = [t.delay for t in mine if t.delay is not None]
         caught = [d for d in delays if d <= DELAY_TARGET]
@@ -345,7 +371,7 @@ def summarize(trials: list[Trial], opened: list[dict[str, Any]], weeks: int) -> 
 def render(rows: list[dict[str, Any]], opened: list[dict[str, Any]], weeks: int, per_window_s: float,
            wall_s: float, command: str) -> str:
     total_false = len(opened) / weeks if weeks else float("nan")
-    worst_recall = min((r["recall"] for r in rows), default=float("nan"))
+    worst_recall = min((r["recall"] for r in rows if r["trials"]), default=float("nan"))
     worst_delay = max(((r["delay_max"] or 0) for r in rows), default=0)
     lines = [
         f"Measured {datetime.now(timezone.utc):%Y-%m-%d} on {cpu_model()} with `{command}` "
@@ -359,7 +385,7 @@ def render(rows: list[dict[str, Any]], opened: list[dict[str, Any]], weeks: int,
         f"{FALSE_PER_WEEK_TARGET:g}) — {'met' if total_false <= FALSE_PER_WEEK_TARGET else 'NOT met'}.",
         f"- **Delay**: at most **{worst_delay}** window(s) after the onset (target <= {DELAY_TARGET}) — "
         f"{'met' if worst_delay <= DELAY_TARGET else 'NOT met'}; 1 = fired at the end of the first changed window.",
-        f"- One evaluation of all nine kinds over the fleet: {per_window_s * 1000:.0f} ms per window.",
+        f"- One evaluation of all {len(DETECTORS)} kinds over the fleet: {per_window_s * 1000:.0f} ms per window.",
         "",
         "| kind | trials | recall (<= 2 windows) | recall (<= 4) | delay mean / max | fired before onset "
         "| false alerts / clean week | magnitudes injected |",
@@ -367,12 +393,357 @@ def render(rows: list[dict[str, Any]], opened: list[dict[str, Any]], weeks: int,
     ]
     for r in rows:
         delay = f"{r['delay_mean']:.2f} / {r['delay_max']}" if r["delay_mean"] is not None else "—"
-        lines.append(f"| `{r['kind']}` | {r['trials']} | {r['recall']:.0%} | {r['recall_watch']:.0%} | {delay} "
-                     f"| {r['early']} | {r['false_per_week']:.2f} | {'; '.join(r['magnitudes'])} |")
+        recall, watch = ((f"{r['recall']:.0%}", f"{r['recall_watch']:.0%}") if r["trials"] else ("—", "—"))
+        false = f"{r['false_per_week']:.2f}" if weeks else "—"
+        lines.append(f"| `{r['kind']}` | {r['trials']} | {recall} | {watch} | {delay} "
+                     f"| {r['early']} | {false} | {'; '.join(r['magnitudes'])} |")
     if opened:
         lines += ["", "False alerts on the clean weeks:", ""]
         lines += [f"- {o['started_at']} `{o['kind']}` {o['subject']}: {o['summary']}" for o in opened]
     return "\n".join(lines)
+
+
+# --- other fleets (--fleets) -------------------------------------------------------------------
+
+FLEET_WATCH = 6  # windows watched after an onset: the pooled span
+FLEET_DELAY_TARGET = {30: FLEET_WATCH, 100: FLEET_WATCH, 1000: DELAY_TARGET, 10000: DELAY_TARGET,
+                      fleets.GPU_BAND: DELAY_TARGET}
+RECALL_BANDS = (100, 1000, 10000, fleets.GPU_BAND)  # where recall must reach RECALL_TARGET
+_PARTITION_ID = re.compile(r"^[0-9A-Za-z_-]+$")
+
+
+@dataclass(frozen=True)
+class Base:
+    """A fleet's clean history over the BASE_DAYS before `day`, in a database of its own."""
+
+    store: Store
+    settings: Settings
+    day: datetime
+
+    @property
+    def database(self) -> str:
+        return self.store.database
+
+
+def base_history(eng: Engine, fleet: Fleet, day: datetime, seed: int) -> Base:
+    store, settings = eng.database("base", fleet.config())
+    fleets.insert_fleet(store, fleet, day - BASE_DAYS * DAY, day, seed)
+    return Base(store, settings, day)
+
+
+def attach(store: Store, base: Base) -> None:
+    """The base's rows in `store`, every table's day partitions attached from it: hard links
+    to its parts, rollups included, so no row is rewritten (and no view runs again)."""
+    client = store.client()
+    target = store.database
+    rows = client.query(
+        "SELECT DISTINCT table, partition_id FROM system.parts WHERE database = {db:String} AND active "
+        "AND table != 'servelens_migrations' ORDER BY table, partition_id", parameters={"db": base.database}
+    ).result_rows
+    for table, partition in rows:
+        assert _PARTITION_ID.match(partition), partition  # spliced: DDL takes no bound parameters
+        client.command(f"ALTER TABLE `{target}`.`{table}` ATTACH PARTITION ID '{partition}' "
+                       f"FROM `{base.database}`.`{table}`")
+
+
+@dataclass
+class BandTrial:
+    fleet: str
+    kind: str
+    band: int | str
+    stream: str
+    change: Change
+    onset: datetime
+    delay: int | None  # windows to the first firing on the band's subject (None: not within FLEET_WATCH)
+    early: bool  # fired on it in the windows checked before the onset
+    others: list[dict[str, str]]  # fired on subjects no changed stream holds
+
+
+def _change_streams(store: Store, fleet: Fleet, change: Change, group: tuple[str, ...], start: datetime,
+                    onset: datetime, end: datetime, seed: int) -> None:
+    """The trial day [start, end): the fleet, `group`'s streams changed by `change`."""
+    fleets.insert_fleet(store, fleet, start, end, seed, skip=group, gpus=change.gpu_util is None)
+    changed_from = onset - change.lead() * HOUR
+    for i, name in enumerate(group):
+        stream = fleet.streams[name]
+        seed_i = seed * 100 + 50 + 20 * i
+        fleets.insert_stream(store, stream, start, changed_from, seed_i)
+        if change.climb:  # one segment per window, the queue further up each time
+            for k in range(int((end - changed_from) / HOUR)):
+                at = changed_from + k * HOUR
+                climbed = replace(stream.traffic, queue_s=stream.traffic.queue_s * (1 + change.climb * (k + 1)))
+                fleets.insert_stream(store, stream, at, at + HOUR, seed_i + 1 + k, climbed)
+        else:
+            fields = change.fields(stream.traffic, fleet) if change.fields else {}
+            rate = stream.pass_rate - change.pass_drop if change.pass_drop else None
+            fleets.insert_stream(store, stream, changed_from, end, seed_i + 1, replace(stream.traffic, **fields), rate)
+        if change.added is not None:
+            insert(store, onset, end, change.added(stream.traffic), seed=seed_i + 19)
+    if change.gpu_util is not None:
+        fleets.insert_gpu(store, fleet, start, onset, seed)
+        fleets.insert_gpu(store, fleet, onset, end, seed + 1, util=change.gpu_util)
+
+
+def empty(store: Store) -> None:
+    """Every row gone (the schema kept): a trial's database is the next one's, and a
+    migration per trial would cost more than the trial's own rows."""
+    client = store.client()
+    tables = client.query(
+        "SELECT DISTINCT table FROM system.parts WHERE database = {db:String} AND active "
+        "AND table != 'servelens_migrations'", parameters={"db": store.database}).result_rows
+    for (table,) in tables:
+        client.command(f"TRUNCATE TABLE `{store.database}`.`{table}`")
+
+
+def fleet_trial(store: Store, settings: Settings, fleet: Fleet, base: Base, change: Change, group: tuple[str, ...],
+                onset: datetime, seed: int, before: int, debug: bool = False) -> list[BandTrial]:
+    """One trial in the empty database `store`: `change` on every stream of `group` from
+    `onset`; the kind's detector on `before` windows up to the onset and FLEET_WATCH after
+    it (stopping once all fired). Leaves the database empty."""
+    kind = change.kind
+    try:
+        attach(store, base)
+        assert onset - change.lead() * HOUR >= base.day, "the change must start on the trial day"
+        _change_streams(store, fleet, change, group, base.day, onset, onset + FLEET_WATCH * HOUR, seed)
+        wanted = {name: fleets.subjects(fleet, kind, name) for name in group}
+        delay: dict[str, int] = {}
+        early: set[str] = set()
+        others: list[dict[str, str]] = []
+        for k in [*range(1 - before, 1), *range(1, FLEET_WATCH + 1)]:
+            at = engine.window_at(settings, onset + k * HOUR)
+            findings, ran, _ = engine.run_detectors(store, settings, at, [kind])
+            assert ran == [kind], f"{kind} failed (see the log)"
+            fired = [f.subject for f in findings if f.firing]
+            for name, subjects in wanted.items():
+                hit = any(_matches(f, subjects) for f in fired)
+                if k <= 0 and hit and not change.climb:
+                    early.add(name)
+                if k > 0 and hit and name not in delay:
+                    delay[name] = k
+            others += [f for f in fired if not any(_matches(f, w) for w in wanted.values()) and f not in others]
+            if debug:
+                for f in findings:
+                    print(f"    k={k} firing={f.firing} {f.subject} {f.summary}", file=sys.stderr)
+            if k > 0 and len(delay) == len(wanted):
+                break
+        return [BandTrial(fleet.name, kind, fleets.band_key(fleet, kind, name), name, change, onset,
+                          delay.get(name), name in early, others) for name in group]
+    finally:
+        empty(store)
+
+
+def fleet_injections(eng: Engine, fleet: Fleet, bases: list[Base], kinds: list[str], per_group: int,
+                     offset: int, before: int, debug: bool = False) -> list[BandTrial]:
+    """Per kind and group of streams, `per_group` trials: magnitudes cycled (starting at
+    `offset`, so that quick runs spread them over the fleets), the trial days alternated,
+    onsets cycled through the fleet's hours under load."""
+    plan = fleets.changes()
+    out = []
+    store, settings = eng.database("inj", fleet.config())
+    try:
+        for ki, kind in enumerate(kinds):
+            for gi, group in enumerate(fleets.targets(fleet, kind)):
+                for i in range(per_group):
+                    change = plan[kind][(offset + i) % len(plan[kind])]
+                    base = bases[i % len(bases)]
+                    hour = fleet.onset_hours[(ki + gi + i) % len(fleet.onset_hours)]
+                    onset = base.day + max(hour, change.lead()) * HOUR
+                    seed = 7919 * (ki + 1) + 131 * gi + i  # unique per trial: no block repeats (deduplication)
+                    started = time.perf_counter()
+                    trials = fleet_trial(store, settings, fleet, base, change, group, onset, seed, before, debug)
+                    got = ", ".join(f"{t.stream} {t.delay}{' EARLY' if t.early else ''}" for t in trials)
+                    others = f" others {trials[0].others}" if trials[0].others else ""
+                    print(f"  {fleet.name} {kind} {change.short} @ {onset:%a %H:%M}: {got}{others} "
+                          f"({time.perf_counter() - started:.0f} s)", file=sys.stderr, flush=True)
+                    out += trials
+    finally:
+        eng.drop(store, settings)
+    return out
+
+
+@dataclass
+class FleetClean:
+    fleet: str
+    windows: int
+    hours: str  # the span evaluated
+    false_alerts: list[dict[str, Any]]
+    step: dict[str, Any] | None  # what the real change did
+    per_window_s: float
+
+
+def fleet_clean(eng: Engine, fleet: Fleet, base: Base, untils: list[datetime], seed: int) -> FleetClean:
+    """Every kind, window by window through the engine, on the clean fleet (its step
+    included) after the base: each episode opened is a false alert, except the step's
+    p99_drift on its deployment from the step on, which is what should happen."""
+    store, settings = eng.database("clean", fleet.config())
+    try:
+        attach(store, base)
+        fleets.insert_fleet(store, fleet, base.day, untils[-1], seed, step_from=base.day)
+        recorder = Recorder()
+        started = time.perf_counter()
+        for n, until in enumerate(untils, 1):
+            engine.evaluate(store, settings, until, recorder, now=until)
+            if n % 24 == 0 or n == len(untils):
+                print(f"  {fleet.name} clean: {n}/{len(untils)} windows, {len(recorder.opened)} opened, "
+                      f"{time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)
+        per_window = (time.perf_counter() - started) / len(untils)
+        step_at = base.day + fleet.step.after if fleet.step else None
+        step_deployment = fleet.streams[fleet.step.stream].deployment if fleet.step else None
+
+        def expected(t: dict[str, Any]) -> bool:
+            return (step_at is not None and t["kind"] == "p99_drift"
+                    and t["subject"].get("deployment") == step_deployment and _at(t["detected_at"]) > step_at)
+
+        false_alerts = [t for t in recorder.opened if not expected(t)]
+        step = None
+        if step_at is not None and untils[-1] > step_at:
+            final = {t["id"]: t for t in engine.list_triggers(store, base.day - DAY, untils[-1] + DAY, "all")}
+            mine = [final.get(t["id"], t) for t in recorder.opened if expected(t)]
+            window = settings.triggers.window
+            step = {"label": fleet.step.label, "episodes": len(mine),
+                    "windows_after": int((untils[-1] - step_at) / window),
+                    "delay": math.ceil((_at(mine[0]["detected_at"]) - step_at) / window) if mine else None,
+                    "open_at_end": bool(mine) and mine[-1]["state"] == "active",
+                    "resolved_after": [math.ceil((_at(t["resolved_at"]) - step_at) / window)
+                                       for t in mine if t.get("resolved_at")]}
+        hours = f"{untils[0] - settings.triggers.window:%a %d %b %H:%M} - {untils[-1]:%a %d %b %H:%M}"
+        return FleetClean(fleet.name, len(untils), hours, false_alerts, step, per_window)
+    finally:
+        eng.drop(store, settings)
+
+
+def _at(iso_time: str) -> datetime:
+    return datetime.fromisoformat(iso_time.replace("Z", "+00:00"))
+
+
+def _band_cell(trials: list[BandTrial]) -> str:
+    """recall (within FLEET_WATCH) · median / max delay · the smallest magnitude detected."""
+    if not trials:
+        return "—"
+    delays = sorted(t.delay for t in trials if t.delay is not None)
+    caught = f"{len(delays)}/{len(trials)}"
+    if not delays:
+        return f"{caught} · — · —"
+    smallest = min((t.change for t in trials if t.delay is not None), key=lambda c: c.rank)
+    return f"{caught} · {statistics.median(delays):g} / {delays[-1]} · {smallest.short}"
+
+
+def _band_table(trials: list[BandTrial], known: set[str], run: set[str]) -> list[str]:
+    bands: list[int | str] = [*fleets.BANDS, fleets.GPU_BAND]
+    heads = [fleets.BAND_LABELS[b] for b in fleets.BANDS] + ["GPU samples"]
+    lines = ["| kind | " + " | ".join(heads) + " |", "|---|" + "---:|" * len(heads)]
+    for kind in KINDS:
+        if kind not in known or kind not in run:
+            lines.append(f"| `{kind}` | {'not run' if kind in known else 'no injection'} |" + " |" * (len(heads) - 1))
+            continue
+        cells = [_band_cell([t for t in trials if t.kind == kind and t.band == b]) for b in bands]
+        lines.append(f"| `{kind}` | " + " | ".join(cells) + " |")
+    return lines
+
+
+def fleet_verdicts(trials: list[BandTrial], cleans: list[FleetClean]) -> dict[str, list[str]]:
+    """What misses each target: recall cells (fleet, kind, band), delays, fleets' false alerts."""
+    recall, delay = [], []
+    for fleet in dict.fromkeys(t.fleet for t in trials):
+        for kind in dict.fromkeys(t.kind for t in trials):
+            for band in [*fleets.BANDS, fleets.GPU_BAND]:
+                cell = [t for t in trials if t.fleet == fleet and t.kind == kind and t.band == band]
+                if not cell:
+                    continue
+                caught = [t.delay for t in cell if t.delay is not None]
+                name = f"{fleet} `{kind}` {fleets.BAND_LABELS.get(band, 'GPU')}"  # type: ignore[call-overload]
+                if band in RECALL_BANDS and len(caught) / len(cell) < RECALL_TARGET:
+                    recall.append(f"{name} ({len(caught)}/{len(cell)})")
+                late = [d for d in caught if d > FLEET_DELAY_TARGET[band]]
+                if late:
+                    delay.append(f"{name} (max {max(late)})")
+    false = [f"{c.fleet} ({len(c.false_alerts) / (c.windows / 168):.1f}/week)" for c in cleans
+             if len(c.false_alerts) / (c.windows / 168) > FALSE_PER_WEEK_TARGET]
+    return {"recall": recall, "delay": delay, "false": false}
+
+
+def render_fleets(trials: list[BandTrial], cleans: list[FleetClean], known: set[str], run: set[str],
+                  wall_s: float, command: str) -> str:
+    verdict = fleet_verdicts(trials, cleans)
+
+    def met(misses: list[str]) -> str:
+        return "met" if not misses else f"NOT met: {'; '.join(misses)}"
+
+    lines = [
+        f"Measured {datetime.now(timezone.utc):%Y-%m-%d} on {cpu_model()} with `{command}` ({wall_s / 60:.1f} min). "
+        "The fleets are in bench/fleets.py's docstring, the trials and rules in bench/detection.py's; the detectors "
+        "and their defaults as they are. A cell: detected within "
+        f"{FLEET_WATCH} windows / trials · median / max delay in windows · the smallest magnitude detected.",
+        "",
+        f"- **Recall** >= {RECALL_TARGET:.0%} at every band >= 100/h (and on GPU samples) — {met(verdict['recall'])}.",
+        f"- **Delay** <= {DELAY_TARGET} windows at >= 1,000/h, <= {FLEET_WATCH} below — {met(verdict['delay'])}.",
+        f"- **False alerts** <= {FALSE_PER_WEEK_TARGET:g} per simulated week per fleet — {met(verdict['false'])}.",
+        "",
+        "| fleet | traffic | clean windows | false alerts | per week | the real change |",
+        "|---|---|---|---:|---:|---|",
+    ]
+    for c in cleans:
+        fleet = fleets.FLEETS[c.fleet]
+        step = "—"
+        if c.step:
+            st = c.step
+            state = ("still open at the end" if st["open_at_end"] else
+                     f"resolved {st['resolved_after']} windows after it" if st["resolved_after"] else "never opened")
+            step = (f"{st['label']}: {st['episodes']} episode(s), first after {st['delay']} window(s), {state} "
+                    f"({st['windows_after']} windows after the step evaluated)" if st["episodes"] else
+                    f"{st['label']}: never fired in {st['windows_after']} windows")
+        lines.append(f"| {c.fleet} | {fleet.about} | {c.windows} ({c.hours}) | {len(c.false_alerts)} | "
+                     f"{len(c.false_alerts) / (c.windows / 168):.1f} | {step} |")
+    lines += ["", "All fleets together:", "", *_band_table(trials, known, run)]
+    for name in dict.fromkeys(t.fleet for t in trials):
+        lines += ["", f"{name}:", "", *_band_table([t for t in trials if t.fleet == name], known, run)]
+    early = [t for t in trials if t.early]
+    if early:
+        lines += ["", "Fired on the changed stream before the onset:", ""]
+        lines += [f"- {t.fleet} `{t.kind}` {t.stream} @ {t.onset:%a %H:%M}" for t in early]
+    magnitudes = {t.change.short: t.change.label for t in trials}
+    lines += ["", "Magnitudes: " + "; ".join(f"{k} = {v}" for k, v in magnitudes.items()) + "."]
+    alerts = [(c.fleet, a) for c in cleans for a in c.false_alerts]
+    if alerts:
+        lines += ["", "False alerts on the clean runs:", ""]
+        lines += [f"- {fleet} {a['started_at']} `{a['kind']}` {a['subject']}: {a['summary']}" for fleet, a in alerts]
+    return "\n".join(lines)
+
+
+def run_fleets(args: argparse.Namespace, argv: list[str] | None) -> int:
+    chosen = [fleets.FLEETS[n] for n in (args.fleet.split(",") if args.fleet else fleets.FLEETS)]
+    plan = fleets.changes()
+    kinds = args.kinds.split(",") if args.kinds else [k for k in KINDS if k in plan]
+    per_group = args.trials if args.trials is not None else (1 if args.quick else 6)
+    before = 1 if args.quick else 4  # windows checked before the onset
+    scratch = Path(tempfile.mkdtemp(prefix="servelens-fleets-"))
+    started = time.monotonic()
+    trials: list[BandTrial] = []
+    cleans: list[FleetClean] = []
+    try:
+        eng = Engine(scratch)
+        for fi, fleet in enumerate(chosen):
+            days = [fleets.TRIAL_DAY] if args.quick else [fleets.TRIAL_DAY, fleets.SATURDAY]
+            t0 = time.perf_counter()
+            bases = [base_history(eng, fleet, day, seed=100 + 10 * fi + d) for d, day in enumerate(days)]
+            print(f"{fleet.name}: history in {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
+            trials += fleet_injections(eng, fleet, bases, kinds, per_group, offset=fi if args.quick else 0,
+                                       before=before, debug=args.debug)
+            weeks = args.weeks if args.weeks is not None else (0 if args.quick else 1)
+            first, count = fleet.quick_clean if not weeks else (HOUR, weeks * 168)
+            untils = [fleets.TRIAL_DAY + first + k * HOUR for k in range(count)]
+            cleans.append(fleet_clean(eng, fleet, bases[0], untils, seed=900 + fi))
+            for base in bases:
+                eng.drop(base.store, base.settings)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    command = "python -m bench detection" + (f" {' '.join(argv)}" if argv else "")
+    section = render_fleets(trials, cleans, set(plan), set(kinds), time.monotonic() - started, command)
+    print(section)
+    partial = args.quick or args.no_write or args.kinds or args.fleet or args.trials is not None or args.weeks is not None
+    if not partial:
+        write_section("detection-fleets", "Detection on other fleets", section)
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -383,10 +754,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kinds", help="comma-separated kinds (default all)")
     parser.add_argument("--debug", action="store_true", help="print each window's finding on the injected subject")
     parser.add_argument("--no-write", action="store_true", help="print only, leave BENCHMARKS.md alone")
+    parser.add_argument("--fleets", action="store_true",
+                        help="bench/fleets.py's fleets, per volume band (with --quick: one trial per kind, band and "
+                             "fleet, 6 clean windows per fleet; --trials: trials per kind and band, default 6; "
+                             "--weeks: clean weeks per fleet, default 1)")
+    parser.add_argument("--fleet", help="--fleets: comma-separated fleet names (default all)")
     args = parser.parse_args(argv)
+    if args.fleets:
+        return run_fleets(args, argv)
     per_kind = args.trials if args.trials is not None else (4 if args.quick else 20)
     weeks = args.weeks if args.weeks is not None else (1 if args.quick else 3)
-    kinds = args.kinds.split(",") if args.kinds else list(KINDS)
+    kinds = args.kinds.split(",") if args.kinds else [k for k in KINDS if k in injections()]
     scratch = Path(tempfile.mkdtemp(prefix="servelens-detection-"))
     started = time.monotonic()
     try:

@@ -8,12 +8,21 @@ Muller), a load that swings daily, dips at weekends and bursts for ten minutes a
 (rows thinned by acceptance against the peak load), and evaluation results linked to
 their requests. The detectors read only the typed tables, so this is the same input the
 receiver's materialized views would produce.
+
+The daily shape is a `shape` (bench/fleets.py's fleets use them all): "sine" (low at
+midnight, high at noon), "two_peaks" (a morning and an evening peak, 09:00 and 20:00 UTC,
+Gaussian bumps three hours wide), "flat" (a batch fleet: the same load day and night) or
+"night" (a night-only job: load 1 from 22:00 to 08:00 UTC, none in the day). `holidays`
+are weekdays at weekend load. A deploy can change latency for good at `step_at`: every
+latency times `step_latency`, and the slow tail becomes `step_tail_share` x
+`step_tail_factor`. The defaults are the original generator's: same SQL values, same rows
+per seed.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from datetime import datetime, timedelta
+from datetime import date, datetime, timedelta
 from typing import Any
 
 from analytics.query import _ns
@@ -21,6 +30,11 @@ from analytics.query import _ns
 HOUR = timedelta(hours=1)
 DAY_NS = 86400 * 10**9
 BURST_NS = 600 * 10**9
+HOUR_NS = 3600 * 10**9
+SHAPES = ("sine", "two_peaks", "flat", "night")
+PEAKS_H, PEAK_WIDTH_H = (9, 20), 3  # two_peaks: the peaks' hours (UTC) and their width (sigma)
+NIGHT_H = (22, 8)  # night: the job runs from 22:00 to 08:00 UTC
+NEVER_NS = 2**63 - 1  # step_at None: the step never comes
 
 
 @dataclass(frozen=True)
@@ -49,14 +63,26 @@ class Traffic:
     mode: str = "interactive"
     feature: str = ""
     tenant: str = "acme"
+    region: str = ""  # cloud.region
     weekend: float = 1.0  # load factor on Saturdays and Sundays (UTC)
     burst_share: float = 0.0  # this share of 10-minute slots are bursts ...
     burst_gain: float = 0.0  # ... where the load is (1 + burst_gain) times higher
+    shape: str = "sine"  # the daily load shape: one of SHAPES (module doc); flat and night ignore diurnal
+    holidays: tuple[date, ...] = ()  # days (UTC) at the weekend's load
+    step_at: datetime | None = None  # a deploy from which latency changes for good
+    step_latency: float = 1.0  # every latency times this from step_at on
+    step_tail_share: float | None = None  # from step_at on (None: tail_share)
+    step_tail_factor: float | None = None  # from step_at on (None: tail_factor)
+
+    def __post_init__(self) -> None:
+        if self.shape not in SHAPES:
+            raise ValueError(f"shape {self.shape!r}: use one of {SHAPES}")
 
     @property
     def peak(self) -> float:
         """The highest load the swing, weekday and bursts reach: the acceptance bound."""
-        return (1 + abs(self.diurnal)) * max(1.0, self.weekend) * (1 + self.burst_gain)
+        swing = abs(self.diurnal) if self.shape in ("sine", "two_peaks") else 0.0
+        return (1 + swing) * max(1.0, self.weekend) * (1 + self.burst_gain)
 
 
 def _u(k: int) -> str:
@@ -67,6 +93,18 @@ def _z(k: int) -> str:
     return f"(sqrt(-2 * log({_u(k)})) * cos(2 * pi() * {_u(k + 1)}))"
 
 
+def _hour_distance(peak: int) -> str:
+    """Hours from the time of day to `peak` around the clock (0-12)."""
+    return f"least(abs((ts_ns % {DAY_NS}) / {HOUR_NS} - {peak}), 24 - abs((ts_ns % {DAY_NS}) / {HOUR_NS} - {peak}))"
+
+
+# Two Gaussian bumps mapped onto [-1, 1]: 1 at either peak, about -0.6 at night and
+# -0.25 in the afternoon lull between them.
+_TWO_PEAKS = "least(1, 2 * (" + " + ".join(
+    f"exp(-pow({_hour_distance(p)}, 2) / {2 * PEAK_WIDTH_H ** 2})" for p in PEAKS_H) + ") - 1)"
+_NIGHT = (f"intDiv(ts_ns % {DAY_NS}, {HOUR_NS}) >= {NIGHT_H[0]} "
+          f"OR intDiv(ts_ns % {DAY_NS}, {HOUR_NS}) < {NIGHT_H[1]}")
+
 _ROWS = f"""
     SELECT fromUnixTimestamp64Nano(ts_ns) AS Timestamp,
            hex(cityHash64(number, {{seed:UInt64}}, 100)) AS TraceId,
@@ -75,12 +113,16 @@ _ROWS = f"""
            if({{deployment:String}} = '', {{service:String}}, {{deployment:String}}) AS Deployment,
            {{model:String}} AS Model, {{tenant:String}} AS Tenant, {{task_type:String}} AS TaskType,
            {{language:String}} AS Language, {{mode:String}} AS Mode, {{feature:String}} AS Feature,
+           {{region:String}} AS Region,
            toUInt32({{input_tokens:Float64}} * exp({{tokens_sigma:Float64}} * {_z(10)})) AS InputTokens,
            toUInt32({{output_tokens:Float64}} * exp({{tokens_sigma:Float64}} * {_z(12)})) AS OutputTokens,
            {_u(6)} < {{fallback_share:Float64}} AS Fallback,
+           ts_ns >= {{step_at_ns:Int64}} AS stepped_,
            if(Fallback, {{fallback_latency_s:Float64}}, {{latency_s:Float64}})
                * exp({{latency_sigma:Float64}} * {_z(2)})
-               * if({_u(5)} < {{tail_share:Float64}}, {{tail_factor:Float64}}, 1) AS LatencySeconds,
+               * if({_u(5)} < if(stepped_, {{step_tail_share:Float64}}, {{tail_share:Float64}}),
+                    if(stepped_, {{step_tail_factor:Float64}}, {{tail_factor:Float64}}), 1)
+               * if(stepped_, {{step_latency:Float64}}, 1) AS LatencySeconds,
            {{ttft_s:Float64}} * exp(0.3 * {_z(14)}) AS TtftSeconds,
            if({{queue_s:Float64}} < 0, NULL,
               {{queue_s:Float64}} * pow(load, {{queue_load_power:Float64}}) * exp(0.3 * {_z(16)})) AS QueueSeconds,
@@ -90,23 +132,36 @@ _ROWS = f"""
            {_u(32)} AS u_sample
     FROM (
         SELECT number, {{start_ns:Int64}} + toInt64((number + {_u(0)}) * {{step_ns:Float64}}) AS ts_ns,
-               (1 + {{diurnal:Float64}} * sin(2 * pi() * (ts_ns % {DAY_NS}) / {DAY_NS} - pi() / 2))
-                   * if(toDayOfWeek(toDateTime(intDiv(ts_ns, 1000000000), 'UTC')) >= 6, {{weekend:Float64}}, 1)
+               (1 + {{diurnal:Float64}} * multiIf(
+                        {{shape:String}} = 'two_peaks', {_TWO_PEAKS},
+                        {{shape:String}} IN ('flat', 'night'), 0,
+                        sin(2 * pi() * (ts_ns % {DAY_NS}) / {DAY_NS} - pi() / 2)))
+                   * if({{shape:String}} = 'night' AND NOT ({_NIGHT}), 0, 1)
+                   * if(toDayOfWeek(toDateTime(intDiv(ts_ns, 1000000000), 'UTC')) >= 6
+                        OR has({{holidays:Array(Date)}}, toDate(toDateTime(intDiv(ts_ns, 1000000000), 'UTC'))),
+                        {{weekend:Float64}}, 1)
                    * if((cityHash64(intDiv(ts_ns, {BURST_NS}), {{seed:UInt64}}, 50) % 1000000) / 1e6
                         < {{burst_share:Float64}}, 1 + {{burst_gain:Float64}}, 1) AS load
         FROM numbers({{n:UInt64}}))
     WHERE {_u(9)} < load / {{peak:Float64}}"""
 
 _REQUEST_COLUMNS = ("Timestamp, TraceId, SpanId, ServiceName, Deployment, Model, Tenant, TaskType, Language, Mode, "
-                    "Feature, InputTokens, OutputTokens, Fallback, LatencySeconds, TtftSeconds, QueueSeconds, IsError, "
+                    "Feature, Region, InputTokens, OutputTokens, Fallback, LatencySeconds, TtftSeconds, QueueSeconds, IsError, "
                     "RetryAttempt")
 
 
 def _params(start: datetime, end: datetime, t: Traffic, seed: int) -> dict[str, Any]:
     hours = (end - start) / HOUR
     n = max(1, round(t.per_hour * hours * t.peak))
-    return {**asdict(t), "peak": t.peak, "seed": seed, "n": n, "start_ns": _ns(start),
-            "step_ns": (_ns(end) - _ns(start)) / n}
+    p = {**asdict(t), "peak": t.peak, "seed": seed, "n": n, "start_ns": _ns(start),
+         "step_ns": (_ns(end) - _ns(start)) / n}
+    # The step's parameters as the SQL binds them: a time in ns, the tail as before it.
+    del p["step_at"]
+    p["step_at_ns"] = NEVER_NS if t.step_at is None else _ns(t.step_at)
+    p["holidays"] = [d.isoformat() for d in t.holidays]
+    p["step_tail_share"] = t.tail_share if t.step_tail_share is None else t.step_tail_share
+    p["step_tail_factor"] = t.tail_factor if t.step_tail_factor is None else t.step_tail_factor
+    return p
 
 
 def insert(store: Any, start: datetime, end: datetime, t: Traffic, seed: int = 0,

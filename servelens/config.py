@@ -293,6 +293,74 @@ class TriggersConfig(_Strict):
         min_baseline_windows: int = Field(5, ge=3)
         recent_windows: int = Field(24, ge=3, description="band from these when like hours are too few")
 
+    class Budget(_Strict):
+        # No forecast before this share of the period has passed: a morning's spend says
+        # little about a month's.
+        forecast_after: float = Field(0.1, gt=0, lt=1, description="share of the period elapsed")
+        # The forecast extends the spend rate of this much of the period just past (a whole
+        # day: the daily rhythm averages out).
+        recent: timedelta = timedelta(days=1)
+        _dur = field_validator("recent", mode="before")(parse_duration)
+
+    class SloBurn(_Strict):
+        class Rule(_Strict):
+            """Fires when the burn rate over `long` and over `short` both reach `burn_rate`."""
+            long: timedelta
+            short: timedelta
+            burn_rate: float = Field(gt=0)
+            severity: Literal["warning", "critical"]
+            _dur = field_validator("long", "short", mode="before")(parse_duration)
+
+            @model_validator(mode="after")
+            def _short_inside_long(self) -> TriggersConfig.SloBurn.Rule:
+                if not timedelta(0) < self.short < self.long:
+                    raise ValueError("short must be positive and shorter than long")
+                return self
+
+        # The SRE workbook's multi-window, multi-burn-rate alert for a 30-day SLO: 2 % of
+        # the budget in 1 h or 5 % in 6 h (critical), 10 % in 1 d or 3 d (warning).
+        rules: list[Rule] = [
+            Rule(long=timedelta(hours=1), short=timedelta(minutes=5), burn_rate=14.4, severity="critical"),
+            Rule(long=timedelta(hours=6), short=timedelta(minutes=30), burn_rate=6.0, severity="critical"),
+            Rule(long=timedelta(days=1), short=timedelta(hours=2), burn_rate=3.0, severity="warning"),
+            Rule(long=timedelta(days=3), short=timedelta(hours=6), burn_rate=1.0, severity="warning"),
+        ]
+        min_requests: int = Field(50, ge=1, description="in a rule's short window before it can fire")
+
+    class ModelInconsistency(_Strict):
+        routes: list[Literal["region", "deployment"]] = ["region"]
+        # A region's task mix moves the shares of a service's models by a few points; a
+        # version rolled out to one region moves them by tens.
+        min_share: float = Field(0.2, gt=0, le=1, description="share points of one model, route vs the rest")
+        critical_share: float = Field(0.5, gt=0, le=1)
+        alpha: float = Field(1e-4, gt=0, lt=1, description="Fisher's exact test, Bonferroni across routes")
+        min_requests: int = Field(100, ge=1, description="answered requests in the route, and in the rest")
+
+    class QualityUnderLoad(_Strict):
+        lookback: timedelta = timedelta(hours=24)  # a whole day: its load swing gives both sides
+        bucket: timedelta = timedelta(minutes=15)  # load is arrivals per bucket
+        keys: list[Literal["task_type", "language", "length_class", "model", "deployment", "tenant"]] = [
+            "task_type", "language", "length_class", "model", "deployment", "tenant"]
+        pairs: bool = True
+        min_drop: float = Field(0.05, gt=0, description="pass-rate points, high load vs low")
+        critical_drop: float = Field(0.15, gt=0)
+        fdr: float = Field(1e-4, gt=0, lt=1, description="Benjamini-Hochberg across a deployment's slices")
+        min_evaluations: int = Field(200, ge=1, description="per side (high load, low load)")
+        min_load_ratio: float = Field(1.5, gt=1, description="mean arrivals per bucket, high / low")
+        p99_tolerance: float = Field(0.2, ge=0, description="high-load p99 may exceed low-load's by this")
+        _dur = field_validator("lookback", "bucket", mode="before")(parse_duration)
+
+        @model_validator(mode="after")
+        def _buckets(self) -> TriggersConfig.QualityUnderLoad:
+            # Buckets start on multiples of their length since midnight UTC (as the
+            # evaluation tables bucket results), and the lookback holds whole buckets.
+            b = int(self.bucket.total_seconds())
+            if b <= 0 or self.bucket.total_seconds() != b or 86400 % b or self.lookback.total_seconds() % b:
+                raise ValueError("bucket: whole seconds dividing a day, and the lookback a whole number of them")
+            if self.lookback < 6 * self.bucket:
+                raise ValueError("lookback: at least six buckets (two per load tercile)")
+            return self
+
     window: timedelta = timedelta(hours=1)
     baseline: timedelta = timedelta(days=7)
     low_utilization: float = Field(0.30, ge=0, le=1)
@@ -301,6 +369,9 @@ class TriggersConfig(_Strict):
     resolve_after: int = Field(2, ge=1, description="clear windows before an episode resolves")
     settle: timedelta = timedelta(minutes=2)  # late spans: evaluate a window this long after it ends
     catch_up: int = Field(24, ge=1, description="most missed windows evaluated per scheduler tick")
+    # A subject short of its minimum in one window is judged over up to this many trailing
+    # windows together (analytics/triggers/pooling.py): small deployments are watched too.
+    pool_windows: int = Field(6, ge=1, le=48, description="most windows pooled to reach a test's minimum")
     queue_wait_growth: QueueWaitGrowth = QueueWaitGrowth()
     p99_drift: P99Drift = P99Drift()
     quality_regression: QualityRegression = QualityRegression()
@@ -309,6 +380,10 @@ class TriggersConfig(_Strict):
     error_rate_spike: ErrorRateSpike = ErrorRateSpike()
     fallback_over_budget: FallbackOverBudget = FallbackOverBudget()
     cost_anomaly: CostAnomaly = CostAnomaly()
+    budget: Budget = Budget()
+    slo_burn: SloBurn = SloBurn()
+    model_inconsistency: ModelInconsistency = ModelInconsistency()
+    quality_under_load: QualityUnderLoad = QualityUnderLoad()
     _dur = field_validator("window", "baseline", "settle", mode="before")(parse_duration)
 
     @model_validator(mode="after")
@@ -417,6 +492,38 @@ class GpusConfig(_Strict):  # busy time; auto: DCGM_FI_PROF_GR_ENGINE_ACTIVE whe
     busy_metric: Literal["auto", "gr_engine_active", "gpu_util"] = "auto"
 
 
+class SpendBudget(_Strict):
+    """A spend ceiling per business unit and calendar period (UTC): trigger kind `budget`."""
+
+    by: Literal["tenant", "feature", "team"]
+    key: str | None = None  # None: every value of `by` seen in the period, each on its own
+    usd: float = Field(gt=0)
+    period: Literal["day", "week", "month"] = "month"  # a week starts on Monday
+
+
+class SloConfig(_Strict):
+    """A request SLO (trigger kind `slo_burn`, the `slo` report): the share of requests of
+    its service / deployment that succeed (and, with latency_under, finish within it)."""
+
+    name: str = Field(min_length=1)
+    service: str | None = None
+    deployment: str | None = None
+    objective: float = Field(gt=0, lt=1)
+    latency_under: timedelta | None = None
+    period: timedelta = timedelta(days=30)
+
+    @field_validator("latency_under", "period", mode="before")
+    @classmethod
+    def _duration(cls, v: Any) -> Any:
+        return None if v is None else parse_duration(v)
+
+    @model_validator(mode="after")
+    def _positive(self) -> SloConfig:
+        if self.period <= timedelta(0) or (self.latency_under is not None and self.latency_under <= timedelta(0)):
+            raise ValueError("period and latency_under must be positive")
+        return self
+
+
 class Settings(BaseSettings):
     """The whole configuration. Top-level fields are the common CLI options."""
 
@@ -449,6 +556,8 @@ class Settings(BaseSettings):
     analytics: AnalyticsConfig = AnalyticsConfig()
     dashboard: DashboardConfig = DashboardConfig()
     gpus: GpusConfig = GpusConfig()
+    spend_budgets: list[SpendBudget] = []
+    slos: list[SloConfig] = []
 
     # Set by load(); the YAML source reads it.
     _yaml_file: str | None = None
@@ -467,6 +576,15 @@ class Settings(BaseSettings):
         if yaml_file:
             sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=yaml_file))
         return tuple(sources)
+
+    @field_validator("slos")
+    @classmethod
+    def _slo_names(cls, v: list[SloConfig]) -> list[SloConfig]:
+        names = [s.name for s in v]
+        repeated = sorted({n for n in names if names.count(n) > 1})
+        if repeated:  # a name is the SLO's identity: its episodes, its report row
+            raise ValueError(f"SLO names must be unique; repeated: {repeated}")
+        return v
 
     @field_validator("public_url")
     @classmethod

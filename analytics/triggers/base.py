@@ -20,6 +20,7 @@ from servelens.config import Settings
 KINDS = (
     "queue_wait_growth", "p99_drift", "quality_regression", "low_utilization", "new_workload_shape",
     "retry_storm", "error_rate_spike", "fallback_over_budget", "cost_anomaly",
+    "budget", "slo_burn", "model_inconsistency", "quality_under_load",
 )
 SEVERITIES = ("warning", "critical")
 

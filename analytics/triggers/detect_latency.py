@@ -10,7 +10,7 @@ import polars as pl
 from analytics import reliability
 from analytics.query import ReportQuery
 from analytics.sources import traffic
-from analytics.triggers import sources, stats
+from analytics.triggers import pooling, power, sources, stats
 from analytics.triggers.base import Evaluation, Finding, detector
 from analytics.triggers.common import DAY, LIKE_HOURS, choose_baseline, clean, ms, pct, seasonal, severity
 from servelens.config import Settings
@@ -106,37 +106,59 @@ def p99_drift(store: Any, settings: Settings, at: Evaluation) -> list[Finding]:
 
     Material: p99 at least `min_rise` above the baseline p99, and significantly more of
     the window above the baseline p99 than the 1 % a same-distribution window would put
-    there (binomial exceedance test). The baseline is the same hours on earlier days when
-    they hold `min_baseline` requests, else the whole baseline.
+    there (binomial exceedance test, exact). The baseline is the same hours on earlier days
+    when they hold `min_baseline` requests, else the whole baseline. A deployment with fewer
+    than `min_requests` in the window is judged over the trailing windows that hold them
+    (analytics/triggers/pooling.py); the evidence says how many and what the volume can show.
     """
     cfg = settings.triggers.p99_drift
+    most = settings.triggers.pool_windows
+    counts = pooling.window_counts(store, at, most, "toString(Deployment)", {
+        "latency": "countIf(LatencySeconds IS NOT NULL AND NOT IsError)",
+        "ttft": "countIf(TtftSeconds IS NOT NULL AND NOT IsError)"})
     findings = []
     for metric in ("latency", "ttft"):
-        for r in sources.latency_tails(store, at, metric).iter_rows(named=True):
-            which = choose_baseline(r["like_n"], r["base_n"], cfg.min_baseline)
-            if which is None or r["n"] < cfg.min_requests:
-                continue
-            like = which == LIKE_HOURS
-            base_p50, base_p99 = r["like_q"] if like else r["base_q"]
-            p50, p99 = r["q"]
-            rise = stats.relative_change(base_p99, p99, cfg.min_rise)
-            p50_rise = stats.relative_change(base_p50, p50, cfg.p50_tolerance)
-            tail = stats.quantile_exceedance(r["over_like"] if like else r["over_base"], r["n"], 0.99, cfg.alpha)
-            firing = rise.detected and tail.detected and not p50_rise.detected
-            d = settings.deployment(r["deployment"])
-            budget = d.budgets.get("total") if d and metric == "latency" else None
-            critical = rise.statistic >= cfg.critical_rise or (budget is not None and p99 > budget.total_seconds())
-            findings.append(Finding(
-                "p99_drift", {"deployment": r["deployment"], "metric": metric}, firing, severity(critical),
-                f"{r['deployment']}: {metric} p99 {ms(p99):.0f} ms vs {ms(base_p99):.0f} ms baseline "
-                f"({pct(rise.statistic)}), p50 {pct(p50_rise.statistic)}",
-                clean({"metric": metric, "baseline": which, "requests": r["n"],
-                       "baseline_requests": r["like_n"] if like else r["base_n"],
-                       "p50_ms": ms(p50), "p99_ms": ms(p99), "baseline_p50_ms": ms(base_p50),
-                       "baseline_p99_ms": ms(base_p99), "budget_ms": ms(budget.total_seconds()) if budget else None,
-                       "p99_rise": rise.evidence(), "p50_rise": p50_rise.evidence(), "tail": tail.evidence()}),
-            ))
+        needed = pooling.needed_windows(counts, most, lambda c, m=metric: c[m] >= cfg.min_requests, [metric])
+        for k, deployments in pooling.by_span(needed).items():
+            span = pooling.span(at, k)
+            for r in sources.latency_tails(store, span, metric, deployments).iter_rows(named=True):
+                finding = _p99_finding(settings, cfg, metric, r, k)
+                if finding is not None:
+                    findings.append(finding)
     return findings
+
+
+def _p99_finding(settings: Settings, cfg: Any, metric: str, r: dict[str, Any], windows: int) -> Finding | None:
+    which = choose_baseline(r["like_n"], r["base_n"], cfg.min_baseline)
+    floor = power.exceedance_floor(r["n"], cfg.alpha)
+    if which is None or floor is None:
+        return None  # no baseline to judge against, or too few requests for the exact test to reject
+    like = which == LIKE_HOURS
+    base_p50, base_p99 = r["like_q"] if like else r["base_q"]
+    p50, p99 = r["q"]
+    rise = stats.relative_change(base_p99, p99, cfg.min_rise)
+    p50_rise = stats.relative_change(base_p50, p50, cfg.p50_tolerance)
+    tail = stats.quantile_exceedance(r["over_like"] if like else r["over_base"], r["n"], 0.99, cfg.alpha)
+    firing = rise.detected and tail.detected and not p50_rise.detected
+    d = settings.deployment(r["deployment"])
+    budget = d.budgets.get("total") if d and metric == "latency" else None
+    critical = rise.statistic >= cfg.critical_rise or (budget is not None and p99 > budget.total_seconds())
+    pooled = f" over {windows} windows" if windows > 1 else ""
+    return Finding(
+        "p99_drift", {"deployment": r["deployment"], "metric": metric}, firing, severity(critical),
+        f"{r['deployment']}: {metric} p99 {ms(p99):.0f} ms vs {ms(base_p99):.0f} ms baseline "
+        f"({pct(rise.statistic)}), p50 {pct(p50_rise.statistic)}{pooled}",
+        clean({"metric": metric, "baseline": which, "requests": r["n"], "pooled_windows": windows,
+               "baseline_requests": r["like_n"] if like else r["base_n"],
+               "p50_ms": ms(p50), "p99_ms": ms(p99), "baseline_p50_ms": ms(base_p50),
+               "baseline_p99_ms": ms(base_p99), "budget_ms": ms(budget.total_seconds()) if budget else None,
+               "p99_rise": rise.evidence(), "p50_rise": p50_rise.evidence(), "tail": tail.evidence(),
+               # What this volume can show: below this share of requests over the baseline p99
+               # (1 % expected), a tail slowdown cannot be told from chance.
+               "detectable_tail_share": floor,
+               "detectable": f"at {r['n']} requests a tail slowdown touching under "
+                             f"{max(floor - 0.01, 0):.1%} of requests (beyond the 1 % above p99) cannot be seen"}),
+    )
 
 
 def _service_budgets(store: Any, settings: Settings, at: Evaluation) -> dict[str, float]:

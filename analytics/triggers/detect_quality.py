@@ -23,6 +23,15 @@ One regression shows in several overlapping slices (German summaries also lower
 deepest drop first (a single key preferred unless a pair is `min_drop` deeper), and one
 fires only if, without the rows of those already firing, it still regresses
 significantly and by `min_drop`. The echoes are kept as evidence (`explained_by`).
+
+Then the most specific explanation is named: a single key that fired is tested again
+without the pairs inside it that regress on their own. When nothing is left of its drop,
+one such pair explains it and fires in its place (the key is listed as its `parent`);
+several do, and the key fires naming them (`children`): the aggregate hides neither.
+
+Sparse slices: a slice short of `min_evaluations` over `windows` windows is measured over
+up to `triggers.pool_windows` trailing windows instead (`pooled_windows` in the evidence),
+so a small language slice is tested rather than left to its parent.
 """
 
 from __future__ import annotations
@@ -33,7 +42,7 @@ from typing import Any
 import polars as pl
 
 from analytics import quality
-from analytics.triggers import stats
+from analytics.triggers import power, stats
 from analytics.triggers.base import Evaluation, Finding, detector
 from analytics.triggers.common import clean, severity
 from servelens.config import Settings
@@ -98,31 +107,112 @@ def _test(cfg: Any, m: dict[str, Any] | None) -> tuple[stats.StatResult, float] 
     return test, m["expected_rate"] - m["passed"] / m["n"]
 
 
-def explaining(candidates: list[dict[str, Any]], current: pl.DataFrame, baseline: pl.DataFrame,
-               keys: list[str], cfg: Any) -> list[dict[str, Any]]:
-    """The candidates that regress on their own, beyond the rows of those kept before them."""
-    order = sorted(candidates, key=lambda r: (-(r["drop"] + (cfg.min_drop if len(r["slice"]) == 1 else 0)),
-                                              len(r["slice"]), sorted(r["slice"].items())))
+Frames = tuple[pl.DataFrame, pl.DataFrame]  # (window, baseline) slice tables
+
+
+def _regresses(cfg: Any, r: dict[str, Any], keys: list[str], mask: pl.Expr) -> bool:
+    """Whether the rows of `r`'s slice under `mask` still regress on their own."""
+    current, baseline = r["frames"]
+    residual = _test(cfg, measure(current, baseline, keys, _matches(r["slice"]) & mask))
+    return residual is not None and residual[0].detected and residual[1] >= cfg.min_drop
+
+
+def _outside(kept: list[dict[str, Any]]) -> pl.Expr:
+    return ~pl.any_horizontal([_matches(k["slice"]) for k in kept]) if kept else pl.lit(True)
+
+
+def _overlaps(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    current = a["frames"][0]
+    return current.filter(_matches(a["slice"]) & _matches(b["slice"])).height > 0
+
+
+def _greedy(order: list[dict[str, Any]], keys: list[str], cfg: Any) -> list[dict[str, Any]]:
     kept: list[dict[str, Any]] = []
     for r in order:
-        outside = ~pl.any_horizontal([_matches(k["slice"]) for k in kept]) if kept else pl.lit(True)
-        residual = _test(cfg, measure(current, baseline, keys, _matches(r["slice"]) & outside))
-        if residual is not None and residual[0].detected and residual[1] >= cfg.min_drop:
+        if _regresses(cfg, r, keys, _outside(kept)):
             kept.append(r)
         else:
-            r["explained_by"] = [k["slice"] for k in kept
-                                 if current.filter(_matches(k["slice"]) & _matches(r["slice"])).height]
+            r["explained_by"] = [k["slice"] for k in kept if _overlaps(r, k)]
     return kept
 
 
-def regressions(current: pl.DataFrame, baseline: pl.DataFrame, cfg: Any) -> list[dict[str, Any]]:
-    """Every slice tested, each with its test, drop, BH-adjusted p-value and `firing`."""
+def _inside(child: dict[str, Any], parent: dict[str, Any]) -> bool:
+    return len(child["slice"]) > len(parent["slice"]) and parent["slice"].items() <= child["slice"].items()
+
+
+def explaining(candidates: list[dict[str, Any]], keys: list[str], cfg: Any) -> list[dict[str, Any]]:
+    """The candidates that regress on their own, beyond the rows of those kept before them,
+    each single key then replaced by the pairs inside it that explain it (module doc)."""
+    order = sorted(candidates, key=lambda r: (-(r["drop"] + (cfg.min_drop if len(r["slice"]) == 1 else 0)),
+                                              len(r["slice"]), sorted(r["slice"].items())))
+    kept = _greedy(order, keys, cfg)
+    named: list[dict[str, Any]] = []
+    for r in kept:
+        inside = [c for c in order if _inside(c, r)]
+        if not inside:
+            named.append(r)
+            continue
+        # The pairs inside that regress on their own (deepest first, echoes among them set aside) ...
+        for c in inside:
+            c.pop("explained_by", None)
+        children = _greedy(sorted(inside, key=lambda c: (-c["drop"], sorted(c["slice"].items()))), keys, cfg)
+        # ... explain the key when nothing of its drop is left without them.
+        if not children or _regresses(cfg, r, keys, _outside(children)):
+            for c in inside:
+                c["explained_by"] = [r["slice"]]
+            named.append(r)
+        elif len(children) == 1:
+            children[0]["parent"] = r["slice"]
+            r["explained_by"] = [children[0]["slice"]]
+            named.append(children[0])
+        else:
+            r["children"] = [c["slice"] for c in children]
+            for c in inside:
+                c["explained_by"] = [r["slice"]]
+            named.append(r)
+    for r in order:  # pairs kept on their own that share one key: the key is named with them
+        kids = [n for n in named if _inside(n, r)]
+        if len(r["slice"]) == 1 and r not in named and len(kids) >= 2:
+            r["children"] = [k["slice"] for k in kids]
+            r["explained_by"] = None
+            for k in kids:
+                k["explained_by"] = [r["slice"]]
+                named.remove(k)
+            named.append(r)
+    for r in candidates:  # echoes of a key that a pair replaced point at the pair
+        if r.get("explained_by"):
+            r["explained_by"] = _dedupe([_replacement(s, named) for s in r["explained_by"]])
+    return named
+
+
+def _replacement(slice_: dict[str, str], named: list[dict[str, Any]]) -> dict[str, str]:
+    return next((n["slice"] for n in named if n.get("parent") == slice_), slice_)
+
+
+def _dedupe(slices: list[dict[str, str]]) -> list[dict[str, str]]:
+    out: list[dict[str, str]] = []
+    for s in slices:
+        if s not in out:
+            out.append(s)
+    return out
+
+
+def regressions(current: pl.DataFrame, baseline: pl.DataFrame, cfg: Any,
+                wider: Frames | None = None, wider_windows: int | None = None) -> list[dict[str, Any]]:
+    """Every slice tested, each with its test, drop, BH-adjusted p-value and `firing`.
+
+    `wider`: the slice tables of a longer span (`wider_windows` windows), where a slice short
+    of `min_evaluations` in (current, baseline) is measured instead."""
     keys = list(cfg.keys)
     measured = []
-    for s in slices(current, keys, cfg.pairs):
+    for s in slices(wider[0] if wider is not None else current, keys, cfg.pairs):
+        frames, windows = (current, baseline), None
         m = measure(current, baseline, keys, _matches(s))
+        if wider is not None and (m is None or m["n"] < cfg.min_evaluations):
+            frames, windows = wider, wider_windows
+            m = measure(*wider, keys, _matches(s))
         if m is not None:
-            measured.append({"slice": s, **m})
+            measured.append({"slice": s, **m, "frames": frames, "pooled_windows": windows})
     tested = []
     for r in distinct(measured, keys):
         result = _test(cfg, r)
@@ -132,7 +222,7 @@ def regressions(current: pl.DataFrame, baseline: pl.DataFrame, cfg: Any) -> list
     fdr = stats.benjamini_hochberg([r["test"].p_value for r in tested], cfg.fdr)
     for r, adjusted, rejected in zip(tested, fdr.adjusted, fdr.rejected):
         r["adjusted"], r["candidate"] = adjusted, rejected and r["drop"] >= cfg.min_drop
-    firing = {id(r) for r in explaining([r for r in tested if r["candidate"]], current, baseline, keys, cfg)}
+    firing = {id(r) for r in explaining([r for r in tested if r["candidate"]], keys, cfg)}
     for r in tested:
         r["firing"] = id(r) in firing
     return tested
@@ -149,11 +239,21 @@ def quality_regression(store: Any, settings: Settings, at: Evaluation) -> list[F
     baseline = quality.slice_table(store, settings, since - settings.triggers.baseline, since, keys)
     if current.is_empty() or baseline.is_empty():
         return []
-    tested = regressions(current, baseline, cfg)
+    wider, most = None, max(cfg.windows, settings.triggers.pool_windows)
+    if most > cfg.windows:
+        # The baseline stays the shorter span's: the few windows it then shares with the wider
+        # span's (of 7 days) can only hide a drop, never make one, and it saves a second scan.
+        wider = (quality.slice_table(store, settings, at.until - most * (at.until - at.since), at.until, keys),
+                 baseline)
+    tested = regressions(current, baseline, cfg, wider, most)
     findings = []
     for r in tested:
         name = ", ".join(f"{k}={v}" for k, v in r["slice"].items())
         rate = r["passed"] / r["n"]
+        if r.get("parent"):
+            name += f" (within {', '.join(f'{k}={v}' for k, v in r['parent'].items())})"
+        if r.get("children"):
+            name += " (in " + "; ".join(", ".join(f"{k}={v}" for k, v in c.items()) for c in r["children"]) + ")"
         findings.append(Finding(
             "quality_regression", r["slice"], r["firing"], severity(r["drop"] >= cfg.critical_drop),
             f"quality of {name}: pass rate {rate:.1%} vs {r['expected_rate']:.1%} expected from the baseline "
@@ -162,6 +262,11 @@ def quality_regression(store: Any, settings: Settings, at: Evaluation) -> list[F
                    "baseline_evaluations": r["base_n"], "baseline_pass_rate": r["base_rate"],
                    "expected_pass_rate": r["expected_rate"], "delta": -r["drop"], "test": r["test"].evidence(),
                    "adjusted_p_value": r["adjusted"], "fdr": cfg.fdr, "slices_tested": len(tested),
-                   "aliases": r["aliases"], "explained_by": r.get("explained_by")}),
+                   "aliases": r["aliases"], "explained_by": r.get("explained_by"),
+                   "parent": r.get("parent"), "children": r.get("children"),
+                   "pooled_windows": r["pooled_windows"] or cfg.windows,
+                   # the smallest drop these counts could show (Fisher, at the BH level of one slice)
+                   "detectable_drop": power.drop_floor(r["n"], r["base_n"], r["expected_rate"],
+                                                       cfg.fdr / max(len(tested), 1)) if r["firing"] else None}),
         ))
     return findings

@@ -7,9 +7,12 @@ importing this one registers them all, and checks that none is missing.
 from __future__ import annotations
 
 from analytics.triggers import detect_capacity, detect_latency, detect_quality, detect_reliability, detect_workload
+from analytics.triggers import detect_budget, detect_slo
+from analytics.triggers import detect_models, detect_quality_load
 from analytics.triggers.base import DETECTORS, KINDS
 
-MODULES = (detect_latency, detect_reliability, detect_capacity, detect_workload, detect_quality)
+MODULES = (detect_latency, detect_reliability, detect_capacity, detect_workload, detect_quality,
+           detect_budget, detect_slo, detect_models, detect_quality_load)
 
 _missing = set(KINDS) - set(DETECTORS)
 if _missing:  # a kind without its detector would silently never fire

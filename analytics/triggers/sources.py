@@ -41,32 +41,34 @@ def _within(lo: str, hi: str) -> str:
     return _IN.format(lo=lo, hi=hi)
 
 
-def latency_tails(store: Any, at: Evaluation, metric: str) -> pl.DataFrame:
+def latency_tails(store: Any, at: Evaluation, metric: str, deployments: list[str] | None = None) -> pl.DataFrame:
     """Per deployment, successful requests only (a fast failure is no latency):
     window n and [p50, p99]; baseline like-hours and whole n and [p50, p99]; and how many
     window requests exceed each baseline p99 (the exceedance test's count).
 
     The whole baseline (seven days of every hour) uses a t-digest: an exact quantile would
     hold every value in memory; the like hours (a 24th of it) and the window stay exact.
+    `deployments`: only these (a pooled span judges only the deployments it was chosen for).
     """
     col = _METRICS[metric]
+    only = "AND toString(Deployment) IN {deployments:Array(String)}" if deployments is not None else ""
     sql = f"""
         WITH base AS (
             SELECT deployment, count() AS base_n, quantilesTDigest(0.5, 0.99)(x) AS base_q,
                    countIf(like_) AS like_n, quantilesExactInclusiveIf(0.5, 0.99)(x, like_) AS like_q
             FROM (SELECT toString(Deployment) AS deployment, assumeNotNull({col}) AS x, {LIKE_HOURS} AS like_
                   FROM llm_requests
-                  WHERE {_within("base_ns", "since_ns")} AND {col} IS NOT NULL AND NOT IsError)
+                  WHERE {_within("base_ns", "since_ns")} AND {col} IS NOT NULL AND NOT IsError {only})
             GROUP BY deployment)
         SELECT deployment, count() AS n, quantilesExactInclusive(0.5, 0.99)(x) AS q,
                countIf(x > b.base_q[2]) AS over_base, countIf(x > b.like_q[2]) AS over_like,
                any(b.base_n) AS base_n, any(b.base_q) AS base_q, any(b.like_n) AS like_n, any(b.like_q) AS like_q
         FROM (SELECT toString(Deployment) AS deployment, assumeNotNull({col}) AS x FROM llm_requests
-              WHERE {_within("since_ns", "until_ns")} AND {col} IS NOT NULL AND NOT IsError) AS c
+              WHERE {_within("since_ns", "until_ns")} AND {col} IS NOT NULL AND NOT IsError {only}) AS c
         INNER JOIN base AS b USING (deployment)
         GROUP BY deployment
         ORDER BY deployment"""
-    return frame(store, sql, params(at))
+    return frame(store, sql, {**params(at), **({"deployments": deployments} if deployments is not None else {})})
 
 
 def queue_series(store: Any, series_since: datetime, until: datetime, step: timedelta,
@@ -94,9 +96,11 @@ def queue_series(store: Any, series_since: datetime, until: datetime, step: time
     return frame(store, sql, p)
 
 
-def reliability_counts(store: Any, at: Evaluation) -> pl.DataFrame:
+def reliability_counts(store: Any, at: Evaluation, services: list[str] | None = None) -> pl.DataFrame:
     """Per service: attempts, errors, retries and originals in the window and the baseline
-    (errors also in the like hours). Every attempt is a row, retries included."""
+    (errors also in the like hours). Every attempt is a row, retries included.
+    `services`: only these."""
+    only = "AND ServiceName IN {services:Array(String)}" if services is not None else ""
     sql = f"""
         SELECT service,
                countIf(cur) AS n, countIf(cur AND IsError) AS errors,
@@ -107,10 +111,10 @@ def reliability_counts(store: Any, at: Evaluation) -> pl.DataFrame:
                countIf(NOT cur AND RetryAttempt = 0) AS base_originals
         FROM (SELECT toString(ServiceName) AS service, IsError, RetryAttempt,
                      Timestamp >= fromUnixTimestamp64Nano({{since_ns:Int64}}) AS cur, {LIKE_HOURS} AS like_
-              FROM llm_requests WHERE {_within("base_ns", "until_ns")})
+              FROM llm_requests WHERE {_within("base_ns", "until_ns")} {only})
         GROUP BY service
         ORDER BY service"""
-    return frame(store, sql, params(at))
+    return frame(store, sql, {**params(at), **({"services": services} if services is not None else {})})
 
 
 def fallback_tails(store: Any, settings: Settings, at: Evaluation, budgets: dict[str, float]) -> pl.DataFrame:

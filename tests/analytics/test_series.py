@@ -125,3 +125,21 @@ def test_cost_per_bucket_equals_the_cost_report_over_that_bucket(loaded, setting
 def test_unknown_metric_is_a_clear_error(loaded, settings) -> None:
     with pytest.raises(QueryError, match="unknown metric"):
         series.series(loaded, settings, "latency_p42", _q())
+
+
+@pytest.mark.integration
+def test_pass_rate_points_fall_in_their_buckets(store, settings) -> None:
+    # The slice table's buckets arrive from the engine as epoch seconds: read as such, not as
+    # nanoseconds (which put every point in January 1970).
+    from bench.history import Traffic, insert
+
+    until = datetime.now(timezone.utc).replace(minute=0, second=0, microsecond=0)
+    insert(store, until - timedelta(hours=3), until, Traffic(per_hour=200), pass_rate=0.8)
+    def iso(t: datetime) -> str:
+        return t.isoformat().replace("+00:00", "Z")
+
+    doc = series.run("pass_rate", store, settings, {"since": iso(until - timedelta(hours=3)), "until": iso(until),
+                                                     "bucket": "1h"})
+    points = doc["series"][0]["points"]
+    assert [p[0] for p in points] == [iso(until - timedelta(hours=h)) for h in (3, 2, 1)]
+    assert all(0.7 < p[1] < 0.9 for p in points)

@@ -69,3 +69,50 @@ def test_aliases_are_tested_once_and_two_regressions_both_fire() -> None:
 def test_too_few_evaluations_are_not_tested() -> None:
     current = table({("summarize", "de"): (50, 0.2)})
     assert regressions(current, BASELINE, CFG) == []
+
+
+# --- the most specific slice, sparse slices ---------------------------------------------------
+
+def test_a_pair_inside_a_key_that_explains_it_fires_in_its_place() -> None:
+    # German summaries are most of the summaries: the key's drop is nearly the pair's, so the
+    # key is taken first, yet without German nothing is left of it.
+    base = table({("summarize", "en"): (4000, 0.90), ("summarize", "de"): (8000, 0.90), ("qa", "en"): (4000, 0.92),
+                  ("qa", "de"): (4000, 0.92)})
+    current = table({("summarize", "en"): (150, 0.90), ("summarize", "de"): (600, 0.65), ("qa", "en"): (300, 0.92),
+                     ("qa", "de"): (300, 0.92)})
+    rows = regressions(current, base, CFG)
+    pair = {"task_type": "summarize", "language": "de"}
+    assert firing(rows) == [pair]
+    named = next(r for r in rows if r["slice"] == pair)
+    assert named["parent"] == {"task_type": "summarize"}
+    parent = next(r for r in rows if r["slice"] == {"task_type": "summarize"})
+    assert parent["candidate"] and not parent["firing"] and parent["explained_by"] == [pair]
+
+
+def test_several_pairs_regressing_name_their_key_with_them() -> None:
+    base = table({("summarize", "en"): (4000, 0.90), ("summarize", "de"): (4000, 0.90),
+                  ("summarize", "fr"): (4000, 0.90), ("qa", "en"): (4000, 0.92), ("qa", "de"): (4000, 0.92),
+                  ("qa", "fr"): (4000, 0.92)})
+    current = table({("summarize", "en"): (300, 0.90), ("summarize", "de"): (300, 0.70),
+                     ("summarize", "fr"): (250, 0.68), ("qa", "en"): (300, 0.92), ("qa", "de"): (300, 0.92),
+                     ("qa", "fr"): (280, 0.92)})
+    rows = regressions(current, base, CFG)
+    assert firing(rows) == [{"task_type": "summarize"}]
+    key = next(r for r in rows if r["firing"])
+    assert sorted(c["language"] for c in key["children"]) == ["de", "fr"]
+
+
+def test_a_sparse_pair_is_measured_over_the_wider_span() -> None:
+    # In the last two windows the German summaries hold 60 results (under min_evaluations),
+    # over six windows 180: the pair is tested there and named, not its parent.
+    base = table({("summarize", "en"): (8000, 0.90), ("summarize", "de"): (4000, 0.90), ("qa", "en"): (4000, 0.92),
+                  ("qa", "de"): (4000, 0.92)})
+    narrow = table({("summarize", "en"): (600, 0.90), ("summarize", "de"): (60, 0.55), ("qa", "en"): (300, 0.92),
+                    ("qa", "de"): (300, 0.92)})
+    wide = table({("summarize", "en"): (1800, 0.90), ("summarize", "de"): (180, 0.55), ("qa", "en"): (900, 0.92),
+                  ("qa", "de"): (900, 0.92)})
+    pair = {"task_type": "summarize", "language": "de"}
+    assert firing(regressions(narrow, base, CFG)) == [{"language": "de"}]  # without pooling: only a parent
+    rows = regressions(narrow, base, CFG, (wide, base), 6)
+    assert firing(rows) == [pair]
+    assert next(r for r in rows if r["slice"] == pair)["pooled_windows"] == 6

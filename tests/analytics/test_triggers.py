@@ -91,10 +91,15 @@ def test_a_stable_week_with_daily_swings_fires_nothing(store, make_settings) -> 
     """Two weeks of steady traffic with a daily load swing (queueing follows the load), a
     nightly batch job, quality results, GPUs and fallbacks: the defaults stay quiet
     while every detector does examine something."""
-    settings = make_settings(pricing=PRICING, deployments=[LLAMA])
+    settings = make_settings(pricing=PRICING, deployments=[LLAMA],
+                             spend_budgets=[{"by": "tenant", "usd": 1e6, "period": "month"}],
+                             slos=[{"name": "chat", "service": "chat-api", "objective": 0.9, "latency_under": "10s"}])
     start, end = T0, T0 + timedelta(days=14)
-    streams = [
-        (Traffic(per_hour=260, diurnal=0.5, queue_load_power=2.0, error_share=0.04, retry_share=0.08), None),
+    streams = [  # chat-api in two regions, one model
+        (Traffic(per_hour=130, diurnal=0.5, queue_load_power=2.0, error_share=0.04, retry_share=0.08,
+                 region="us-east"), None),
+        (Traffic(per_hour=130, diurnal=0.5, queue_load_power=2.0, error_share=0.04, retry_share=0.08,
+                 region="eu-west"), None),
         (Traffic(per_hour=90, diurnal=0.5, task_type="summarize", language="de", input_tokens=3000), 0.85),
         (Traffic(per_hour=30, diurnal=-0.8, mode="batch", feature="nightly-eval", output_tokens=600), None),
         (Traffic(service="llama-svc", deployment="llama-prod", model="llama-70b", per_hour=300, diurnal=0.3,

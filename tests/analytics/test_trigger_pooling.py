@@ -1,0 +1,89 @@
+"""Small deployments are watched too: windows pooled until a test has its samples, exact
+floors of what a volume can show (analytics/triggers/pooling.py, power.py).
+
+The store cases run the real detectors through the engine on histories written into the
+embedded ClickHouse (bench/history.py) at a hundred requests an hour, where one window never
+holds the p99 test's minimum of 200.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import polars as pl
+import pytest
+from scipy import stats as sps
+
+from analytics.triggers import pooling, power, stats
+from bench.history import HOUR, Traffic, insert
+from tests.analytics.test_triggers import T0, Recorder, all_triggers, run_windows
+
+SMALL = dict(per_hour=100, latency_sigma=0.2)
+
+
+@pytest.mark.integration
+def test_a_small_deployments_tail_slowdown_fires_over_pooled_windows(store, make_settings) -> None:
+    settings = make_settings(triggers={"baseline": "3d"})
+    onset = T0 + timedelta(days=3, hours=5)
+    for name, seed in (("small-prod", 0), ("steady-prod", 10)):
+        insert(store, T0, onset, Traffic(deployment=name, **SMALL), seed=seed)
+    # small-prod: a tenth of its requests four times slower for five hours, its median unmoved.
+    insert(store, onset, onset + 5 * HOUR, Traffic(deployment="small-prod", tail_share=0.1, tail_factor=4, **SMALL),
+           seed=1)
+    insert(store, onset + 5 * HOUR, onset + 10 * HOUR, Traffic(deployment="small-prod", **SMALL), seed=2)
+    insert(store, onset, onset + 10 * HOUR, Traffic(deployment="steady-prod", **SMALL), seed=11)
+    recorder = Recorder()
+    changes = run_windows(store, settings, onset - HOUR, 11, ["p99_drift"], recorder)
+    opened = [(i, t) for i, c in enumerate(changes) for t in c if t["state"] == "active" and t["kind"] == "p99_drift"
+              and t["subject"]["metric"] == "latency"]
+    assert opened, "the small deployment's tail slowdown was never seen"
+    first_window, episode = opened[0]
+    assert episode["subject"] == {"deployment": "small-prod", "metric": "latency"}
+    assert 1 <= first_window <= 3  # seen within the pooled span of the onset (window 1 ends an hour after it)
+    assert episode["evidence"]["pooled_windows"] in (2, 3) and episode["evidence"]["requests"] >= 200
+    assert 0 < episode["evidence"]["detectable_tail_share"] < 0.1
+    assert not any(t["subject"]["deployment"] == "steady-prod" for t in all_triggers(store))
+
+
+@pytest.mark.integration
+def test_a_quiet_services_error_spike_fires_over_pooled_windows(store, make_settings) -> None:
+    settings = make_settings(triggers={"baseline": "3d"})
+    onset = T0 + timedelta(days=3)
+    insert(store, T0, onset, Traffic(per_hour=30))
+    insert(store, onset, onset + 4 * HOUR, Traffic(per_hour=30, error_share=0.4), seed=1)
+    changes = run_windows(store, settings, onset + HOUR, 4, ["error_rate_spike"], Recorder())
+    fired = [t for c in changes for t in c if t["kind"] == "error_rate_spike" and t["state"] == "active"]
+    assert fired and fired[0]["evidence"]["pooled_windows"] >= 3  # 100 attempts need four windows of 30
+    assert fired[0]["evidence"]["detectable_error_rate"] < 0.4
+
+
+def test_needed_windows_are_the_fewest_that_hold_the_minimum() -> None:
+    counts = pl.DataFrame({"subject": ["big", "small", "small", "small", "rare"], "w": [0, 0, 1, 2, 5],
+                           "n": [500, 80, 90, 120, 10]})
+    needed = pooling.needed_windows(counts, 6, lambda c: c["n"] >= 200, ["n"])
+    assert needed == {"big": 1, "small": 3, "rare": 6}  # rare never reaches it: the most there is
+    assert pooling.by_span(needed) == {1: ["big"], 3: ["small"], 6: ["rare"]}
+
+
+@pytest.mark.parametrize("n", [30, 100, 200, 1000, 10_000])
+def test_the_exceedance_floor_is_where_the_exact_test_first_rejects(n: int) -> None:
+    alpha = 1e-3
+    floor = power.exceedance_floor(n, alpha)
+    if floor is None:
+        assert not stats.quantile_exceedance(n, n, 0.99, alpha).detected
+        return
+    k = round(floor * n)
+    assert stats.quantile_exceedance(k, n, 0.99, alpha).detected
+    assert not stats.quantile_exceedance(k - 1, n, 0.99, alpha).detected
+
+
+def test_rate_and_drop_floors_are_where_their_tests_first_reject() -> None:
+    rate = power.rate_floor(180, 0.005, 1e-4, min_ratio=2, min_increase=0.02, min_events=10)
+    k = round(rate * 180)
+    assert k >= 10 and sps.binom.sf(k - 1, 180, 0.005) < 1e-4
+    assert power.rate_floor(5, 0.5, 1e-4) is None  # five trials cannot show anything at this level
+    drop = power.drop_floor(200, 4000, 0.9, 1e-4)
+    passed = round((0.9 - drop) * 200)
+    assert sps.fisher_exact([[passed, 200 - passed], [3600, 400]], alternative="less").pvalue < 1e-4
+    assert sps.fisher_exact([[passed + 1, 199 - passed], [3600, 400]], alternative="less").pvalue >= 1e-4
+    assert 0.05 < drop < 0.2  # ~10 points on 200 results: the issue's reference magnitude
