@@ -5,6 +5,7 @@ it (analytics/triggers/pooling.py), chosen on attempts alone, never on the error
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Iterator
 
 from analytics.triggers import pooling, power, sources, stats
@@ -50,31 +51,94 @@ def retry_storm(store: Any, settings: Settings, at: Evaluation) -> list[Finding]
     return findings
 
 
+@dataclass(frozen=True)
+class Spike:
+    """One error-rate test: the window's counts against the chosen baseline's."""
+
+    n: int
+    errors: int
+    baseline: str  # LIKE_HOURS | WHOLE
+    n0: int
+    p0: float
+    test: stats.StatResult
+    firing: bool
+
+    @property
+    def rate(self) -> float:
+        return self.errors / self.n
+
+
+def spike(cfg: Any, r: dict[str, Any]) -> Spike | None:
+    """The test of counts `r` (n, errors; like_n/like_errors, base_n/base_errors), or None
+    without enough of a baseline, attempts or errors to judge."""
+    which = choose_baseline(r["like_n"], r["base_n"], cfg.min_baseline)
+    if which is None or r["n"] < cfg.min_requests or r["errors"] < cfg.min_errors:
+        return None
+    n0, e0 = (r["like_n"], r["like_errors"]) if which == LIKE_HOURS else (r["base_n"], r["base_errors"])
+    # Jeffreys' estimate: a baseline without errors still has a rate above zero.
+    p0 = (e0 + 0.5) / (n0 + 1)
+    rate = r["errors"] / r["n"]
+    test = stats.binomial_rate(r["errors"], r["n"], p0, cfg.alpha)
+    firing = test.detected and rate >= cfg.min_ratio * p0 and rate - p0 >= cfg.min_increase
+    return Spike(r["n"], r["errors"], which, n0, p0, test, firing)
+
+
+_COUNTS = ("n", "errors", "like_n", "like_errors", "base_n", "base_errors")
+
+
+def most_specific(cfg: Any, service: dict[str, Any], parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """Which (deployment, model) of a spiking service explains it: {"part": the one part
+    (its counts) when the rest of the service, without it, does not spike; "parts": the
+    spiking parts when several do}. The service stays the subject unless one part explains it."""
+    spiking = [p for p in parts if (t := spike(cfg, p)) is not None and t.firing]
+    if len(parts) < 2 or not spiking:
+        return {}
+    rest = {k: service[k] - sum(p[k] for p in spiking) for k in _COUNTS}
+    rest_test = spike(cfg, rest) if rest["n"] > 0 else None
+    if rest_test is not None and rest_test.firing:
+        return {"parts": spiking} if len(spiking) > 1 else {}
+    return {"part": spiking[0]} if len(spiking) == 1 else {"parts": spiking}
+
+
 @detector("error_rate_spike")
 def error_rate_spike(store: Any, settings: Settings, at: Evaluation) -> list[Finding]:
     """A service's error rate is significantly above its baseline rate (exact binomial
     test against the like-hours rate, else the whole baseline's) and materially so: at
-    least `min_ratio` times it and `min_increase` points over it."""
+    least `min_ratio` times it and `min_increase` points over it.
+
+    The most specific part is named: when one (deployment, model) of a spiking service
+    spikes and the rest of the service does not, the finding is that part's (the service as
+    its `parent`); when several parts spike, the service's, listing them."""
     cfg = settings.triggers.error_rate_spike
     findings = []
     for k, r in pooled_counts(store, settings, at, "n", cfg.min_requests):
-        which = choose_baseline(r["like_n"], r["base_n"], cfg.min_baseline)
-        if which is None or r["n"] < cfg.min_requests or r["errors"] < cfg.min_errors:
+        s = spike(cfg, r)
+        if s is None:
             continue
-        n0, e0 = (r["like_n"], r["like_errors"]) if which == LIKE_HOURS else (r["base_n"], r["base_errors"])
-        # Jeffreys' estimate: a baseline without errors still has a rate above zero.
-        p0 = (e0 + 0.5) / (n0 + 1)
-        rate = r["errors"] / r["n"]
-        test = stats.binomial_rate(r["errors"], r["n"], p0, cfg.alpha)
-        firing = test.detected and rate >= cfg.min_ratio * p0 and rate - p0 >= cfg.min_increase
+        subject: dict[str, str] = {"service": r["service"]}
+        extra: dict[str, Any] = {}
+        if s.firing:
+            parts = sources.error_breakdown(store, pooling.span(at, k), [r["service"]]).to_dicts()
+            specific = most_specific(cfg, r, parts)
+            if "part" in specific:
+                part = specific["part"]
+                subject = {**subject, "deployment": part["deployment"], "model": part["model"]}
+                extra["parent"] = {"service": r["service"], "error_rate": s.rate, "attempts": s.n}
+                s = spike(cfg, part) or s
+            elif "parts" in specific:
+                extra["children"] = [{"deployment": p["deployment"], "model": p["model"],
+                                      "error_rate": p["errors"] / p["n"], "attempts": p["n"]}
+                                     for p in specific["parts"]]
+        name = ", ".join(subject.values())
         findings.append(Finding(
-            "error_rate_spike", {"service": r["service"]}, firing, severity(rate >= cfg.critical_rate),
-            f"{r['service']}: error rate {rate:.1%} vs {p0:.1%} baseline ({pct(rate / p0 - 1)}, "
-            f"{r['errors']} of {r['n']} attempts)",
-            clean({"errors": r["errors"], "attempts": r["n"], "error_rate": rate, "baseline": which,
-                   "baseline_error_rate": p0, "baseline_attempts": n0, "test": test.evidence(), "pooled_windows": k,
+            "error_rate_spike", subject, s.firing, severity(s.rate >= cfg.critical_rate),
+            f"{name}: error rate {s.rate:.1%} vs {s.p0:.1%} baseline ({pct(s.rate / s.p0 - 1)}, "
+            f"{s.errors} of {s.n} attempts)",
+            clean({"errors": s.errors, "attempts": s.n, "error_rate": s.rate, "baseline": s.baseline,
+                   "baseline_error_rate": s.p0, "baseline_attempts": s.n0, "test": s.test.evidence(),
+                   "pooled_windows": k, **extra,
                    # the lowest error rate this volume could show as a spike
-                   "detectable_error_rate": power.rate_floor(r["n"], p0, cfg.alpha, cfg.min_ratio,
+                   "detectable_error_rate": power.rate_floor(s.n, s.p0, cfg.alpha, cfg.min_ratio,
                                                              cfg.min_increase, cfg.min_errors)}),
         ))
     return findings

@@ -117,6 +117,23 @@ def reliability_counts(store: Any, at: Evaluation, services: list[str] | None = 
     return frame(store, sql, {**params(at), **({"services": services} if services is not None else {})})
 
 
+def error_breakdown(store: Any, at: Evaluation, services: list[str]) -> pl.DataFrame:
+    """Per (service, deployment, model) of `services`: attempts and errors in the window, in
+    the baseline's like hours and in the whole baseline (what error_rate_spike tests, per part)."""
+    sql = f"""
+        SELECT toString(ServiceName) AS service, toString(Deployment) AS deployment, Model AS model,
+               countIf(cur) AS n, countIf(cur AND IsError) AS errors,
+               countIf(NOT cur) AS base_n, countIf(NOT cur AND IsError) AS base_errors,
+               countIf(NOT cur AND like_) AS like_n, countIf(NOT cur AND like_ AND IsError) AS like_errors
+        FROM (SELECT ServiceName, Deployment, Model, IsError,
+                     Timestamp >= fromUnixTimestamp64Nano({{since_ns:Int64}}) AS cur, {LIKE_HOURS} AS like_
+              FROM llm_requests
+              WHERE {_within("base_ns", "until_ns")} AND ServiceName IN {{services:Array(String)}})
+        GROUP BY service, deployment, model
+        ORDER BY service, deployment, model"""
+    return frame(store, sql, {**params(at), "services": services})
+
+
 def fallback_tails(store: Any, settings: Settings, at: Evaluation, budgets: dict[str, float]) -> pl.DataFrame:
     """Per service with a budget (seconds): fallback attempts in the window, their
     [p50, p99] latency and how many exceed the budget.
