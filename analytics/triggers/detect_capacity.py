@@ -161,12 +161,96 @@ def cost_anomaly(store: Any, settings: Settings, at: Evaluation) -> list[Finding
                     "cost_usd": current.get_column("cost_usd")[0], "baseline": which,
                     "baseline_windows": chosen.height, "baseline_cost_per_request_usd": band.details["median"],
                     "band": band.evidence()}
+        subject = {"service": service}
         if band.detected:
             typical = chosen.with_columns((pl.col("unit") - band.details["median"]).abs().alias("off")).sort("off", "w")
-            evidence["cost_change"] = _drivers(store, settings, at, service, typical.get_column("w")[0])
+            reference = typical.get_column("w")[0]
+            evidence["cost_change"] = _drivers(store, settings, at, service, reference)
+            history = chosen.get_column("unit").to_list()
+            specific = most_specific_cost(store, settings, at, service, reference,
+                                          lambda u: stats.robust_band(history, u, cfg.z, cfg.min_change,
+                                                                      cfg.direction).detected)
+            if specific:
+                subject = {**subject, **specific["part"]}
+                evidence["parent"] = {"service": service, "cost_per_request_usd": unit}
+                evidence["without_it_cost_per_request_usd"] = specific["without"]
+        name = ", ".join(subject.values())
         findings.append(Finding(
-            "cost_anomaly", {"service": service}, band.detected, severity(abs(change) >= cfg.critical_change),
-            f"{service}: cost per request ${unit:.6f} vs usual ${band.details['median']:.6f} ({pct(change)})",
+            "cost_anomaly", subject, band.detected, severity(abs(change) >= cfg.critical_change),
+            f"{name}: cost per request ${unit:.6f} vs usual ${band.details['median']:.6f} ({pct(change)})"
+            + (f" (the service's; ${evidence['without_it_cost_per_request_usd']:.6f} without it)"
+               if "parent" in evidence else ""),
             clean(evidence),
         ))
     return findings
+
+
+def _unit_parts(store: Any, settings: Settings, since: Any, until: Any, by: str,
+                filters: dict[str, str]) -> dict[str, tuple[int, float]]:
+    """value of `by` -> (priced requests, cost) in [since, until) under `filters` (the cost report's)."""
+    rows = cost.report(store, settings, ReportQuery(since, until, by=by, filters=filters))
+    out = {}
+    for r in rows.iter_rows(named=True):
+        n = (r["requests"] or 0) - (r["unpriced_requests"] or 0)
+        if n > 0 and r["cost_usd"] is not None and r[by] not in (None, ""):
+            out[r[by]] = (n, float(r["cost_usd"]))
+    return out
+
+
+def _explaining(current: dict[str, tuple[int, float]], before: dict[str, tuple[int, float]],
+                anomalous: Any) -> tuple[str, float] | None:
+    """The part whose own change carries the anomaly: with its cost per request as in the
+    typical window (or, new since, without it) the service's falls back inside its band.
+    Of several, the one that brings it back furthest; None when no single part does."""
+    n_all = sum(n for n, _ in current.values())
+    c_all = sum(c for _, c in current.values())
+    best: tuple[str, float, float] | None = None
+    for value, (n, c) in current.items():
+        if value in before:
+            n0, c0 = before[value]
+            without = (c_all - c + n * c0 / n0) / n_all
+        elif n_all > n:
+            without = (c_all - c) / (n_all - n)
+        else:
+            continue
+        if not anomalous(without):
+            gap = abs(without - c_all / n_all)
+            if best is None or gap > best[2]:
+                best = (value, without, gap)
+    return None if best is None else (best[0], best[1])
+
+
+def most_specific_cost(store: Any, settings: Settings, at: Evaluation, service: str, reference: int,
+                       anomalous: Any) -> dict[str, Any] | None:
+    """{"part": {"tenant": t[, "feature": f]} or {"feature": f}, "without": cost per request
+    of the service had the part kept its typical cost} when one tenant, one feature, or one
+    tenant's feature explains a service's cost anomaly on its own (the most specific of
+    them), else None: the anomaly is the service's. `anomalous(u)`: whether the service's
+    cost per request u is still outside its band."""
+    window = at.until - at.since
+    spans = ((at.since, at.until), (at.since + reference * window, at.since + (reference + 1) * window))
+    found: dict[str, tuple[str, float]] = {}
+    for unit in ("tenant", "feature"):
+        current, before = (_unit_parts(store, settings, a, b, unit, {"service": service}) for a, b in spans)
+        if len(current) > 1:
+            hit = _explaining(current, before, anomalous)
+            if hit is not None:
+                found[unit] = hit
+    if not found:
+        return None
+    if "tenant" in found and "feature" in found:
+        # Both explain it: is it the one tenant's one feature? Then that pair alone, reverted
+        # to its typical cost per request, brings the service back inside its band too.
+        tenant, feature = found["tenant"][0], found["feature"][0]
+        filters = {"service": service, "tenant": tenant}
+        current, before = (_unit_parts(store, settings, a, b, "feature", filters) for a, b in spans)
+        if feature in current and feature in before:
+            service_now = _unit_parts(store, settings, *spans[0], "service", {"service": service}).get(service)
+            if service_now is not None:
+                (n_all, c_all), (n, c), (n0, c0) = service_now, current[feature], before[feature]
+                without = (c_all - c + n * c0 / n0) / n_all
+                if not anomalous(without):
+                    return {"part": {"tenant": tenant, "feature": feature}, "without": without}
+    if "tenant" in found:
+        return {"part": {"tenant": found["tenant"][0]}, "without": found["tenant"][1]}
+    return {"part": {"feature": found["feature"][0]}, "without": found["feature"][1]}

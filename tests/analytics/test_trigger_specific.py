@@ -1,5 +1,7 @@
-"""Error spikes name the most specific part that explains them: a (deployment, model) of the
+"""Triggers name the most specific part that explains them. Error spikes: a (deployment, model) of the
 service when the rest of the service holds, the service with its parts when several spike.
+Cost anomalies: the tenant, feature, or one tenant's feature whose own cost per request
+carries the service's out of its band.
 
 The store case runs the real detector through the engine on histories written into the
 embedded ClickHouse (bench/history.py); the rule itself is checked on constructed counts.
@@ -65,3 +67,38 @@ def test_an_error_spike_of_one_model_is_named_as_that_model(store, make_settings
     assert episode["subject"] == {"service": "chat-api", "deployment": "chat-api", "model": "gpt-4o"}
     assert episode["evidence"]["parent"]["service"] == "chat-api"
     assert episode["evidence"]["error_rate"] > episode["evidence"]["parent"]["error_rate"]
+
+
+PRICING = {"models": [{"model": "gpt-4o-mini", "input_per_mtok": 0.15, "output_per_mtok": 0.60}]}
+
+
+def _cost_history(store, onset, longer: set[tuple[str, str]]) -> None:
+    """chat-api for two tenants x two features, 100 requests an hour each; from `onset` for
+    two hours the (tenant, feature) pairs in `longer` answer six times as long."""
+    for seed, (tenant, feature) in enumerate([(t, f) for t in ("acme", "globex") for f in ("chat", "search")]):
+        usual = Traffic(per_hour=100, tenant=tenant, feature=feature, tokens_sigma=0.1)
+        insert(store, T0, onset, usual, seed=seed)
+        changed = Traffic(per_hour=100, tenant=tenant, feature=feature, tokens_sigma=0.1,
+                          output_tokens=900 if (tenant, feature) in longer else 150)
+        insert(store, onset, onset + 2 * HOUR, changed, seed=10 + seed)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(("longer", "named"), [
+    ({("globex", "search")}, {"tenant": "globex", "feature": "search"}),
+    ({("globex", "chat"), ("globex", "search")}, {"tenant": "globex"}),
+    ({(t, f) for t in ("acme", "globex") for f in ("chat", "search")}, {}),  # all of it: the service's
+])
+def test_a_cost_anomaly_names_the_tenant_or_feature_that_carries_it(store, make_settings, longer, named) -> None:
+    settings = make_settings(pricing=PRICING, triggers={"baseline": "2d"})
+    onset = T0 + timedelta(days=2)
+    _cost_history(store, onset, longer)
+    run_windows(store, settings, onset, 2, ["cost_anomaly"], Recorder())
+    [episode] = [t for t in all_triggers(store) if t["kind"] == "cost_anomaly"]
+    assert episode["subject"] == {"service": "chat-api", **named}
+    ev = episode["evidence"]
+    if named:
+        assert ev["parent"]["service"] == "chat-api"
+        assert ev["without_it_cost_per_request_usd"] < 1.25 * ev["baseline_cost_per_request_usd"]
+    else:
+        assert "parent" not in ev
