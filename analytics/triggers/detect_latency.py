@@ -28,9 +28,34 @@ def queue_wait_growth(store: Any, settings: Settings, at: Evaluation) -> list[Fi
     growth is the last window's median point over the first window's (and, against like
     hours, over the usual level too): a burst is one point of its window (and a spike at
     the end of a flat series is no consistent rise), so a single spike is no trend.
+
+    A deployment short of `min_requests` in some window of the series is read in pooled
+    windows instead (k of them each, the fewest up to `triggers.pool_windows` that hold
+    the minimum): the same points over a k times longer span.
     """
     cfg = settings.triggers.queue_wait_growth
-    window = at.until - at.since
+    most = settings.triggers.pool_windows
+    # A deployment short of min_requests in some window of the series is read in pooled
+    # windows of k: the same number of points, each k times longer (pooling.py).
+    counts = pooling.window_counts(store, at, most * cfg.windows, "toString(Deployment)",
+                                   {"n": "countIf(QueueSeconds IS NOT NULL)"})
+    needed = {}
+    for (deployment,), rows in (counts.partition_by("subject", as_dict=True).items() if counts.height else []):
+        per = np.zeros(most * cfg.windows, dtype=np.int64)
+        for w, c in rows.select("w", "n").iter_rows():
+            per[w] = c
+        needed[deployment] = next((k for k in range(1, most + 1)
+                                   if per[: k * cfg.windows].reshape(cfg.windows, k).sum(axis=1).min()
+                                   >= cfg.min_requests), None)
+    findings = []
+    for k, deployments in pooling.by_span({d: k for d, k in needed.items() if k is not None}).items():
+        findings.extend(_queue_findings(store, settings, cfg, at, k, set(deployments)))
+    return findings
+
+
+def _queue_findings(store: Any, settings: Settings, cfg: Any, at: Evaluation, pooled: int,
+                    deployments: set[str]) -> list[Finding]:
+    window = (at.until - at.since) * pooled
     step = window / cfg.points
     n = cfg.windows * cfg.points
     data = sources.queue_series(store, at.until - n * step, at.until, step, settings.triggers.baseline)
@@ -39,6 +64,8 @@ def queue_wait_growth(store: Any, settings: Settings, at: Evaluation) -> list[Fi
     least = cfg.min_requests / cfg.points
     findings = []
     for (deployment,), rows in data.partition_by("deployment", as_dict=True).items():
+        if deployment not in deployments:
+            continue
         recent = {r["slot"]: r for r in rows.iter_rows(named=True) if r["recent"]}
         counts = np.array([recent.get(i, {}).get("requests", 0) for i in range(n)])
         if counts.min() == 0 or counts.reshape(cfg.windows, cfg.points).sum(axis=1).min() < cfg.min_requests:
@@ -82,7 +109,7 @@ def queue_wait_growth(store: Any, settings: Settings, at: Evaluation) -> list[Fi
             clean({"queue_p95_ms": [ms(x) for x in raw],
                    "usual_p95_ms": [ms(x) for x in expected] if adjusted else None,
                    "baseline": LIKE_HOURS if adjusted else "none", "windows": cfg.windows,
-                   "points_per_window": cfg.points, "rise_ms": ms(rise),
+                   "points_per_window": cfg.points, "rise_ms": ms(rise), "pooled_windows": pooled,
                    "growth": growth, "queue_budget_ms": ms(budget.total_seconds()) if budget else None,
                    "trend": trend.evidence(), "slope": fit.evidence()}),
         ))

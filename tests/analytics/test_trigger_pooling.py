@@ -87,3 +87,22 @@ def test_rate_and_drop_floors_are_where_their_tests_first_reject() -> None:
     assert sps.fisher_exact([[passed, 200 - passed], [3600, 400]], alternative="less").pvalue < 1e-4
     assert sps.fisher_exact([[passed + 1, 199 - passed], [3600, 400]], alternative="less").pvalue >= 1e-4
     assert 0.05 < drop < 0.2  # ~10 points on 200 results: the reference magnitude
+
+
+@pytest.mark.integration
+def test_a_quiet_deployments_queue_climb_is_read_in_pooled_windows(store, make_settings) -> None:
+    # 40 requests an hour: no window holds queue_wait_growth's 100, three together do. A
+    # queue growing 40 ms an hour for a day is then a trend over six 3-hour windows.
+    settings = make_settings(triggers={"baseline": "3d"})
+    base = Traffic(service="quiet-svc", per_hour=40, queue_s=0.05)
+    start = T0 + timedelta(days=3)
+    insert(store, T0, start, base)
+    for i in range(24):
+        insert(store, start + i * HOUR, start + (i + 1) * HOUR, Traffic(service="quiet-svc", per_hour=40,
+                                                                       queue_s=0.05 + 0.04 * (i + 1)), seed=50 + i)
+    quiet = run_windows(store, settings, start, 1, ["queue_wait_growth"])  # before the climb: no trend
+    changes = run_windows(store, settings, start + 12 * HOUR, 13, ["queue_wait_growth"], Recorder())
+    assert quiet == [[]]
+    fired = [t for c in changes for t in c if t["kind"] == "queue_wait_growth" and t["state"] == "active"]
+    assert fired and fired[0]["subject"] == {"deployment": "quiet-svc"}
+    assert fired[0]["evidence"]["pooled_windows"] == 3
