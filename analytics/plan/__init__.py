@@ -1,0 +1,1 @@
+"""Capacity planning (issue 13): what-ifs on replicas and traffic for a deployment."""
