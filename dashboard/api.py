@@ -17,6 +17,7 @@ import servelens
 from analytics import evaluations, reports, runner, series, traces_search
 from analytics.query import QueryError, ReportQuery
 from collector.spool import quarantine_summary
+from analytics.plan import capacity
 from analytics.triggers import engine as triggers_engine
 from analytics.triggers import replay as replays
 from dashboard.guard import Guard, Refused
@@ -112,6 +113,10 @@ def blueprint(settings: Settings, store: Any, collector_stats: Callable[[], dict
     def trigger_replay(replay_id: str) -> Any:
         found = replays.load(store, replay_id)
         return _json(found) if found is not None else _error(404, f"no replay {replay_id!r}")
+
+    @api.get("/v1/plan/capacity")
+    def plan_capacity() -> Any:
+        return _guarded(guard, "plan capacity", capacity.plan, store, settings, request.args.to_dict())
 
     @api.get("/v1/reports/<name>")
     def report(name: str) -> Any:

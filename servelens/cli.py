@@ -79,6 +79,17 @@ def build_parser() -> argparse.ArgumentParser:
     replays.add_argument("id", nargs="?", help="one replay's id")
     replays.add_argument("--format", choices=("table", "json"), default="table")
     _common(replays)
+    plan = sub.add_parser("plan", help="capacity what-if from measured traffic")
+    plan_sub = plan.add_subparsers(dest="plan_command", required=True, metavar="ACTION")
+    cap = plan_sub.add_parser("capacity", help="replicas a p99 target needs; p99 and idle cost per replica count")
+    cap.add_argument("--deployment", required=True)
+    cap.add_argument("--target", help="p99_queue_ms|p99_ttft_ms|p99_latency_ms:N")
+    for name in ("traffic_x", "input_x", "output_x", "gpu_hourly_usd", "replicas"):
+        cap.add_argument(f"--{name.replace('_', '-')}", dest=name, help=f"what-if: {name}")
+    cap.add_argument("--since", help="ISO-8601 start of the measured window (default: until - 7d)")
+    cap.add_argument("--until", help="ISO-8601 end (default: now)")
+    cap.add_argument("--format", choices=("table", "json"), default="table")
+    _common(cap)
     spool = sub.add_parser("spool", help="batches the collector set aside (quarantine): list, show, release")
     spool_sub = spool.add_subparsers(dest="spool_command", required=True, metavar="ACTION")
     listing = spool_sub.add_parser("list", help="what waits in the spool and what was quarantined, with why")
@@ -116,6 +127,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             print(ddl_script(settings.store.cluster, settings.store.database), end="")
             return 0
+        if args.command == "plan":
+            return _plan(args, settings)
         if args.command == "triggers":
             return _triggers(args, settings)
         if args.command == "spool":
@@ -182,6 +195,37 @@ def _triggers(args: argparse.Namespace, settings: Settings) -> int:
     finally:
         store.close()
     print(json.dumps(document, indent=2) if args.format == "json" else format_replay(document))
+    return 0
+
+
+def _plan(args: argparse.Namespace, settings: Settings) -> int:
+    """`servelens plan capacity`: analytics.plan.capacity, as the API answers it."""
+    from analytics.plan import capacity
+    from analytics.query import QueryError
+    from servelens.runtime import open_store
+
+    params = {k: getattr(args, k) for k in ("deployment", "target", "traffic_x", "input_x", "output_x",
+                                            "gpu_hourly_usd", "replicas", "since", "until")}
+    store = open_store(settings, migrate_schema=False)
+    try:
+        document = capacity.plan(store, settings, params)
+    except QueryError as exc:
+        print(f"servelens: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        store.close()
+    if args.format == "json":
+        print(json.dumps(document, indent=2))
+        return 0
+    m, b = document["measured"], document["backtest"]
+    print(f"{document['deployment']}: peak hour {m['peak_hour']}, {m['arrival_rps']:.2f} req/s, "
+          f"{m['replicas']} replicas x {m['concurrency_per_replica']} sequences; "
+          f"replicas needed: {document['replicas_needed'] if document['target'] else '(no --target)'}")
+    print("\n".join(_table(document["at"])))
+    print(f"backtest (p99 queue wait, peak hour): model {b['p99_queue_ms_model']} ms, observed "
+          f"{b['p99_queue_ms_observed']} ms" + (" (fitted)" if b["fitted"] else ""))
+    for note in document["notes"]:
+        print(f"note: {note}")
     return 0
 
 
