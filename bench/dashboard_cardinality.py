@@ -37,7 +37,7 @@ CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 # Every page refresh (components.register_refresh), by the alert element it owns.
 REFRESHES = ("overview-alert", "overview-latency-alert", "overview-cost-alert", "lat-alert", "cost-alert",
              "cost-change-alert", "gpus-alert", "qual-alert", "wl-alert", "rel-alert", "trg-alert",
-             "slo-alert")
+             "slo-alert", "plan-alert")
 
 
 def generate(client: Any, requests: int, groups: int, services: int = SERVICES) -> None:

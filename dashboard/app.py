@@ -30,7 +30,7 @@ PRODUCT = "servelens"
 _OPTIONS_REFRESH_MS = 60_000  # new services/models appear without a reload
 # The navigation in SPEC 8's order, by page path; pages not listed follow in registry order.
 NAV_ORDER = ("/", "/latency", "/cost", "/gpus", "/quality", "/workload", "/reliability", "/triggers", "/traces",
-             "/slos")
+             "/slos", "/plan")
 _PLACEHOLDERS = {"service": "All services", "deployment": "All deployments",
                  "model": "All models", "tenant": "All tenants"}
 

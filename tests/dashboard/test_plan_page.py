@@ -1,0 +1,80 @@
+"""The Plan page over real stored history: its answer is Tier A's on the measured busiest hour
+(analytics/plan/capacity.py); in a real headless Chromium, choosing more traffic changes the
+replicas the target needs."""
+
+from __future__ import annotations
+
+import importlib
+import shutil
+from typing import Any
+
+import pytest
+from selenium.webdriver.common.by import By
+
+from analytics.plan import capacity
+from dashboard import data
+from dashboard.app import create_app
+from tests.analytics.test_plan_capacity import LLAMA, SINCE, UNTIL, _engine, _history
+from tests.dashboard.test_browser import CHROMEDRIVER, CHROMIUM, _text, browser  # noqa: F401 - the fixture
+from tests.dashboard.test_pages import _finish, _open, _plots, _row, _wait
+from tests.dashboard.test_pages_triggers_quality import texts
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def settings(make_settings):
+    return make_settings(deployments=[LLAMA])
+
+
+@pytest.fixture
+def page(settings) -> Any:
+    create_app(settings, None)  # Dash Pages imports the page for an app, not before
+    return importlib.import_module("dashboard.pages.plan")
+
+
+@pytest.fixture
+def history(store) -> None:
+    _history(store)
+    _engine(store, instances=2, running=8)
+
+
+def test_the_page_shows_tier_a_on_the_measured_hour(page, store, settings, history) -> None:
+    source = data.DataSource(settings, store)
+    filters = data.Filters(range="custom", since=SINCE.isoformat(), until=UNTIL.isoformat())
+    doc = page.fetch(source, filters, "llama-prod", "p99_queue_ms", "50", "1", "1", "1")
+    expected = capacity.plan(store, settings, {**filters.params(), "deployment": "llama-prod",
+                                               "target": "p99_queue_ms:50"})
+    assert doc["replicas_needed"] == expected["replicas_needed"] and doc["at"] == expected["at"]
+    answer, listing, _chart, measured, _ = page.render(doc, filters)
+    assert f"{doc['replicas_needed']} replicas" in texts(answer)[0]
+    rows = [texts(tr) for tr in listing.children[1].children]
+    assert [r[0] for r in rows if "now" in r[-1]] == [str(doc["measured"]["replicas"])]
+    assert any("Backtest" in t for t in texts(measured))
+    # A target no replica count can meet, and a range without traffic, are said plainly.
+    bad = page.fetch(source, filters, "llama-prod", "p99_ttft_ms", "abc", "1", "1", "1")
+    assert "target" in bad["error"]
+    quiet = data.Filters(range="custom", since="2020-01-01T00:00:00Z", until="2020-01-02T00:00:00Z")
+    assert "no requests" in page.fetch(source, quiet, "llama-prod", None, None, "1", "1", "1")["error"]
+
+
+def test_without_deployments_the_page_explains_the_config(page, store, make_settings) -> None:
+    source = data.DataSource(make_settings(), store)
+    assert page.fetch(source, data.Filters(), None, None, None, None, None, None) is None
+    answer, *_ = page.render(None, data.Filters())
+    assert "deployments:" in texts(answer)[0]
+
+
+@pytest.mark.browser
+@pytest.mark.skipif(not (shutil.which(CHROMIUM) and shutil.which(CHROMEDRIVER)),
+                    reason="needs Debian's chromium and chromium-driver")
+def test_more_traffic_changes_the_answers_in_the_browser(browser, dashboard, store, history, tmp_path) -> None:
+    _open(browser, f"{dashboard.url}/plan", lambda d: "replicas" in _text(d, "plan-needed"))
+    one = _row(browser, "plan-table", "1")  # one replica: its slot use and p99s
+    browser.find_element(By.CSS_SELECTOR, "#plan-traffic input[value='3']").click()
+    _wait(browser, lambda d: _row(d, "plan-table", "1") != one, timeout=30)
+    use = [float(c.split()[0]) for c in (one.split()[1], _row(browser, "plan-table", "1").split()[1])]
+    assert use[1] == pytest.approx(3 * use[0], rel=0.01)  # three times the traffic, three times the slot use
+    _wait(browser, _plots("#plan-chart"))
+    assert "Plan" in [a.text for a in browser.find_elements(By.CSS_SELECTOR, ".nav-link")]
+    _finish(browser, "plan", tmp_path)
