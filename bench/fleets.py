@@ -13,13 +13,15 @@ stream, with a sine-shaped day. These fleets differ in what makes detection hard
   day);
 - each has a self-hosted deployment on GPUs with a latency budget (the fallback path and
   idle GPUs are measured there; its band differs per fleet);
-- the two-peaks fleet's clean weeks hold one real change: a deploy that makes 3 % of one
+- the two-peaks fleet's clean run holds one real change: a deploy that makes 3 % of one
   stream's requests 3x slower for good (p99 +87 %, p50 flat): p99_drift should fire once
-  and stay open.
+  and stay open. A tail, not the whole distribution: p99_drift is the kind for a p99 that
+  rises while p50 holds, and a uniform step (history's step_latency) moves p50 too.
 
-Time: the injections' onsets fall on one trial day (TRIAL_DAY, a Tuesday; with
-`saturday`, also SATURDAY), behind BASE_DAYS of clean history; the clean run starts on
-TRIAL_DAY too, its first weekday a holiday in the two-peaks fleet.
+Time: the injections' onsets fall on a trial day behind BASE_DAYS of clean history
+(TRIAL_DAY, a Tuesday; the full run alternates it with SATURDAY). The clean run starts on
+TRIAL_DAY too; in the two-peaks fleet the next day, a Wednesday, is a holiday and the
+step comes at 09:00 that day.
 
 A Change is one kind's condition at one magnitude, applied to every stream a trial
 targets (`targets`): all bands at once where the kind judges each service or deployment
@@ -35,7 +37,7 @@ from dataclasses import dataclass, replace
 from datetime import date, datetime, timedelta, timezone
 from typing import Any, Callable
 
-from bench.history import Traffic, insert, insert_gpus
+from bench.history import Segment, Traffic, insert_all, insert_gpus
 
 HOUR = timedelta(hours=1)
 DAY = timedelta(days=1)
@@ -119,13 +121,11 @@ class Fleet:
         }
 
 
-def insert_stream(store: Any, s: BandStream, start: datetime, end: datetime, seed: int,
-                  traffic: Traffic | None = None, pass_rate: float | None = None) -> None:
-    """`s` over [start, end) (nothing when empty), as `traffic` / `pass_rate` when given."""
-    if end <= start:
-        return
+def segment(s: BandStream, start: datetime, end: datetime, seed: int, traffic: Traffic | None = None,
+            pass_rate: float | None = None) -> Segment:
+    """`s` over [start, end), as `traffic` / `pass_rate` when given (history.insert_all writes it)."""
     rate = s.pass_rate if pass_rate is None else pass_rate
-    insert(store, start, end, traffic or s.traffic, seed=seed, pass_rate=rate, evaluated=s.evaluated)
+    return Segment(start, end, traffic or s.traffic, seed, rate, evaluated=s.evaluated)
 
 
 def insert_gpu(store: Any, fleet: Fleet, start: datetime, end: datetime, seed: int,
@@ -135,19 +135,26 @@ def insert_gpu(store: Any, fleet: Fleet, start: datetime, end: datetime, seed: i
                     diurnal=fleet.gpu_diurnal)
 
 
-def insert_fleet(store: Any, fleet: Fleet, start: datetime, end: datetime, seed: int,
-                 skip: tuple[str, ...] = (), gpus: bool = True, step_from: datetime | None = None) -> None:
-    """The clean fleet over [start, end), every stream but those in `skip`; with
-    `step_from`, the fleet's step happens `step.after` past it."""
+def fleet_segments(fleet: Fleet, start: datetime, end: datetime, seed: int, skip: tuple[str, ...] = (),
+                   step_from: datetime | None = None) -> list[Segment]:
+    """The clean fleet's requests over [start, end), every stream but those in `skip`;
+    with `step_from`, the fleet's step happens `step.after` past it."""
+    out = []
     for i, (name, s) in enumerate(fleet.streams.items()):
         if name in skip:
             continue
         traffic = s.traffic
         if step_from is not None and fleet.step is not None and fleet.step.stream == name:
             traffic = replace(traffic, step_at=step_from + fleet.step.after, **fleet.step.fields)
-        insert_stream(store, s, start, end, seed * 100 + i, traffic)
-    if gpus:
-        insert_gpu(store, fleet, start, end, seed)
+        out.append(segment(s, start, end, seed * 100 + i, traffic))
+    return out
+
+
+def insert_fleet(store: Any, fleet: Fleet, start: datetime, end: datetime, seed: int,
+                 step_from: datetime | None = None) -> None:
+    """The clean fleet over [start, end), its GPUs included (fleet_segments)."""
+    insert_all(store, fleet_segments(fleet, start, end, seed, step_from=step_from))
+    insert_gpu(store, fleet, start, end, seed)
 
 
 # --- the changes a trial injects ---------------------------------------------------------------
@@ -271,8 +278,8 @@ _PRICING = (
 )
 
 
-def _bands(prefix: str, volumes: tuple[int, ...], common: dict[str, Any],
-           lengths: tuple[float, ...], pass_rates: tuple[float, ...], extra: tuple[dict[str, Any], ...]) -> dict[str, BandStream]:
+def _bands(prefix: str, volumes: tuple[int, ...], common: dict[str, Any], lengths: tuple[float, ...],
+           pass_rates: tuple[float, ...], extra: tuple[dict[str, Any], ...]) -> dict[str, BandStream]:
     """One stream per volume: its own service, model, tenant, task type and language."""
     models = ("gpt-4o", "claude-3-5-haiku", "mistral-small", "gpt-4o-mini")
     tasks = ("qa", "summarize", "search", "classify")
@@ -305,7 +312,7 @@ PEAKS = Fleet(
              "peaks-llama": _hosted("peaks-llama", 1000, _PEAKS, 4.0, 0.8)},
     budget_s=4.0, gpu_host="gpu-peaks", onset_hours=(10, 15, 20, 7),
     quality_groups=(("peaks-30", "peaks-1000"), ("peaks-100", "peaks-10000")),
-    quick_clean=(DAY + 7 * HOUR, 6),
+    quick_clean=(DAY + 10 * HOUR, 2),
     step=Step("peaks-1000", DAY + 9 * HOUR, {"step_tail_share": 0.03, "step_tail_factor": 3.0},
               "3 % of peaks-1000's requests 3x slower for good (p99 +87 %, p50 flat)"),
     pricing=_PRICING,
@@ -320,9 +327,10 @@ BATCH = Fleet(
     streams={**_bands("batch", (30, 100, 1000, 30000), _BATCH, (400, 2500, 3000, 500), (0.9, 0.85, 0.8, 0.92),
                       tuple({"feature": f} for f in ("invoices", "tickets", "catalog", "emails"))),
              "batch-llama": _hosted("batch-llama", 100, {**_BATCH, "feature": "reports"}, 30.0, 6.0)},
-    budget_s=30.0, gpu_host="gpu-batch", onset_hours=(4, 11, 17, 22),
+    # The load is flat: the hour of an onset changes nothing, early ones cost fewer rows.
+    budget_s=30.0, gpu_host="gpu-batch", onset_hours=(3, 5, 7, 9),
     quality_groups=(("batch-30", "batch-1000"), ("batch-100", "batch-30000")),
-    quick_clean=(DAY + 12 * HOUR, 6), gpu_diurnal=0.0, pricing=_PRICING,
+    quick_clean=(4 * HOUR, 2), gpu_diurnal=0.0, pricing=_PRICING,
 )
 
 # Jobs that run only at night (22:00-08:00 UTC): windows by day hold nothing at all.
@@ -336,7 +344,7 @@ NIGHT = Fleet(
              "night-llama": _hosted("night-llama", 10000, {**_NIGHT, "feature": "digest"}, 8.0, 2.0)},
     budget_s=8.0, gpu_host="gpu-night", onset_hours=(1, 2),
     quality_groups=(("night-30", "night-1000"), ("night-100", "night-10000")),
-    quick_clean=(DAY + 1 * HOUR, 6), pricing=_PRICING,
+    quick_clean=(3 * HOUR, 2), pricing=_PRICING,
 )
 
 FLEETS: dict[str, Fleet] = {f.name: f for f in (PEAKS, BATCH, NIGHT)}

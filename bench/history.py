@@ -21,9 +21,10 @@ per seed.
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass
 from datetime import date, datetime, timedelta
-from typing import Any
+from typing import Any, Iterable
 
 from analytics.query import _ns
 
@@ -179,6 +180,49 @@ def insert(store: Any, start: datetime, end: datetime, t: Traffic, seed: int = 0
             f"SELECT Timestamp, TraceId, SpanId, {{evaluation:String}}, u_eval < {{pass_rate:Float64}}, 'api' "
             f"FROM ({_ROWS}) WHERE u_sample < {{evaluated:Float64}}",
             parameters={**p, "pass_rate": pass_rate, "evaluation": evaluation, "evaluated": evaluated})
+
+
+@dataclass(frozen=True)
+class Segment:
+    """`insert`'s arguments: one traffic over [start, end), for insert_all."""
+
+    start: datetime
+    end: datetime
+    traffic: Traffic
+    seed: int = 0
+    pass_rate: float | None = None
+    evaluation: str = "faithfulness"
+    evaluated: float = 1.0
+
+
+def _prefixed(sql: str, prefix: str) -> str:
+    """The statement with every bound parameter renamed prefix + name."""
+    return re.sub(r"\{(\w+):", lambda m: "{" + prefix + m.group(1) + ":", sql)
+
+
+def insert_all(store: Any, segments: Iterable[Segment]) -> None:
+    """What `insert` writes for each segment (empty ones skipped), the same rows, in one
+    INSERT per table: a statement with its views costs more than a trial's few hours of rows."""
+    requests, evaluations, params = [], [], {}
+    for i, seg in enumerate(s for s in segments if s.end > s.start):
+        prefix = f"s{i}_"
+        rows = _prefixed(_ROWS, prefix)
+        params.update({prefix + k: v for k, v in _params(seg.start, seg.end, seg.traffic, seg.seed).items()})
+        requests.append(f"SELECT {_REQUEST_COLUMNS} FROM ({rows})")
+        if seg.pass_rate is not None:
+            params.update({prefix + "pass_rate": seg.pass_rate, prefix + "evaluation": seg.evaluation,
+                           prefix + "evaluated": seg.evaluated})
+            evaluations.append(
+                f"SELECT Timestamp, TraceId, SpanId, {{{prefix}evaluation:String}}, "
+                f"u_eval < {{{prefix}pass_rate:Float64}}, 'api' FROM ({rows}) "
+                f"WHERE u_sample < {{{prefix}evaluated:Float64}}")
+    client = store.client()
+    if requests:
+        client.command(f"INSERT INTO llm_requests ({_REQUEST_COLUMNS}) " + " UNION ALL ".join(requests),
+                       parameters=params)
+    if evaluations:
+        client.command("INSERT INTO evaluations (Timestamp, TraceId, SpanId, Name, Passed, Source) "
+                       + " UNION ALL ".join(evaluations), parameters=params)
 
 
 def insert_gpus(store: Any, start: datetime, end: datetime, host: str, util: float, gpus: int = 2,

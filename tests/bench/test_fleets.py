@@ -8,16 +8,18 @@ counts per hour are then within a few percent of the shape they follow.
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from itertools import combinations
-from typing import Any
+from typing import Any, Iterator
 
 import pytest
 
 from bench import fleets
 from bench.detection import Base, attach
-from bench.history import HOUR, NIGHT_H, PEAKS_H, Traffic, insert
+from bench.history import HOUR, NIGHT_H, PEAKS_H, Segment, Traffic, insert, insert_all
+from servelens.config import load
 from servelens.migrate import migrate
 from servelens.store import Store
 
@@ -25,13 +27,56 @@ pytestmark = pytest.mark.integration
 
 TUESDAY = datetime(2025, 6, 10, tzinfo=timezone.utc)
 DAY = timedelta(days=1)
+STEP_AT = TUESDAY + 13 * HOUR + timedelta(minutes=20)
+SEEDED = Traffic(service="a", shape="two_peaks", diurnal=0.5, holidays=(TUESDAY.date(),), weekend=0.7,
+                 burst_share=0.05, burst_gain=1.0, step_at=TUESDAY + 5 * HOUR, step_tail_share=0.03,
+                 step_tail_factor=3.0, per_hour=300)
 
 
-def hourly(store: Any, service: str) -> dict[int, int]:
-    """Requests per hour of the day (UTC), all days together."""
+SEGMENTS = (Segment(TUESDAY, TUESDAY + 5 * HOUR, replace(SEEDED, service="one"), 8, 0.8, evaluated=0.5),
+            Segment(TUESDAY + 5 * HOUR, TUESDAY + 9 * HOUR, replace(SEEDED, service="one", error_share=0.2), 9, 0.6,
+                    evaluated=0.5),
+            Segment(TUESDAY + 9 * HOUR, TUESDAY + 9 * HOUR, replace(SEEDED, service="one"), 10))  # empty: skipped
+
+
+@pytest.fixture(scope="module")
+def history(engine_dir, tmp_path_factory) -> Iterator[Store]:
+    """Every test's rows, written once into one database (a migration costs seconds)."""
+    settings = load(None, data_dir=str(tmp_path_factory.mktemp("data")), clickhouse_url=f"chdb://{engine_dir}",
+                    store={"database": f"t_{uuid.uuid4().hex[:12]}"})
+    store = Store(settings.store_url, settings.store.database)
+    migrate(store.client())
+    two_days, week = TUESDAY + 2 * DAY, TUESDAY + 6 * DAY  # Tuesday to Sunday
+    insert(store, TUESDAY, two_days, Traffic(service="peaks", shape="two_peaks", diurnal=0.6, per_hour=1500), seed=1)
+    insert(store, TUESDAY, two_days, Traffic(service="night", shape="night", per_hour=600), seed=2)
+    insert(store, TUESDAY, week, Traffic(service="holiday", shape="flat", weekend=0.5,
+                                         holidays=((TUESDAY + DAY).date(),), per_hour=800), seed=3)
+    # The step: three services on one seed draw the same requests; two of them step.
+    plain = Traffic(service="plain", per_hour=400, diurnal=0.5)
+    insert(store, TUESDAY, TUESDAY + DAY, plain, seed=4)
+    insert(store, TUESDAY, TUESDAY + DAY, replace(plain, service="stepped", step_at=STEP_AT, step_latency=2.0),
+           seed=4)
+    insert(store, TUESDAY, TUESDAY + DAY, replace(plain, service="tail", step_at=STEP_AT, step_tail_share=0.05,
+                                                  step_tail_factor=4.0), seed=4)
+    for service, seed in (("a", 5), ("b", 5), ("c", 6)):
+        insert(store, TUESDAY, TUESDAY + DAY, replace(SEEDED, service=service), seed=seed, pass_rate=0.9,
+               evaluated=0.5)
+    # One stream changing at 05:00, written segment by segment and then in one statement.
+    for segment in SEGMENTS:
+        insert(store, segment.start, segment.end, segment.traffic, segment.seed, segment.pass_rate, "one",
+               segment.evaluated)
+    insert_all(store, [replace(g, traffic=replace(g.traffic, service="all"), evaluation="all") for g in SEGMENTS])
+    yield store
+    store.client().command(f"DROP DATABASE IF EXISTS `{store.database}`")
+
+
+def hourly(store: Any, service: str, centered: bool = False) -> dict[int, int]:
+    """Requests per hour of the day (UTC), all days together; `centered`: in the hour
+    around each full hour (h - 30 min to h + 30 min) rather than the hour after it."""
     rows = store.client().query(
-        "SELECT toHour(Timestamp, 'UTC') AS h, count() FROM llm_requests WHERE ServiceName = {s:String} "
-        "GROUP BY h ORDER BY h", parameters={"s": service}).result_rows
+        "SELECT toHour(Timestamp + toIntervalMinute({shift:Int64}), 'UTC') AS h, count() FROM llm_requests "
+        "WHERE ServiceName = {s:String} GROUP BY h ORDER BY h",
+        parameters={"s": service, "shift": 30 if centered else 0}).result_rows
     return {int(h): int(n) for h, n in rows}
 
 
@@ -42,23 +87,22 @@ def daily(store: Any, service: str) -> dict[str, int]:
     return {d: int(n) for d, n in rows}
 
 
-def test_two_peaks_have_two_maxima_at_their_hours(store) -> None:
-    insert(store, TUESDAY, TUESDAY + 2 * DAY, Traffic(service="peaks", shape="two_peaks", diurnal=0.6, per_hour=1500),
-           seed=1)
-    counts = hourly(store, "peaks")
+def test_two_peaks_have_two_maxima_at_their_hours(history) -> None:
+    counts = hourly(history, "peaks", centered=True)  # a peak at 09:00 is the middle of its bin
     profile = [counts.get(h, 0) for h in range(24)]
     maxima = [h for h in range(24) if profile[h] > profile[h - 1] and profile[h] > profile[(h + 1) % 24]]
     assert maxima == list(PEAKS_H), profile
-    # Both peaks 1.6x the midline; the afternoon lull and the night well below them.
+    # Both peaks 1.6x the midline (load 1 + 0.6); the afternoon lull near 0.85 of it and
+    # the night, the day's low, near 0.64.
+    peaks = min(profile[p] for p in PEAKS_H)
     for peak in PEAKS_H:
         assert profile[peak] == pytest.approx(2 * 1500 * 1.6, rel=0.06)
-    assert max(profile[14], profile[15]) < 0.6 * min(profile[p] for p in PEAKS_H)
-    assert max(profile[2], profile[3]) < 0.3 * min(profile[p] for p in PEAKS_H)
+    lull, night = max(profile[14], profile[15]), max(profile[2], profile[3])
+    assert lull < 0.6 * peaks and night < 0.45 * peaks and night < lull
 
 
-def test_night_only_has_no_daytime_rows(store) -> None:
-    insert(store, TUESDAY, TUESDAY + 2 * DAY, Traffic(service="night", shape="night", per_hour=600), seed=2)
-    counts = hourly(store, "night")
+def test_night_only_has_no_daytime_rows(history) -> None:
+    counts = hourly(history, "night")
     start, end = NIGHT_H
     night = [h for h in range(24) if h >= start or h < end]
     assert set(counts) == set(night), counts  # every night hour holds rows, no day hour does
@@ -66,11 +110,8 @@ def test_night_only_has_no_daytime_rows(store) -> None:
     assert min(counts.values()) > 0.85 * 2 * 600
 
 
-def test_a_holiday_carries_the_weekends_load(store) -> None:
-    wednesday = (TUESDAY + DAY).date()
-    traffic = Traffic(service="holiday", shape="flat", weekend=0.5, holidays=(wednesday,), per_hour=800)
-    insert(store, TUESDAY, TUESDAY + 6 * DAY, traffic, seed=3)  # Tuesday to Sunday
-    days = daily(store, "holiday")
+def test_a_holiday_carries_the_weekends_load(history) -> None:
+    days = daily(history, "holiday")  # Tuesday to Sunday, Wednesday a holiday
     tuesday, holiday, thursday = days["2025-06-10"], days["2025-06-11"], days["2025-06-12"]
     weekend = (days["2025-06-14"] + days["2025-06-15"]) / 2
     assert holiday == pytest.approx(weekend, rel=0.04)
@@ -78,17 +119,10 @@ def test_a_holiday_carries_the_weekends_load(store) -> None:
     assert thursday == pytest.approx(tuesday, rel=0.04)  # the day after is an ordinary weekday
 
 
-def test_the_step_changes_latency_from_its_time_on_and_not_before(store) -> None:
-    """Two services on one seed draw the same requests (trace ids, times, latencies); one
-    of them steps. Per request, the latency ratio is exactly the step's from step_at on
-    and 1 before it; a tail step slows its share of requests only after it."""
-    step_at = TUESDAY + 13 * HOUR + timedelta(minutes=20)
-    plain = Traffic(service="plain", per_hour=400, diurnal=0.5)
-    insert(store, TUESDAY, TUESDAY + DAY, plain, seed=4)
-    insert(store, TUESDAY, TUESDAY + DAY, Traffic(service="stepped", per_hour=400, diurnal=0.5, step_at=step_at,
-                                                  step_latency=2.0), seed=4)
-    insert(store, TUESDAY, TUESDAY + DAY, Traffic(service="tail", per_hour=400, diurnal=0.5, step_at=step_at,
-                                                  step_tail_share=0.05, step_tail_factor=4.0), seed=4)
+def test_the_step_changes_latency_from_its_time_on_and_not_before(history) -> None:
+    """Per request (the same requests on one seed), the latency ratio is exactly the
+    step's from step_at on and 1 before it; a tail step slows its share only after it."""
+    store = history
     rows = store.client().query(
         """SELECT s.ServiceName, p.Timestamp >= fromUnixTimestamp64Nano({at:Int64}) AS after,
                   count(), min(s.LatencySeconds / p.LatencySeconds), max(s.LatencySeconds / p.LatencySeconds),
@@ -97,7 +131,7 @@ def test_the_step_changes_latency_from_its_time_on_and_not_before(store) -> None
            INNER JOIN (SELECT * FROM llm_requests WHERE ServiceName != 'plain') AS s
                ON s.TraceId = p.TraceId AND s.Timestamp = p.Timestamp
            GROUP BY s.ServiceName, after ORDER BY s.ServiceName, after""",
-        parameters={"at": int(step_at.timestamp()) * 10**9}).result_rows
+        parameters={"at": int(STEP_AT.timestamp()) * 10**9}).result_rows
     got = {(service, bool(after)): (n, lo, hi, slowed) for service, after, n, lo, hi, slowed in rows}
     plain_n = sum(hourly(store, "plain").values())
     assert sum(v[0] for k, v in got.items() if k[0] == "stepped") == plain_n  # the same requests, all joined
@@ -108,13 +142,10 @@ def test_the_step_changes_latency_from_its_time_on_and_not_before(store) -> None
     assert (lo, hi) == (1.0, 4.0) and slowed == pytest.approx(0.05 * n_after, rel=0.25)
 
 
-def test_rows_are_the_same_per_seed_and_differ_across_seeds(store) -> None:
-    traffic = Traffic(service="a", shape="two_peaks", diurnal=0.5, holidays=(TUESDAY.date(),), weekend=0.7,
-                      burst_share=0.05, burst_gain=1.0, step_at=TUESDAY + 5 * HOUR, step_tail_share=0.03,
-                      step_tail_factor=3.0, per_hour=300)
-    insert(store, TUESDAY, TUESDAY + DAY, traffic, seed=5, pass_rate=0.9, evaluated=0.5)
-    insert(store, TUESDAY, TUESDAY + DAY, replace(traffic, service="b"), seed=5, pass_rate=0.9, evaluated=0.5)
-    insert(store, TUESDAY, TUESDAY + DAY, replace(traffic, service="c"), seed=6, pass_rate=0.9, evaluated=0.5)
+def test_rows_are_the_same_per_seed_and_differ_across_seeds(history) -> None:
+    """Every new field in play (two peaks, a holiday, bursts, a tail step): service a and b
+    on one seed are the same rows, c on another seed is not."""
+    store = history
     digest = ("count(), sum(cityHash64(Timestamp, TraceId, SpanId, InputTokens, OutputTokens, LatencySeconds, "
               "TtftSeconds, QueueSeconds, IsError, RetryAttempt, Fallback))")
     got = {s: store.client().query(f"SELECT {digest} FROM llm_requests WHERE ServiceName = {{s:String}}",
@@ -123,20 +154,24 @@ def test_rows_are_the_same_per_seed_and_differ_across_seeds(store) -> None:
     assert got["c"] != got["a"]
 
 
-def test_attached_history_is_the_base_databases_own_rows(store, settings) -> None:
-    """bench/detection.py starts each trial from a copy of the fleet's history: its day
-    partitions attached, rollups included, none rewritten."""
-    base = Store(settings.store_url, f"{settings.store.database}_base")
-    migrate(base.client())
-    try:
-        insert(base, TUESDAY - 2 * DAY, TUESDAY, Traffic(per_hour=200), seed=7, pass_rate=0.9)
-        attach(store, Base(base, settings, TUESDAY))
-        for table in ("llm_requests", "evaluations", "rollup_requests_1h"):
-            q = f"SELECT count() FROM `{{db}}`.`{table}`"
-            assert (store.client().query(q.format(db=store.database)).first_row
-                    == base.client().query(q.format(db=base.database)).first_row != (0,))
-    finally:
-        base.client().command(f"DROP DATABASE IF EXISTS `{base.database}`")
+def test_one_statement_writes_what_segment_by_segment_inserts_write(history) -> None:
+    requests = ("SELECT count(), sum(cityHash64(Timestamp, TraceId, SpanId, InputTokens, OutputTokens, LatencySeconds, "
+                "IsError, RetryAttempt)) FROM llm_requests WHERE ServiceName = {k:String}")
+    results = ("SELECT count(), sum(cityHash64(Timestamp, TraceId, SpanId, Passed)) FROM evaluations "
+               "WHERE Name = {k:String}")
+    for sql in (requests, results):
+        one, together = (history.client().query(sql, parameters={"k": k}).first_row for k in ("one", "all"))
+        assert one == together and one[0] > 0
+
+
+def test_attached_history_is_the_base_databases_own_rows(history, store, settings) -> None:
+    """bench/detection.py starts each trial from a copy of the fleet's history: every
+    table's day partitions attached, rollups included, none rewritten."""
+    attach(store, Base(history, settings, TUESDAY))
+    for table in ("llm_requests", "evaluations", "rollup_requests_1m", "rollup_requests_1h", "rollup_costs_15m"):
+        q = "SELECT count(), sum(cityHash64(*)) FROM `{db}`.`%s`" % table
+        copied = store.client().query(q.format(db=store.database)).first_row
+        assert copied == history.client().query(q.format(db=history.database)).first_row and copied[0] > 0, table
 
 
 # --- the fleets' own invariants ------------------------------------------------------------------
