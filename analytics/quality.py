@@ -18,7 +18,7 @@ from typing import Any, Mapping
 
 import polars as pl
 
-from analytics.query import QueryError, ReportQuery, key_expr
+from analytics.query import MIN_TIME, QueryError, ReportQuery, _ns, key_expr
 from analytics.sources import frame
 from servelens.config import EvaluationConfig, Settings
 
@@ -83,7 +83,12 @@ def _sql(exprs: dict[str, str], keys: list[str], filters: list[str], bucket_s: i
                                           WHERE {_WINDOW.format(t="Timestamp")})
         GROUP BY TraceId, SpanId, Name
         HAVING {_WINDOW.format(t="tupleElement(v, 1)")}),
-    req AS (SELECT TraceId, SpanId, Timestamp, {cols} FROM llm_requests WHERE TraceId IN (SELECT TraceId FROM ev))
+    -- A result comes after its request: the requests of [since - evaluation_delay, until + 1 h)
+    -- (an hour of clock skew) are all it can match, and only those days are read.
+    req AS (SELECT TraceId, SpanId, Timestamp, {cols} FROM llm_requests
+            WHERE Timestamp >= fromUnixTimestamp64Nano({{req_since_ns:Int64}})
+              AND Timestamp < fromUnixTimestamp64Nano({{until_ns:Int64}} + 3600000000000)
+              AND TraceId IN (SELECT TraceId FROM ev))
     SELECT {", ".join(f"k_{k} AS {k}" for k in keys)}{", " if keys else ""}{"bucket, " if bucket_s else ""}
            count() AS evaluations, countIf(passed_) AS passed, avg(score_) AS mean_score
     FROM (
@@ -103,7 +108,10 @@ def slice_table(store: Any, settings: Settings, since: datetime, until: datetime
     `filters` are the report filters (service, deployment, model, tenant, feature). With
     `bucket_s`, one row per slice and time bucket (`bucket`) of the results."""
     filters = dict(filters or {})
-    params: dict[str, Any] = {**ReportQuery(since, until).bounds(), **_thresholds(settings)}
+    bounds = ReportQuery(since, until).bounds()
+    # Clamped like every bound (analytics.query._ns): the store holds nothing before it.
+    earliest = max(bounds["since_ns"] - int(settings.quality.evaluation_delay.total_seconds() * 1e9), _ns(MIN_TIME))
+    params: dict[str, Any] = {**bounds, **_thresholds(settings), "req_since_ns": earliest}
     exprs = {}
     for key in dict.fromkeys([*keys, *filters]):
         if key not in SLICE_KEYS and key not in filters:

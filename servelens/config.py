@@ -204,6 +204,11 @@ class EvaluationConfig(_Strict):
 class QualityConfig(_Strict):
     evaluations: dict[str, EvaluationConfig] = {}
     length_classes: list[int] = [1000, 8000]
+    # A result is matched to its request among the requests of this long before the window
+    # (analytics/quality.py): the match reads those days, not the whole table. A result that
+    # comes later than this counts in the totals, under no slice.
+    evaluation_delay: timedelta = timedelta(days=3)
+    _dur = field_validator("evaluation_delay", mode="before")(parse_duration)
 
 
 class TriggersConfig(_Strict):
@@ -258,6 +263,9 @@ class TriggersConfig(_Strict):
         rare_share: float = Field(0.001, gt=0, lt=1, description="below this share in the baseline = new")
         alpha: float = Field(1e-4, gt=0, lt=1)
         min_baseline: int = Field(2000, ge=1, description="baseline requests before anything counts as new")
+        # A quiet service is pooled over windows until a category of this share of its
+        # traffic would hold min_count (300 requests by default).
+        pool_for_share: float = Field(0.1, gt=0, le=1, description="share a new category in the pooled span must reach")
         shift_min_auc: float = Field(0.75, gt=0.5, le=1)
         shift_alpha: float = Field(1e-3, gt=0, lt=1)
         shift_margin: float = Field(0.05, ge=0, description="above the baseline days' own AUC against each other")
@@ -278,6 +286,10 @@ class TriggersConfig(_Strict):
         min_requests: int = Field(100, ge=1)
         min_errors: int = Field(10, ge=1)
         min_baseline: int = Field(500, ge=1)
+        # A quiet service is pooled over windows until an error rate this high would hold
+        # min_errors (200 attempts by default): at 100 requests an hour one window could
+        # show nothing under 10 % (BENCHMARKS.md, "Detection floors").
+        pool_for_rate: float = Field(0.05, gt=0, le=1, description="error rate the pooled span must be able to show")
 
     class FallbackOverBudget(_Strict):
         alpha: float = Field(0.01, gt=0, lt=1, description="exceedance test of the budget")

@@ -5,6 +5,7 @@ it (analytics/triggers/pooling.py), chosen on attempts alone, never on the error
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Iterator
 
@@ -111,7 +112,8 @@ def error_rate_spike(store: Any, settings: Settings, at: Evaluation) -> list[Fin
     its `parent`); when several parts spike, the service's, listing them."""
     cfg = settings.triggers.error_rate_spike
     findings = []
-    for k, r in pooled_counts(store, settings, at, "n", cfg.min_requests):
+    enough = max(cfg.min_requests, math.ceil(cfg.min_errors / cfg.pool_for_rate))
+    for k, r in pooled_counts(store, settings, at, "n", enough):
         s = spike(cfg, r)
         if s is None:
             continue

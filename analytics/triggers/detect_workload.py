@@ -10,12 +10,13 @@ Two ways traffic can be new, each its own subject (so each opens its own episode
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
 import polars as pl
 
-from analytics.triggers import sources, stats
+from analytics.triggers import pooling, sources, stats
 from analytics.triggers.base import Evaluation, Finding, detector
 from analytics.triggers.common import clean, severity
 from servelens.config import Settings
@@ -33,7 +34,16 @@ def novel_categories(store: Any, settings: Settings, at: Evaluation) -> list[Fin
     below `rare_share` of the baseline, significantly above it now (binomial test). A
     baseline under `min_baseline` requests judges nothing: on a young store all is new."""
     cfg = settings.triggers.new_workload_shape
-    counts = sources.category_counts(store, settings, at, list(cfg.dimensions))
+    # A quiet service is judged over the trailing windows (up to pool_windows) in which a
+    # category of `pool_for_share` of its traffic would reach min_count (pooling.py).
+    most = settings.triggers.pool_windows
+    enough = math.ceil(cfg.min_count / cfg.pool_for_share)
+    needed = pooling.needed_windows(pooling.window_counts(store, at, most, "toString(ServiceName)", {"n": "count()"}),
+                                    most, lambda c: c["n"] >= enough, ["n"])
+    parts = [sources.category_counts(store, settings, pooling.span(at, k), list(cfg.dimensions))
+             .filter(pl.col("service").is_in(services)).with_columns(pl.lit(k).alias("pooled_windows"))
+             for k, services in pooling.by_span(needed).items()]
+    counts = pl.concat(parts) if parts else pl.DataFrame()
     if counts.is_empty():
         return []
     totals = counts.group_by("service", "dimension").agg(
@@ -51,7 +61,8 @@ def novel_categories(store: Any, settings: Settings, at: Evaluation) -> list[Fin
             f"{r['service']}: new {r['dimension'].replace('_', ' ')} {r['value']!r}: {test.statistic:.1%} of "
             f"the window ({r['n']} requests), {seen}",
             clean({"dimension": r["dimension"], "value": r["value"], "requests": r["n"], "window_requests": r["total"],
-                   "baseline_requests": r["base_n"], "baseline_total": r["base_total"], "test": test.evidence()}),
+                   "baseline_requests": r["base_n"], "baseline_total": r["base_total"], "test": test.evidence(),
+                   "pooled_windows": r["pooled_windows"]}),
         ))
     return findings
 

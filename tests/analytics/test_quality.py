@@ -323,3 +323,22 @@ def test_slice_keys() -> None:
 def test_bad_slice_keys_are_rejected(by) -> None:
     with pytest.raises(QueryError, match="slice key"):
         quality.parse_keys(by)
+
+
+@pytest.mark.integration
+def test_results_match_requests_within_the_evaluation_delay(store, make_settings) -> None:
+    """The request side of the match reads the days a result can come from: a result scored
+    four days after its request is matched with evaluation_delay 7d, and under no slice
+    (counted in the totals) with the default 3d."""
+    from bench.history import Traffic, insert
+
+    now = datetime.now(timezone.utc).replace(microsecond=0)
+    insert(store, now - timedelta(days=4, hours=1), now - timedelta(days=4), Traffic(per_hour=50, task_type="summarize"))
+    store.client().command(
+        "INSERT INTO evaluations (Timestamp, TraceId, SpanId, Name, Passed, Source) "
+        "SELECT now64(9) - INTERVAL 1 MINUTE, TraceId, SpanId, 'faithfulness', true, 'api' FROM llm_requests")
+    since, until = now - timedelta(hours=1), now + timedelta(minutes=1)
+    for delay, task in (("7d", "summarize"), ("3d", "")):
+        table = quality.slice_table(store, make_settings(quality={"evaluation_delay": delay}), since, until,
+                                    ["task_type"])
+        assert table.select("task_type", "evaluations").rows() == [(task, 50)], delay

@@ -106,3 +106,17 @@ def test_a_quiet_deployments_queue_climb_is_read_in_pooled_windows(store, make_s
     fired = [t for c in changes for t in c if t["kind"] == "queue_wait_growth" and t["state"] == "active"]
     assert fired and fired[0]["subject"] == {"deployment": "quiet-svc"}
     assert fired[0]["evidence"]["pooled_windows"] == 3
+
+
+@pytest.mark.integration
+def test_a_new_task_type_of_a_quiet_service_is_seen_over_pooled_windows(store, make_settings) -> None:
+    # 100 requests an hour, a fifth of them a new task type from the onset: 20 an hour,
+    # under min_count (30) in any one window; three windows hold the 300 requests pooled for.
+    settings = make_settings(triggers={"baseline": "3d"})
+    onset = T0 + timedelta(days=3)
+    insert(store, T0, onset + 4 * HOUR, Traffic(per_hour=80))
+    insert(store, T0, onset, Traffic(per_hour=20), seed=1)
+    insert(store, onset, onset + 4 * HOUR, Traffic(per_hour=20, task_type="translate"), seed=2)
+    changes = run_windows(store, settings, onset + HOUR, 4, ["new_workload_shape"], Recorder())
+    fired = [t for c in changes for t in c if t["state"] == "active" and t["subject"].get("task_type") == "translate"]
+    assert fired and fired[0]["evidence"]["pooled_windows"] == 3 and fired[0]["evidence"]["requests"] >= 30
