@@ -6,6 +6,7 @@ only identifiers from the fixed tables below are spliced into SQL text.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, timezone
 from typing import Any, Mapping
@@ -64,6 +65,17 @@ def parse_time(value: str | datetime | None, name: str) -> datetime | None:
     if not in_range:
         raise QueryError(f"{name}: {value} is outside the storable range {iso(MIN_TIME)} .. {iso(MAX_TIME)}")
     return dt
+
+
+def json_safe(value: Any) -> Any:
+    """JSON-safe numbers, recursively: NaN and inf become None (unknown, never 0)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return value
 
 
 def iso(dt: datetime) -> str:

@@ -52,7 +52,7 @@ import tempfile
 import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from bench.report import cpu_model, write_section
 
@@ -220,26 +220,46 @@ def _day_ns(d: int) -> int:
     return int((START + timedelta(days=d)).timestamp()) * 10**9
 
 
+class FleetLists(NamedTuple):
+    """SERVICES, MODELS and TASKS as the parallel lists the generating SQL indexes (1-based)."""
+
+    svc_names: list[str]
+    feat_cum: list[list[float]]
+    feats: list[list[str]]
+    teams: list[list[str]]
+    tasks: list[list[int]]
+    model_cum: list[list[float]]
+    model_ids: list[list[int]]
+    batch: list[float]
+    regions: list[str]
+    providers: list[str]
+    ttft_med: list[float]
+    tpot: list[float]
+    deployments: list[str]
+    queue_med: list[float]
+    prefill_tok: list[float]
+    in_med: list[float]
+    out_med: list[float]
+
+
+def fleet_lists() -> FleetLists:
+    m = list(MODELS.values())
+    return FleetLists(
+        svc_names=[s[0] for s in SERVICES], feat_cum=[_cum([f[3] for f in s[3]]) for s in SERVICES],
+        feats=[[f[0] for f in s[3]] for s in SERVICES], teams=[[f[1] for f in s[3]] for s in SERVICES],
+        tasks=[[TASK_NAMES.index(f[2]) + 1 for f in s[3]] for s in SERVICES],
+        model_cum=[_cum(list(s[4].values())) for s in SERVICES],
+        model_ids=[[MODEL_NAMES.index(name) + 1 for name in s[4]] for s in SERVICES],
+        batch=[s[5] for s in SERVICES], regions=[s[2] for s in SERVICES],
+        providers=[v[0] for v in m], ttft_med=[v[1] for v in m], tpot=[v[2] for v in m],
+        deployments=[v[3] or "" for v in m], queue_med=[v[4] for v in m], prefill_tok=[v[5] for v in m],
+        in_med=[TASKS[t][0] for t in TASK_NAMES], out_med=[TASKS[t][1] for t in TASK_NAMES])
+
+
 def requests_sql(offset: int, count: int, day_start_ns: int) -> str:
     """INSERT ... SELECT of `count` llm_requests rows numbered from `offset`, in one day."""
-    svc_names = [s[0] for s in SERVICES]
-    feat_cum = [_cum([f[3] for f in s[3]]) for s in SERVICES]
-    feats = [[f[0] for f in s[3]] for s in SERVICES]
-    teams = [[f[1] for f in s[3]] for s in SERVICES]
-    tasks = [[TASK_NAMES.index(f[2]) + 1 for f in s[3]] for s in SERVICES]
-    model_cum = [_cum(list(s[4].values())) for s in SERVICES]
-    model_ids = [[MODEL_NAMES.index(m) + 1 for m in s[4]] for s in SERVICES]
-    batch = [s[5] for s in SERVICES]
-    regions = [s[2] for s in SERVICES]
-    m = MODELS.values()
-    providers = [v[0] for v in m]
-    ttft_med = [v[1] for v in m]
-    tpot = [v[2] for v in m]
-    deployments = [v[3] or "" for v in m]
-    queue_med = [v[4] for v in m]
-    prefill_tok = [v[5] for v in m]
-    in_med = [TASKS[t][0] for t in TASK_NAMES]
-    out_med = [TASKS[t][1] for t in TASK_NAMES]
+    (svc_names, feat_cum, feats, teams, tasks, model_cum, model_ids, batch, regions, providers, ttft_med, tpot,
+     deployments, queue_med, prefill_tok, in_med, out_med) = fleet_lists()
     n, t = "n", "trace_key"
     return f"""
 INSERT INTO llm_requests (Timestamp, TraceId, SpanId, ParentSpanId, ServiceName, Deployment, Model, Provider,

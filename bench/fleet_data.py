@@ -51,8 +51,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.analytics import (BENCH_CONFIG, ERROR_RATE, ERRORS, FALLBACK_RATE, GPUS_PER_HOST, HOST_NAMES, LANGUAGES,
-                             MODEL_NAMES, MODELS, PREFIX_POOL, RETRY_RATE, SAMPLE_SECONDS, SERVICES, STAGED_SERVICES,
-                             TASK_NAMES, TASKS, _cum, _lit, _pick, _u, _z)
+                             MODEL_NAMES, PREFIX_POOL, RETRY_RATE, SAMPLE_SECONDS, SERVICES, STAGED_SERVICES,
+                             TASK_NAMES, _lit, _pick, _u, _z, fleet_lists)
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_REQUESTS = 10_000_000
@@ -164,26 +164,10 @@ def requests_select(offset: int, counts: list[int], chunk_start: int, chunk_end:
     """The SELECT of one chunk's spans: `sum(counts)` requests numbered from `offset`, in
     5-minute bins from chunk_start: every LLM span, then (pipeline) the root, retrieval and
     tool spans of the staged traces."""
-    svc_names = [s[0] for s in SERVICES]
-    feat_cum = [_cum([f[3] for f in s[3]]) for s in SERVICES]
-    feats = [[f[0] for f in s[3]] for s in SERVICES]
-    teams = [[f[1] for f in s[3]] for s in SERVICES]
-    tasks = [[TASK_NAMES.index(f[2]) + 1 for f in s[3]] for s in SERVICES]
-    model_cum = [_cum(list(s[4].values())) for s in SERVICES]
-    model_ids = [[MODEL_NAMES.index(m) + 1 for m in s[4]] for s in SERVICES]
-    batch = [s[5] for s in SERVICES]
-    regions = [s[2] for s in SERVICES]
-    m = list(MODELS.values())
-    providers = [v[0] for v in m]
-    ttft_med = [v[1] for v in m]
-    tpot = [v[2] for v in m]
-    deployments = [v[3] or "" for v in m]
-    queue_med = [v[4] for v in m]
-    prefill_tok = [v[5] for v in m]
+    (svc_names, feat_cum, feats, teams, tasks, model_cum, model_ids, batch, regions, providers, ttft_med, tpot,
+     deployments, queue_med, prefill_tok, in_med, out_med) = fleet_lists()
     aliases = [REQUEST_MODEL.get(name, name) for name in MODEL_NAMES]
     eval_mean = [EVAL_MEAN.get(name, 0.8) for name in MODEL_NAMES]
-    in_med = [TASKS[t][0] for t in TASK_NAMES]
-    out_med = [TASKS[t][1] for t in TASK_NAMES]
     offsets = [0]
     for c in counts[:-1]:
         offsets.append(offsets[-1] + c)

@@ -147,20 +147,29 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _report(args: argparse.Namespace, settings: Settings) -> int:
     from analytics import reports
+
+    params = {k: getattr(args, k) for k in ("since", "until", "by", "service", "deployment", "model", "tenant", "feature")}
+    document = _on_store(settings, lambda store: reports.run(args.name, store, settings, params))
+    if document is None:
+        return 2
+    print(format_report(document, args.format))
+    return 0
+
+
+def _on_store(settings: Settings, compute: Any, migrate_schema: bool = False) -> Any:
+    """compute(store) on the configured store, closed after; a refused query is printed
+    (and None returned: the command exits 2)."""
     from analytics.query import QueryError
     from servelens.runtime import open_store
 
-    params = {k: getattr(args, k) for k in ("since", "until", "by", "service", "deployment", "model", "tenant", "feature")}
-    store = open_store(settings, migrate_schema=False)
+    store = open_store(settings, migrate_schema=migrate_schema)
     try:
-        document = reports.run(args.name, store, settings, params)
+        return compute(store)
     except QueryError as exc:
         print(f"servelens: {exc}", file=sys.stderr)
-        return 2
+        return None
     finally:
         store.close()
-    print(format_report(document, args.format))
-    return 0
 
 
 def _triggers(args: argparse.Namespace, settings: Settings) -> int:
@@ -168,32 +177,28 @@ def _triggers(args: argparse.Namespace, settings: Settings) -> int:
     from analytics.query import QueryError, parse_time
     from analytics.triggers import replay as replays
     from analytics.triggers.base import KINDS
-    from servelens.runtime import open_store
 
-    store = open_store(settings, migrate_schema=args.triggers_command == "replay")
-    try:
-        if args.triggers_command == "replays":
-            document: Any = replays.load(store, args.id) if args.id else {"replays": replays.listing(store)}
-            if document is None:
-                print(f"servelens: no replay {args.id!r}", file=sys.stderr)
-                return 2
-        else:
-            unknown = sorted(set(args.kind or ()) - set(KINDS))
-            if unknown:
-                print(f"servelens: unknown trigger kind(s) {unknown}; kinds: {', '.join(KINDS)}", file=sys.stderr)
-                return 2
-            since = parse_time(args.since, "since")
-            until = parse_time(args.until, "until") or datetime.now(since.tzinfo)
-
-            def progress(end: datetime, found: int) -> None:
-                print(f"  window ending {end.isoformat()}: {found} episodes so far", file=sys.stderr, flush=True)
-
-            document = replays.replay(store, settings, since, until, args.kind, progress=progress)
-    except QueryError as exc:
-        print(f"servelens: {exc}", file=sys.stderr)
+    unknown = sorted(set(args.kind or ()) - set(KINDS)) if args.triggers_command == "replay" else []
+    if unknown:
+        print(f"servelens: unknown trigger kind(s) {unknown}; kinds: {', '.join(KINDS)}", file=sys.stderr)
         return 2
-    finally:
-        store.close()
+
+    def progress(end: datetime, found: int) -> None:
+        print(f"  window ending {end.isoformat()}: {found} episodes so far", file=sys.stderr, flush=True)
+
+    def compute(store: Any) -> Any:
+        if args.triggers_command == "replays":
+            found = replays.load(store, args.id) if args.id else {"replays": replays.listing(store)}
+            if found is None:
+                raise QueryError(f"no replay {args.id!r}")
+            return found
+        since = parse_time(args.since, "since")
+        until = parse_time(args.until, "until") or datetime.now(since.tzinfo)
+        return replays.replay(store, settings, since, until, args.kind, progress=progress)
+
+    document = _on_store(settings, compute, migrate_schema=args.triggers_command == "replay")
+    if document is None:
+        return 2
     print(json.dumps(document, indent=2) if args.format == "json" else format_replay(document))
     return 0
 
@@ -201,19 +206,12 @@ def _triggers(args: argparse.Namespace, settings: Settings) -> int:
 def _plan(args: argparse.Namespace, settings: Settings) -> int:
     """`servelens plan capacity`: analytics.plan.capacity, as the API answers it."""
     from analytics.plan import capacity
-    from analytics.query import QueryError
-    from servelens.runtime import open_store
 
     params = {k: getattr(args, k) for k in ("deployment", "target", "traffic_x", "input_x", "output_x",
                                             "gpu_hourly_usd", "replicas", "since", "until")}
-    store = open_store(settings, migrate_schema=False)
-    try:
-        document = capacity.plan(store, settings, params)
-    except QueryError as exc:
-        print(f"servelens: {exc}", file=sys.stderr)
+    document = _on_store(settings, lambda store: capacity.plan(store, settings, params))
+    if document is None:
         return 2
-    finally:
-        store.close()
     if args.format == "json":
         print(json.dumps(document, indent=2))
         return 0

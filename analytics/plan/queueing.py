@@ -38,23 +38,14 @@ import numpy as np
 from scipy import optimize
 from scipy.stats import poisson
 
+from analytics.query import json_safe
+
 P99 = 0.99
 KNEE_SLOPE = 100.0  # mean service times of p99 wait per unit of utilization
 MAX_REPLICAS = 1_000_000  # replicas_needed gives up (and says so) beyond this
 UNSTABLE = "unstable: utilization >= 1, the queue grows without bound"
 MMC = "M/M/c (Erlang C)"
 GGC = "G/G/c (Allen-Cunneen, exponential tail)"
-
-
-def _json(value: Any) -> Any:
-    """JSON-safe: inf/NaN become None (the result's `stable`/`reason` say why)."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: _json(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_json(v) for v in value]
-    return value
 
 
 def _check(name: str, value: float, *, positive: bool = False) -> float:
@@ -166,7 +157,7 @@ class Wait:
         return _quantile(self.p_wait, self.tail_rate, _check_quantile(q)) if self.stable else math.inf
 
     def as_dict(self) -> dict[str, Any]:
-        return _json(asdict(self))
+        return json_safe(asdict(self))
 
 
 def wait(arrival_rps: float, service_mean_s: float, servers: int, service_cv2: float = 1.0,
@@ -215,7 +206,7 @@ class Knee:
     quantile: float
 
     def as_dict(self) -> dict[str, Any]:
-        return _json(asdict(self))
+        return json_safe(asdict(self))
 
 
 def _quantile_wait_units(c: int, rho: np.ndarray, scale: float, q: float) -> np.ndarray:
@@ -291,7 +282,7 @@ class Point:
     reason: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        return _json(asdict(self))
+        return json_safe(asdict(self))
 
 
 @dataclass(frozen=True)
@@ -335,7 +326,7 @@ class Plan:
     reason: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        return _json({"replicas": self.replicas, "concurrency_per_replica": self.concurrency_per_replica,
+        return json_safe({"replicas": self.replicas, "concurrency_per_replica": self.concurrency_per_replica,
                       "target_p99_wait_s": self.target_p99_wait_s, "reason": self.reason,
                       "wait": None if self.wait is None else self.wait.as_dict()})
 

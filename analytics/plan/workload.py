@@ -15,13 +15,12 @@ utilization report. What is not measured is None with the reason, never a guess 
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from typing import Any
 
 from analytics import utilization
-from analytics.query import QueryError, ReportQuery, _ns
+from analytics.query import QueryError, ReportQuery, _ns, json_safe
 from analytics.sources import frame
 
 
@@ -52,7 +51,7 @@ class Workload:
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["notes"] = list(self.notes)
-        return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in out.items()}
+        return json_safe(out)
 
 
 _WINDOW = ("Deployment = {deployment:String} AND Timestamp >= fromUnixTimestamp64Nano({lo:Int64}) "
@@ -101,7 +100,8 @@ def measure(store: Any, settings: Any, deployment: str, since: datetime, until: 
     hour = datetime.fromtimestamp(int(peak.get_column("hour")[0]), tz=timezone.utc)
     hour_p = {**p, "lo": _ns(hour), "hi": _ns(hour) + 3600 * 10**9}
     arrivals = frame(store, _ARRIVALS, hour_p).row(0, named=True)
-    r = {k: _num(v) for k, v in frame(store, _SERVICE, hour_p).row(0, named=True).items()}
+    # An aggregate of no rows arrives as NaN: None (unknown), never a number.
+    r = json_safe(frame(store, _SERVICE, hour_p).row(0, named=True))
     notes: list[str] = []
     n = int(arrivals["n"])
     s_mean, s_var = r["s_mean"], r["s_var"]
@@ -117,7 +117,7 @@ def measure(store: Any, settings: Any, deployment: str, since: datetime, until: 
     gpus, util = _gpus(store, settings, deployment, since, until)
     return Workload(
         deployment=deployment, since=since, until=until, peak_hour=hour, requests=n,
-        arrival_rps=n / 3600, burstiness=_num(arrivals["ca2"]),
+        arrival_rps=n / 3600, burstiness=json_safe(arrivals["ca2"]),
         service_s_mean=s_mean if s_mean and s_mean > 0 else None,
         service_s_cv2=(s_var / s_mean**2) if s_mean and s_mean > 0 and s_var is not None else None,
         prefill_s_mean=r["prefill_mean"], decode_s_mean=r["decode_mean"],
@@ -136,7 +136,3 @@ def _gpus(store: Any, settings: Any, deployment: str, since: datetime, until: da
             return (int(gpus) if gpus else None), row.get("gpu_util_mean")
     return None, None
 
-
-def _num(x: Any) -> Any:
-    """An aggregate of no rows arrives as NaN: None (unknown), never a number."""
-    return None if isinstance(x, float) and not math.isfinite(x) else x

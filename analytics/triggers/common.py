@@ -6,6 +6,8 @@ import math
 from datetime import timedelta
 from typing import Any
 
+from analytics.query import json_safe
+
 DAY = timedelta(days=1)
 LIKE_HOURS, WHOLE = "like_hours", "whole"
 
@@ -39,12 +41,4 @@ def pct(change: float) -> str:
     return "+inf%" if math.isinf(change) else f"{change:+.0%}"
 
 
-def clean(value: Any) -> Any:
-    """JSON-safe evidence: NaN/inf become None, recursively."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: clean(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [clean(v) for v in value]
-    return value
+clean = json_safe  # JSON-safe evidence: NaN/inf become None, recursively

@@ -187,13 +187,15 @@ def cost_anomaly(store: Any, settings: Settings, at: Evaluation) -> list[Finding
 
 def _unit_parts(store: Any, settings: Settings, since: Any, until: Any, by: str,
                 filters: dict[str, str]) -> dict[str, tuple[int, float]]:
-    """value of `by` -> (priced requests, cost) in [since, until) under `filters` (the cost report's)."""
+    """value of `by` -> (priced requests, cost) in [since, until) under `filters` (the cost
+    report's). Requests without the key are the part '': never named, but theirs is part of
+    the service's cost per request, so the parts add up to the service."""
     rows = cost.report(store, settings, ReportQuery(since, until, by=by, filters=filters))
     out = {}
     for r in rows.iter_rows(named=True):
         n = (r["requests"] or 0) - (r["unpriced_requests"] or 0)
-        if n > 0 and r["cost_usd"] is not None and r[by] not in (None, ""):
-            out[r[by]] = (n, float(r["cost_usd"]))
+        if n > 0 and r["cost_usd"] is not None:
+            out[r[by] or ""] = (n, float(r["cost_usd"]))
     return out
 
 
@@ -206,6 +208,8 @@ def _explaining(current: dict[str, tuple[int, float]], before: dict[str, tuple[i
     c_all = sum(c for _, c in current.values())
     best: tuple[str, float, float] | None = None
     for value, (n, c) in current.items():
+        if value == "":
+            continue
         if value in before:
             n0, c0 = before[value]
             without = (c_all - c + n * c0 / n0) / n_all
@@ -230,8 +234,11 @@ def most_specific_cost(store: Any, settings: Settings, at: Evaluation, service: 
     window = at.until - at.since
     spans = ((at.since, at.until), (at.since + reference * window, at.since + (reference + 1) * window))
     found: dict[str, tuple[str, float]] = {}
+    by_tenant: dict[str, tuple[int, float]] = {}
     for unit in ("tenant", "feature"):
         current, before = (_unit_parts(store, settings, a, b, unit, {"service": service}) for a, b in spans)
+        if unit == "tenant":
+            by_tenant = current  # its parts add up to the service (the pair check's totals)
         if len(current) > 1:
             hit = _explaining(current, before, anomalous)
             if hit is not None:
@@ -245,12 +252,11 @@ def most_specific_cost(store: Any, settings: Settings, at: Evaluation, service: 
         filters = {"service": service, "tenant": tenant}
         current, before = (_unit_parts(store, settings, a, b, "feature", filters) for a, b in spans)
         if feature in current and feature in before:
-            service_now = _unit_parts(store, settings, *spans[0], "service", {"service": service}).get(service)
-            if service_now is not None:
-                (n_all, c_all), (n, c), (n0, c0) = service_now, current[feature], before[feature]
-                without = (c_all - c + n * c0 / n0) / n_all
-                if not anomalous(without):
-                    return {"part": {"tenant": tenant, "feature": feature}, "without": without}
+            n_all, c_all = sum(n for n, _ in by_tenant.values()), sum(c for _, c in by_tenant.values())
+            (n, c), (n0, c0) = current[feature], before[feature]
+            without = (c_all - c + n * c0 / n0) / n_all
+            if not anomalous(without):
+                return {"part": {"tenant": tenant, "feature": feature}, "without": without}
     if "tenant" in found:
         return {"part": {"tenant": found["tenant"][0]}, "without": found["tenant"][1]}
     return {"part": {"feature": found["feature"][0]}, "without": found["feature"][1]}

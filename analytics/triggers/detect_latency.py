@@ -39,16 +39,8 @@ def queue_wait_growth(store: Any, settings: Settings, at: Evaluation) -> list[Fi
     # windows of k: the same number of points, each k times longer (pooling.py).
     counts = pooling.window_counts(store, at, most * cfg.windows, "toString(Deployment)",
                                    {"n": "countIf(QueueSeconds IS NOT NULL)"})
-    needed = {}
-    for (deployment,), rows in (counts.partition_by("subject", as_dict=True).items() if counts.height else []):
-        per = np.zeros(most * cfg.windows, dtype=np.int64)
-        for w, c in rows.select("w", "n").iter_rows():
-            per[w] = c
-        needed[deployment] = next((k for k in range(1, most + 1)
-                                   if per[: k * cfg.windows].reshape(cfg.windows, k).sum(axis=1).min()
-                                   >= cfg.min_requests), None)
     findings = []
-    for k, deployments in pooling.by_span({d: k for d, k in needed.items() if k is not None}).items():
+    for k, deployments in pooling.by_span(pooling.series_windows(counts, most, cfg.windows, cfg.min_requests)).items():
         findings.extend(_queue_findings(store, settings, cfg, at, k, set(deployments)))
     return findings
 

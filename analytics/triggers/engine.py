@@ -17,6 +17,7 @@ import time
 from datetime import datetime, timezone
 from typing import Any, Iterable
 
+from analytics import memo
 from analytics.query import QueryError, iso
 from analytics.runner import Leases, aligned, runner_id
 from analytics.triggers import detectors, episodes  # noqa: F401 - detectors registers every kind
@@ -40,14 +41,17 @@ def run_detectors(store: Any, settings: Settings, at: Evaluation,
     findings: list[Finding] = []
     done: list[str] = []
     seconds: dict[str, float] = {}
-    for kind in kinds or DETECTORS:
-        started = time.perf_counter()
-        try:
-            findings.extend(DETECTORS[kind](store, settings, at))
-            done.append(kind)
-        except Exception:  # noqa: BLE001 - one broken detector must not silence the others
-            log.exception("trigger detector %s failed for the window ending %s", kind, iso(at.until))
-        seconds[kind] = round(time.perf_counter() - started, 4)
+    # One memo per window: counts several detectors read (the pooling counts, the
+    # reliability counts behind retry_storm and error_rate_spike) are queried once.
+    with memo.run():
+        for kind in kinds or DETECTORS:
+            started = time.perf_counter()
+            try:
+                findings.extend(DETECTORS[kind](store, settings, at))
+                done.append(kind)
+            except Exception:  # noqa: BLE001 - one broken detector must not silence the others
+                log.exception("trigger detector %s failed for the window ending %s", kind, iso(at.until))
+            seconds[kind] = round(time.perf_counter() - started, 4)
     return findings, done, seconds
 
 

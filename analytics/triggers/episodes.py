@@ -119,7 +119,8 @@ def advance(active: dict[tuple[str, str], Episode], findings: Iterable[Finding],
 
 # --- storage ---------------------------------------------------------------------------------
 
-def _utc(dt: datetime | None) -> datetime | None:
+def utc(dt: datetime | None) -> datetime | None:
+    """A stored time as an aware UTC datetime (the driver may hand it back naive)."""
     if dt is None:
         return None
     return dt.replace(tzinfo=timezone.utc) if dt.tzinfo is None else dt.astimezone(timezone.utc)
@@ -127,9 +128,9 @@ def _utc(dt: datetime | None) -> datetime | None:
 
 def _episode(row: dict[str, Any]) -> Episode:
     return Episode(row["id"], row["kind"], row["subject_key"], json.loads(row["subject"]), row["state"],
-                   row["severity"], _utc(row["started_at"]), _utc(row["detected_at"]),  # type: ignore[arg-type]
-                   _utc(row["resolved_at"]), _utc(row["clear_since"]), int(row["clear_windows"]), row["summary"],
-                   json.loads(row["evidence"]), _utc(row["window_until"]))  # type: ignore[arg-type]
+                   row["severity"], utc(row["started_at"]), utc(row["detected_at"]),  # type: ignore[arg-type]
+                   utc(row["resolved_at"]), utc(row["clear_since"]), int(row["clear_windows"]), row["summary"],
+                   json.loads(row["evidence"]), utc(row["window_until"]))  # type: ignore[arg-type]
 
 
 def _select(store: Any, where: str, params: dict[str, Any], order: str = "started_at") -> list[Episode]:

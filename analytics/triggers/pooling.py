@@ -20,6 +20,7 @@ from typing import Any, Callable, Iterable
 import numpy as np
 import polars as pl
 
+from analytics import memo
 from analytics.query import _ns
 from analytics.sources import frame
 from analytics.triggers.base import Evaluation
@@ -46,6 +47,12 @@ def window_counts(store: Any, at: Evaluation, most: int, subject: str, counts: d
                   where: str = "1") -> pl.DataFrame:
     """Per subject and trailing window (w = 0 the evaluated one, 1 the one before ...): the
     named counts (SQL aggregates) over the last `most` windows of llm_requests."""
+    key = memo.key("pooling.window_counts", store, None, at, most, subject, tuple(counts.items()), where)
+    return memo.cached(key, lambda: _window_counts(store, at, most, subject, counts, where))
+
+
+def _window_counts(store: Any, at: Evaluation, most: int, subject: str, counts: dict[str, str],
+                   where: str) -> pl.DataFrame:
     width = _ns(at.until) - _ns(at.since)
     aggregates = ", ".join(f"{sql} AS {name}" for name, sql in counts.items())
     sql = f"""
@@ -73,6 +80,25 @@ def needed_windows(counts: pl.DataFrame, most: int, enough: Callable[[dict[str, 
                 per[r["w"]] = [r[n] or 0 for n in names]
         cum = per.cumsum(axis=0)
         out[subject] = next((k + 1 for k in range(most) if enough(dict(zip(names, map(int, cum[k]))))), most)
+    return out
+
+
+def series_windows(counts: pl.DataFrame, most: int, points: int, minimum: int) -> dict[str, int]:
+    """subject -> the fewest k (1 .. most) such that each of the last `points` runs of k
+    windows holds `minimum` (counts column "n", over points × most windows): a series of
+    `points` pooled windows. Subjects no k serves are left out (a gap: no series to read)."""
+    out: dict[str, int] = {}
+    if counts.is_empty():
+        return out
+    for (subject,), rows in counts.partition_by("subject", as_dict=True).items():
+        per = np.zeros(most * points, dtype=np.int64)
+        for w, n in rows.select("w", "n").iter_rows():
+            if 0 <= w < most * points:
+                per[w] = n
+        k = next((k for k in range(1, most + 1)
+                  if per[: k * points].reshape(points, k).sum(axis=1).min() >= minimum), None)
+        if k is not None:
+            out[subject] = k
     return out
 
 

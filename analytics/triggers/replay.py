@@ -19,6 +19,7 @@ from typing import Any, Callable, Iterable
 from analytics.query import QueryError, iso
 from analytics.runner import aligned
 from analytics.triggers import episodes
+from analytics.triggers.episodes import utc
 from analytics.triggers.engine import run_detectors, window_at
 from servelens.config import Settings
 
@@ -104,11 +105,11 @@ def load(store: Any, replay_id: str) -> dict[str, Any] | None:
         if not r["id"]:
             continue
         ep = episodes.Episode(r["id"], r["kind"], "", json.loads(r["subject"]), r["state"], r["severity"],
-                              _utc(r["started_at"]), _utc(r["detected_at"]), _utc(r["resolved_at"]), None, 0,
-                              r["summary"], json.loads(r["evidence"]), _utc(head["until"]))
+                              utc(r["started_at"]), utc(r["detected_at"]), utc(r["resolved_at"]), None, 0,
+                              r["summary"], json.loads(r["evidence"]), utc(head["until"]))
         triggers.append({**ep.trigger(), "firing_windows": r["firing_windows"]})
-    return {"replay": replay_id, "since": iso(_utc(head["since"])), "until": iso(_utc(head["until"])),
-            "windows": head["windows"], "created_at": iso(_utc(head["created_at"])), "triggers": triggers}
+    return {"replay": replay_id, "since": iso(utc(head["since"])), "until": iso(utc(head["until"])),
+            "windows": head["windows"], "created_at": iso(utc(head["created_at"])), "triggers": triggers}
 
 
 def listing(store: Any, limit: int = 50) -> list[dict[str, Any]]:
@@ -117,12 +118,6 @@ def listing(store: Any, limit: int = 50) -> list[dict[str, Any]]:
         "SELECT replay_id, any(created_at) AS created, any(since), any(until), any(windows), countIf(id != '') "
         "FROM trigger_replays GROUP BY replay_id ORDER BY created DESC LIMIT {limit:UInt32}",
         parameters={"limit": limit})
-    return [{"replay": r[0], "created_at": iso(_utc(r[1])), "since": iso(_utc(r[2])), "until": iso(_utc(r[3])),
+    return [{"replay": r[0], "created_at": iso(utc(r[1])), "since": iso(utc(r[2])), "until": iso(utc(r[3])),
              "windows": r[4], "episodes": r[5]} for r in result.result_rows]
-
-
-def _utc(dt: datetime | None) -> datetime | None:
-    if dt is None:
-        return None
-    return dt.replace(tzinfo=timezone.utc) if dt.tzinfo is None else dt.astimezone(timezone.utc)
 

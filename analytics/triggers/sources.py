@@ -18,6 +18,7 @@ from typing import Any
 
 import polars as pl
 
+from analytics import memo
 from analytics.query import _ns
 from analytics.sources import frame
 from analytics.sources import gpus
@@ -100,6 +101,11 @@ def reliability_counts(store: Any, at: Evaluation, services: list[str] | None = 
     """Per service: attempts, errors, retries and originals in the window and the baseline
     (errors also in the like hours). Every attempt is a row, retries included.
     `services`: only these."""
+    key = memo.key("sources.reliability_counts", store, None, at, None if services is None else tuple(services))
+    return memo.cached(key, lambda: _reliability_counts(store, at, services))
+
+
+def _reliability_counts(store: Any, at: Evaluation, services: list[str] | None) -> pl.DataFrame:
     only = "AND ServiceName IN {services:Array(String)}" if services is not None else ""
     sql = f"""
         SELECT service,
