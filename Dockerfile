@@ -1,13 +1,15 @@
 # One image for every servelens role; the command picks the role.
-FROM python:3.11-slim
-WORKDIR /app
+# The wheel is built in its own stage and installed as a user would (`pip install`, not -e).
+FROM python:3.11-slim AS build
+WORKDIR /src
 COPY pyproject.toml README.md ./
-COPY servelens servelens
-COPY collector collector
-COPY analytics analytics
-COPY dashboard dashboard
-COPY migrations migrations
-RUN pip install --no-cache-dir -e .
+COPY src src
+RUN pip wheel --no-cache-dir --no-deps --wheel-dir /dist .
+
+FROM python:3.11-slim
+COPY --from=build /dist /dist
+RUN pip install --no-cache-dir /dist/*.whl && rm -rf /dist
+WORKDIR /var/lib/servelens
 EXPOSE 4317 4318 8050
 ENTRYPOINT ["servelens"]
 CMD ["up", "--host", "0.0.0.0"]

@@ -467,7 +467,7 @@ def _memory() -> dict[str, int]:
 
 
 def _settings(data_dir: Path):
-    from servelens.config import load
+    from servelens.core.config import load
     return load(None, data_dir=str(data_dir), clickhouse_url=f"chdb://{data_dir}",
                 store={"database": DATABASE}, **BENCH_CONFIG)
 
@@ -485,8 +485,8 @@ def _parts(client) -> dict[str, dict[str, int]]:
 # --- phase 1: generation -----------------------------------------------------------------------
 
 def generate(data_dir: Path, n: int) -> dict[str, Any]:
-    from servelens.migrate import migrate
-    from servelens.store import Store
+    from servelens.core.migrate import migrate
+    from servelens.core.store import Store
 
     store = Store(f"chdb://{data_dir}", DATABASE)
     client = store.client()
@@ -544,9 +544,9 @@ class _TimedClient:
         caller, frame = "?", sys._getframe(2)
         while frame is not None:
             module = frame.f_globals.get("__name__", "")
-            if module.startswith("analytics.") and module != "analytics.sources":  # not the frame() helper
+            if module.startswith("servelens.analytics.") and module != "servelens.analytics.sources":  # not the frame() helper
                 # a closure or lambda (e.g. under analytics.memo.cached) is named for its function
-                caller = f"{module.removeprefix('analytics.')}.{frame.f_code.co_qualname.split('.<locals>')[0]}"
+                caller = f"{module.removeprefix('servelens.analytics.')}.{frame.f_code.co_qualname.split('.<locals>')[0]}"
                 break
             frame = frame.f_back
         cpu = _cpu_seconds()
@@ -568,7 +568,7 @@ class _TimedClient:
 
 
 def _timed_store(data_dir: Path, log: list[dict[str, Any]]):
-    from servelens.store import Store
+    from servelens.core.store import Store
 
     class TimedStore(Store):
         def client(self):  # noqa: D401 - same contract as Store.client
@@ -579,11 +579,11 @@ def _timed_store(data_dir: Path, log: list[dict[str, Any]]):
 
 # (label, report, by): every registered report with its default grouping, then the extras.
 def job_list() -> list[tuple[str, str, str | None]]:
-    from analytics import reports
+    from servelens.analytics.reports import registry as reports
     jobs = [(name, name, None) for name in reports.REPORTS]
     jobs += [("cost by=model", "cost", "model"), ("utilization by=gpu", "utilization", "gpu")]
     try:  # the cost-change report, when it exists but is not registered
-        from analytics import cost_change
+        from servelens.analytics.reports import cost_change
         if all(job is not cost_change.report for job, _ in reports.REPORTS.values()):
             jobs.append(("cost_change", "cost_change", None))
     except ImportError:
@@ -592,16 +592,16 @@ def job_list() -> list[tuple[str, str, str | None]]:
 
 
 def _run_job(name: str, by: str | None, store: Any, settings: Any, q: Any) -> Any:
-    from analytics import reports
+    from servelens.analytics.reports import registry as reports
     if name == "cost_change":
-        from analytics import cost_change
+        from servelens.analytics.reports import cost_change
         return cost_change.report(store, settings, q.with_by(by))
     return reports.compute(name, store, settings, q.with_by(by))
 
 
 def jobs(data_dir: Path, n: int) -> dict[str, Any]:
-    from analytics import memo
-    from analytics.query import ReportQuery
+    from servelens.analytics import memo
+    from servelens.analytics.query import ReportQuery
 
     log: list[dict[str, Any]] = []
     settings = _settings(data_dir)
@@ -663,8 +663,8 @@ _PULL_SQL = """
 def pull_latency(rows: Any) -> Any:
     """The latency report from raw rows, in Polars (same quantile definition: linear)."""
     import polars as pl
-    from analytics import latency
-    from analytics.sources.requests import QUANTILES
+    from servelens.analytics.reports import latency
+    from servelens.analytics.sources.requests import QUANTILES
 
     ttft, lat = pl.col("TtftSeconds"), pl.col("LatencySeconds")
     out = pl.col("OutputTokens").cast(pl.Float64)
@@ -683,8 +683,8 @@ def pull_cost(rows: Any, store: Any, settings: Any, q: Any) -> Any:
     """The cost report (by tenant) from raw rows: Polars builds the token groups that
     ClickHouse builds in the product; pricing, GPU allocation and rollup are the product's."""
     import polars as pl
-    from analytics import cost
-    from analytics.pricing import Catalog
+    from servelens.analytics.reports import cost
+    from servelens.analytics.pricing import Catalog
 
     catalog = Catalog(settings.pricing.models)
     bounds = catalog.boundaries()
@@ -730,9 +730,9 @@ def _same(a: Any, b: Any, key: str) -> str | None:
 
 def pull(data_dir: Path, n: int) -> dict[str, Any]:
     import polars as pl
-    from analytics import cost, reports
-    from analytics.query import ReportQuery
-    from servelens.store import Store
+    from servelens.analytics.reports import cost, registry as reports
+    from servelens.analytics.query import ReportQuery
+    from servelens.core.store import Store
 
     settings = _settings(data_dir)
     store = Store(f"chdb://{data_dir}", DATABASE)

@@ -87,7 +87,7 @@ def refresh_body(deps: list[dict[str, Any]], alert: str, values: dict[str, Any] 
                  filters: Any = None) -> dict[str, Any]:
     """The POST body of the refresh owning element `alert`, as one interval tick sends it;
     values: control id -> value (default None), filters: the global filters' store data."""
-    from dashboard import data
+    from servelens.dashboard import data
 
     dep = refresh_dependency(deps, alert)
     values = values or {}
@@ -197,11 +197,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-browser", action="store_true")
     args = parser.parse_args(argv)
 
-    from dashboard.app import create_app
-    from dashboard.server import DashboardServer
-    from servelens.config import load
-    from servelens.migrate import migrate
-    from servelens.store import Store
+    from servelens.dashboard.app import create_app
+    from servelens.dashboard.server import DashboardServer
+    from servelens.core.config import load
+    from servelens.core.migrate import migrate
+    from servelens.core.store import Store
 
     work = Path(tempfile.mkdtemp(prefix="servelens-cardinality-"))
     try:

@@ -124,7 +124,7 @@ def _env() -> dict[str, str]:
 
 def servelens_command() -> list[str]:
     script = Path(sys.executable).parent / "servelens"
-    return [str(script)] if script.exists() else [sys.executable, "-c", "from servelens.cli import main; "
+    return [str(script)] if script.exists() else [sys.executable, "-c", "from servelens.app.cli import main; "
                                                                          "raise SystemExit(main())"]
 
 
@@ -315,7 +315,7 @@ def api_get(url: str, timeout: float = 300) -> tuple[int, float, int]:
 
 
 def time_api(base: str, calls: int) -> dict[str, Any]:
-    from analytics.reports import REPORTS
+    from servelens.analytics.reports.registry import REPORTS
 
     out: dict[str, Any] = {}
     until = datetime.now(timezone.utc)

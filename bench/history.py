@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass
 from datetime import date, datetime, timedelta
 from typing import Any, Iterable
 
-from analytics.query import _ns
+from servelens.analytics.query import _ns
 
 HOUR = timedelta(hours=1)
 DAY_NS = 86400 * 10**9

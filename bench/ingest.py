@@ -102,7 +102,7 @@ class CollectorProcess:
         self._log = open(self.log_path, "w")
         # cwd is the scratch dir so a ./servelens.yaml in the repo cannot change the setup.
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "servelens.cli", "collector", "--data-dir", str(data_dir),
+            [sys.executable, "-m", "servelens", "collector", "--data-dir", str(data_dir),
              "--otlp-http-port", "0", "--otlp-grpc-port", "0", "--log-level", "WARNING"],
             cwd=data_dir.parent, env=clean_env, stdout=subprocess.PIPE, stderr=self._log, text=True)
         _pin(COLLECTOR_CORE, self.proc.pid)
@@ -394,7 +394,7 @@ def parse_rate(payloads: list[bytes], seconds: float, with_mapping: bool = False
         ExportTraceServiceRequest,
     )
 
-    from collector.spans import spans_to_rows
+    from servelens.collector.mapping.spans import spans_to_rows
 
     spans = 0
     started = time.thread_time()
@@ -464,7 +464,7 @@ def http_only(payloads: list[bytes], seconds: float) -> float:
 
 
 def demo_traffic(collector: CollectorProcess, minutes: int) -> int:
-    from servelens.demo import DemoTraffic
+    from servelens.demo.traffic import DemoTraffic
 
     traffic = DemoTraffic(f"http://127.0.0.1:{collector.http_port}", seed=42)
     try:
@@ -612,7 +612,7 @@ def run(durations: Durations, scratch: Path) -> dict[str, Any]:
 
 def _collector_settings() -> dict[str, Any]:
     # The subprocess runs with no config file and no SERVELENS_* variables: the defaults.
-    from servelens.config import CollectorConfig
+    from servelens.core.config import CollectorConfig
 
     c = CollectorConfig()
     return {"queue_size": c.queue_size, "batch_size": c.batch_size,

@@ -33,7 +33,7 @@ from typing import Callable
 import numpy as np
 from scipy import stats as sps
 
-from analytics.plan import queueing
+from servelens.analytics.plan import queueing
 from bench.report import cpu_model, write_section
 
 WARM_UP = 0.05

@@ -34,8 +34,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from analytics.plan import simulate as simulate_module
-from analytics.plan.simulate import Server, simulate
+from servelens.analytics.plan import simulate as simulate_module
+from servelens.analytics.plan.simulate import Server, simulate
 from bench.report import cpu_model, write_section
 
 P99_TOLERANCE = 0.15

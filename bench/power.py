@@ -14,9 +14,9 @@ from __future__ import annotations
 import argparse
 import math
 
-from analytics.triggers import power
+from servelens.analytics.triggers import power
 from bench.report import write_section
-from servelens.config import Settings
+from servelens.core.config import Settings
 
 VOLUMES = (30, 100, 1_000, 10_000)
 BASE_ERROR_RATE = 0.005  # the reference fleet's error rate

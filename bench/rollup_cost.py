@@ -9,7 +9,7 @@ and the bytes the rollup tables keep beside the raw tables.
    requests, the last --batches minutes before now, each batch about one minute of
    traffic, in time order as a collector's batches come) are inserted into otel_traces of a
    fresh, migrated store through clickhouse-connect, column-oriented, with the collector
-   writer's settings and one deduplication token per batch, as collector/writer.py inserts
+   writer's settings and one deduplication token per batch, as collector/pipeline/writer.py inserts
    them. Variant "views": the schema as migrated; variant "no views": the same right after
    DROP VIEW rollup_requests_1m_mv, rollup_requests_1h_mv, rollup_costs_15m_mv (every other
    view, llm_requests_mv included, stays). Each run is its own child process on its own
@@ -60,7 +60,7 @@ BATCHES, BATCH_SIZE, RUNS = 50, 20_000, 3
 QUICK = (10, 5_000, 1)
 TARGET_SLOWDOWN = 0.10
 TARGET_SHARE = 0.10
-# collector/writer.py's insert settings
+# collector/pipeline/writer.py's insert settings
 INSERT_SETTINGS = {"max_partitions_per_insert_block": 0, "deduplicate_blocks_in_dependent_materialized_views": 1}
 COLUMNS = ("Timestamp", "TraceId", "SpanId", "ParentSpanId", "TraceState", "SpanName", "SpanKind", "ServiceName",
            "ResourceAttributes", "ScopeName", "ScopeVersion", "SpanAttributes", "Duration", "StatusCode",
@@ -73,8 +73,8 @@ def _cpu_seconds() -> float:
 
 
 def _store(data_dir: Path) -> Any:
-    from servelens.config import load
-    from servelens.runtime import open_store
+    from servelens.core.config import load
+    from servelens.app.runtime import open_store
 
     return open_store(load(None, data_dir=str(data_dir / "data"), clickhouse_url=f"chdb://{data_dir / 'chdb'}",
                            store={"database": fleet_data.DATABASE}))
@@ -157,8 +157,8 @@ def run(data_dir: Path, variant: str, batches: int, size: int, end: int, measure
 
 
 def fleet_bytes(fleet: Path) -> dict[str, Any]:
-    from servelens.config import load
-    from servelens.runtime import open_store
+    from servelens.core.config import load
+    from servelens.app.runtime import open_store
 
     store = open_store(load(fleet / "servelens.yaml"))
     try:

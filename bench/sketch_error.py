@@ -3,7 +3,7 @@
     .venv/bin/python -m bench.sketch_error
 
 For each distribution and sample size, quantilesDD with the rollups' parameter (0.0025,
-analytics/rollups.py) against the exact values at the rank: the relative distance from
+analytics/sources/rollups.py) against the exact values at the rank: the relative distance from
 the exact values one rank either side of the percentile (0 when the sketch lands
 between them: the sketch ranks as q·n, the exact functions interpolate at q·(n−1)), and from quantileExactInclusive (what the exact reports interpolate). Each case
 draws 20 independent samples; the table keeps the worst. Also the sketch state's size.
@@ -16,7 +16,7 @@ import sys
 
 import chdb
 
-from analytics.rollups import SKETCH
+from servelens.analytics.sources.rollups import SKETCH
 
 PARAM = SKETCH.split("(")[1].split(",")[0]
 DISTRIBUTIONS = {

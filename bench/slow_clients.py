@@ -35,7 +35,7 @@ from pathlib import Path
 from bench.ingest import CLIENT_CORE, COLLECTOR_CORE, _pin, cpu_seconds, machine_busy_seconds
 from bench.payloads import build_payloads
 from bench.report import cpu_model, write_section
-from servelens.serving import LIMITS
+from servelens.core.serving import LIMITS
 
 HOST = "127.0.0.1"
 PROBE_EVERY = 0.05  # seconds between two normal requests (the two routes alternate)
@@ -53,7 +53,7 @@ class Servelens:
         env["SERVELENS_COLLECTOR__ACKNOWLEDGE"] = acknowledge
         self._log = open(scratch / "servelens.log", "w")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "servelens.cli", "up", "--data-dir", str(scratch / "data"),
+            [sys.executable, "-m", "servelens", "up", "--data-dir", str(scratch / "data"),
              "--otlp-http-port", "0", "--otlp-grpc-port", "0", "--ui-port", "0", "--log-level", "WARNING"],
             cwd=scratch, env=env, stdout=subprocess.PIPE, stderr=self._log, text=True)
         _pin(COLLECTOR_CORE, self.proc.pid)  # the clients get the other core
@@ -250,7 +250,7 @@ def render(runs: list[dict], per_port: int, seconds: float) -> str:
         f"a second one and the normal client in a third, both pinned to core {CLIENT_CORE}, all on 127.0.0.1; "
         f"\"others\" is the CPU that other processes on the machine took meanwhile. {per_port} slow connections to the OTLP/HTTP "
         f"receiver and {per_port} to the dashboard at once, each replaced as soon as the server closes it. "
-        f"Deadlines (servelens/serving.py): headers {LIMITS.header_timeout:g} s from a request's first byte "
+        f"Deadlines (core/serving.py): headers {LIMITS.header_timeout:g} s from a request's first byte "
         f"(from accept for a connection's first request), whole request {LIMITS.read_timeout:g} s, idle "
         f"keep-alive {LIMITS.idle_timeout} s. The normal client opens a fresh connection per request, one "
         f"every {PROBE_EVERY * 1e3:.0f} ms, the two routes alternating (POST /v1/traces: 2 spans, answered "

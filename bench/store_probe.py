@@ -14,7 +14,7 @@ import re
 import sys
 import time
 
-from servelens.store import Store
+from servelens.core.store import Store
 
 DATABASE = "otel"
 
@@ -68,8 +68,8 @@ def insert(directory: str) -> dict:
     )
 
     from bench.payloads import build_payloads
-    from collector.spans import spans_to_rows
-    from servelens.migrate import migrate
+    from servelens.collector.mapping.spans import spans_to_rows
+    from servelens.core.migrate import migrate
 
     store = Store(f"chdb://{directory}", DATABASE)
     client = store.client()

@@ -90,10 +90,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dir", help="chDB directory to use (kept); default a temporary one, removed")
     args = parser.parse_args(argv)
 
-    from analytics import traces_search
-    from servelens.config import load
-    from servelens.migrate import migrate
-    from servelens.store import Store
+    from servelens.analytics.reports import traces_search
+    from servelens.core.config import load
+    from servelens.core.migrate import migrate
+    from servelens.core.store import Store
 
     work = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="servelens-trace-lookup-"))
     try:

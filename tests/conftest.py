@@ -12,10 +12,10 @@ from typing import Iterator
 
 import pytest
 
-from collector.service import Collector
-from servelens.config import Settings, load
-from servelens.migrate import migrate
-from servelens.store import Store
+from servelens.collector.service import Collector
+from servelens.core.config import Settings, load
+from servelens.core.migrate import migrate
+from servelens.core.store import Store
 
 
 @pytest.fixture(scope="session")

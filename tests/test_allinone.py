@@ -26,7 +26,7 @@ def get(url: str) -> dict:
 
 def test_up_with_demo_serves_analysed_traffic_and_stops_cleanly(tmp_path: Path) -> None:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "servelens.cli", "up", "--demo", "--data-dir", str(tmp_path / "data"),
+        [sys.executable, "-m", "servelens", "up", "--demo", "--data-dir", str(tmp_path / "data"),
          "--otlp-http-port", "0", "--otlp-grpc-port", "0", "--ui-port", "0", "--log-level", "WARNING"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:

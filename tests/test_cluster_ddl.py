@@ -25,10 +25,10 @@ from typing import Any
 import pytest
 import yaml
 
-from servelens import cluster_ddl
-from servelens.cli import main
-from servelens.config import ConfigError, load
-from servelens.migrate import _LEDGER_DDL, ddl_script, discover, ledger_ddl, migrate, planned
+from servelens.core import cluster_ddl
+from servelens.app.cli import main
+from servelens.core.config import ConfigError, load
+from servelens.core.migrate import _LEDGER_DDL, ddl_script, discover, ledger_ddl, migrate, planned
 
 ROOT = Path(__file__).resolve().parent.parent
 CLUSTER, DATABASE = "servelens", "otel"

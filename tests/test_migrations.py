@@ -12,8 +12,8 @@ from typing import Iterator
 
 import pytest
 
-from servelens.migrate import discover, migrate, split_statements
-from servelens.store import Store
+from servelens.core.migrate import discover, migrate, split_statements
+from servelens.core.store import Store
 
 pytestmark = pytest.mark.integration
 

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from analytics.alerts import Dispatcher
-from servelens import cli
-from servelens.config import ConfigError, load
-from servelens.runtime import dashboard_url
+from servelens.analytics.alerts import Dispatcher
+from servelens.app import cli
+from servelens.core.config import ConfigError, load
+from servelens.app.runtime import dashboard_url
 from tests.analytics.test_alerts import FIRING, HttpReceiver
 
 PUBLIC = "https://servelens.example.com/"
@@ -90,7 +90,7 @@ def test_printed_dashboard_url(tmp_path: Path, public: str | None) -> None:
     if public:
         env["SERVELENS_PUBLIC_URL"] = public
     proc = subprocess.Popen(
-        [sys.executable, "-m", "servelens.cli", "dashboard", "--host", "0.0.0.0", "--ui-port", "0",
+        [sys.executable, "-m", "servelens", "dashboard", "--host", "0.0.0.0", "--ui-port", "0",
          "--data-dir", str(tmp_path / "data"), "--log-level", "WARNING"],
         cwd=tmp_path, env={**env, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
         text=True)

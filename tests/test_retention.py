@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from servelens.migrate import MIGRATIONS_DIR, Migration, discover, migrate
-from servelens.retention import TTL_COLUMNS, apply_retention
-from servelens.store import Store
+from servelens.core.migrate import MIGRATIONS_DIR, Migration, discover, migrate
+from servelens.core.retention import TTL_COLUMNS, apply_retention
+from servelens.core.store import Store
 
 pytestmark = pytest.mark.integration
 

@@ -14,10 +14,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from dashboard.app import create_app
-from dashboard.server import DashboardServer
-from servelens import serving
-from servelens.serving import ClientLimits, WaitressServer
+from servelens.dashboard.app import create_app
+from servelens.dashboard.server import DashboardServer
+from servelens.core import serving
+from servelens.core.serving import ClientLimits, WaitressServer
 from tests.collector.otlp_payloads import llm_request
 
 pytestmark = pytest.mark.integration

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from analytics.alerts import Dispatcher
+from servelens.analytics.alerts import Dispatcher
 from tests.analytics.test_alerts import FIRING, SmtpReceiver, until
 
 HOSTILE = "checkout\r\nBcc: attacker@example.com\r\n\r\nbody"

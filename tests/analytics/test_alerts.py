@@ -23,9 +23,9 @@ from typing import Any
 
 import pytest
 
-from analytics.alerts import Dispatcher
-from servelens import cli
-from servelens.config import ConfigError, load
+from servelens.analytics.alerts import Dispatcher
+from servelens.app import cli
+from servelens.core.config import ConfigError, load
 
 DASH = "http://dash.example:8050/"
 LINK = "http://dash.example:8050/triggers?id=t-1"
@@ -290,7 +290,7 @@ def test_keepalives_stop_for_an_episode_another_process_resolved(receivers, disp
 def test_restart_reposts_open_episodes_to_alertmanager_only(store, receivers, dispatcher) -> None:
     """After a restart the open episodes (read from the store) go to Alertmanager again,
     which expires what is not re-posted; a webhook already had its one message."""
-    from analytics.triggers import engine, episodes
+    from servelens.analytics.triggers import engine, episodes
 
     started = datetime(2026, 3, 1, 10, tzinfo=UTC)
 

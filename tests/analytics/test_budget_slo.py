@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
-from analytics import slo, spend_budgets
-from analytics.query import ReportQuery, iso
-from analytics.triggers import detect_budget, detect_slo, engine
-from analytics.triggers.base import Evaluation
+from servelens.analytics.reports import slo, spend_budgets
+from servelens.analytics.query import ReportQuery, iso
+from servelens.analytics.triggers import detect_budget, detect_slo, engine
+from servelens.analytics.triggers.base import Evaluation
 from bench.history import HOUR, Traffic, insert
 from tests.analytics.test_triggers import T0, Recorder, assert_one_episode, firing_in, run_windows
 

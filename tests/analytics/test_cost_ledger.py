@@ -24,7 +24,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from analytics.reports import run
+from servelens.analytics.reports.registry import run
 
 pytestmark = pytest.mark.integration
 

@@ -22,8 +22,8 @@ from opentelemetry.sdk.metrics import Histogram, MeterProvider
 from opentelemetry.sdk.metrics.export import AggregationTemporality, PeriodicExportingMetricReader
 from opentelemetry.sdk.resources import Resource
 
-from analytics import latency
-from analytics.reports import run
+from servelens.analytics.reports import latency
+from servelens.analytics.reports.registry import run
 from tests.analytics.test_cost_ledger import LlmRequest, send
 
 pytestmark = pytest.mark.integration

@@ -24,12 +24,12 @@ from typing import Any, Iterator
 import numpy as np
 import pytest
 
-from analytics.query import ReportQuery
-from analytics.reports import run
-from analytics.sources import gpus as source
-from collector.service import Collector
-from servelens.migrate import discover, migrate
-from servelens.store import Store
+from servelens.analytics.query import ReportQuery
+from servelens.analytics.reports.registry import run
+from servelens.analytics.sources import gpus as source
+from servelens.collector.service import Collector
+from servelens.core.migrate import discover, migrate
+from servelens.core.store import Store
 
 pytestmark = pytest.mark.integration
 

@@ -8,7 +8,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
-from analytics import reports
+from servelens.analytics.reports import registry as reports
 from tests.collector.test_dialects import _replay
 
 pytestmark = pytest.mark.integration

@@ -12,9 +12,9 @@ from datetime import timedelta
 import numpy as np
 import pytest
 
-from analytics.query import ReportQuery
-from analytics.reports import run
-from analytics.sources import requests as sources
+from servelens.analytics.query import ReportQuery
+from servelens.analytics.reports.registry import run
+from servelens.analytics.sources import requests as sources
 from tests.analytics.test_cost_ledger import SINCE, UNTIL, WINDOW, LlmRequest, send, stored_spans
 
 pytestmark = pytest.mark.integration

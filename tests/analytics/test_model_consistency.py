@@ -12,10 +12,10 @@ from datetime import timedelta
 
 import pytest
 
-from analytics.triggers import engine
-from analytics.triggers.detect_models import judge, model_inconsistency
+from servelens.analytics.triggers import engine
+from servelens.analytics.triggers.detect_models import judge, model_inconsistency
 from bench.history import HOUR, Traffic, insert
-from servelens.config import TriggersConfig
+from servelens.core.config import TriggersConfig
 from tests.analytics.test_triggers import T0, Recorder, assert_one_episode, run_windows
 
 CFG = TriggersConfig.ModelInconsistency()

@@ -11,8 +11,8 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from analytics.model_names import served_model_sql
-from analytics.query import ReportQuery
+from servelens.analytics.model_names import served_model_sql
+from servelens.analytics.query import ReportQuery
 
 pytestmark = pytest.mark.integration
 

@@ -10,10 +10,10 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from flask import Flask
 
-from analytics.plan import capacity, queueing
-from analytics.query import QueryError
+from servelens.analytics.plan import capacity, queueing
+from servelens.analytics.query import QueryError
 from bench.history import HOUR, Traffic, insert
-from dashboard.api import blueprint
+from servelens.dashboard.api import blueprint
 
 pytestmark = pytest.mark.integration
 
@@ -111,7 +111,7 @@ def test_targets_parse_or_fail_clearly() -> None:
 def test_the_command_line_prints_the_plan(store, make_settings, tmp_path, capsys) -> None:
     import yaml
 
-    from servelens import cli
+    from servelens.app import cli
 
     settings = make_settings(deployments=[LLAMA])
     _history(store)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from scipy import optimize
 
-from analytics.plan import queueing as q
+from servelens.analytics.plan import queueing as q
 
 
 def erlang_c_by_recursion(c: int, a: float) -> float:

@@ -12,7 +12,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from analytics.plan.simulate import Autoscaling, Server, fit_step_time, simulate
+from servelens.analytics.plan.simulate import Autoscaling, Server, fit_step_time, simulate
 from bench.plan_replay import arrivals, reference, tokens
 
 

@@ -20,10 +20,10 @@ import pytest
 from genai_prices import Usage, calc_price, data_snapshot
 from genai_prices import types as gp
 
-from analytics.pricing import SOURCE_CONFIG, SOURCE_GENAI, Catalog
-from analytics.reports import run
-from servelens.cli import main
-from servelens.config import ModelPrice
+from servelens.analytics.pricing import SOURCE_CONFIG, SOURCE_GENAI, Catalog
+from servelens.analytics.reports.registry import run
+from servelens.app.cli import main
+from servelens.core.config import ModelPrice
 
 NOW = datetime.now(timezone.utc).replace(microsecond=0)
 SNAPSHOT = data_snapshot.get_snapshot()

@@ -25,9 +25,9 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from scipy.stats import chi2_contingency
 
-from analytics import quality
-from analytics.query import QueryError, ReportQuery
-from analytics.reports import to_records
+from servelens.analytics.reports import quality
+from servelens.analytics.query import QueryError, ReportQuery
+from servelens.analytics.reports.registry import to_records
 
 S = 10**9
 THRESHOLDS = {"faithfulness": 0.7}  # configured; any other evaluation: 0.5

@@ -15,10 +15,10 @@ from datetime import datetime, timedelta, timezone
 import polars as pl
 import pytest
 
-from analytics.triggers import engine
-from analytics.triggers.detect_quality_load import latency_check, load_sides, quality_under_load, span
+from servelens.analytics.triggers import engine
+from servelens.analytics.triggers.detect_quality_load import latency_check, load_sides, quality_under_load, span
 from bench.history import HOUR, Traffic, insert
-from servelens.config import TriggersConfig
+from servelens.core.config import TriggersConfig
 from tests.analytics.test_triggers import T0, Recorder, assert_one_episode
 
 DAY0 = T0.replace(hour=0)  # the swing follows the time of day: histories start at midnight

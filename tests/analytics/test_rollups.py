@@ -1,4 +1,4 @@
-"""The rollups (migrations/0019, analytics/rollups.py) against raw rows.
+"""The rollups (migrations/0019, analytics/sources/rollups.py) against raw rows.
 
 Spans are written into otel_traces as an otelcol-contrib exporter writes them (one
 INSERT ... SELECT, the product's views filling llm_requests and the rollups), with
@@ -14,10 +14,10 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from analytics import rollups
-from analytics.query import ReportQuery
-from analytics.reports import run
-from analytics.sources import requests as loader
+from servelens.analytics.sources import rollups
+from servelens.analytics.query import ReportQuery
+from servelens.analytics.reports.registry import run
+from servelens.analytics.sources import requests as loader
 
 pytestmark = pytest.mark.integration
 
@@ -186,7 +186,7 @@ def test_tenant_filter_reads_raw_rows(loaded, make_settings) -> None:
 
 
 def _cuts(settings, q):
-    from analytics.pricing import Catalog
+    from servelens.analytics.pricing import Catalog
     return Catalog.of(settings.pricing.models, settings.pricing.catalog).cuts(q.since, q.until)
 
 
@@ -204,8 +204,8 @@ def _by_key(rows: list[dict], by: str) -> dict:
 def test_upgrade_backfills_rows_stored_before(make_settings, tmp_path) -> None:
     import shutil
 
-    from servelens.migrate import MIGRATIONS_DIR, migrate
-    from servelens.store import Store
+    from servelens.core.migrate import MIGRATIONS_DIR, migrate
+    from servelens.core.store import Store
 
     settings = make_settings(store={"database": "rollup_upgrade"})
     store = Store(settings.store_url, settings.store.database)

@@ -14,11 +14,12 @@ from typing import Any
 
 import pytest
 
-from analytics import runner
-from analytics.runner import Scheduler, aligned
-from analytics.triggers import engine
-from analytics.triggers.base import Finding
-from servelens.runtime import scheduler_role
+from servelens.analytics import leases, scheduler
+from servelens.analytics.scheduler import Scheduler
+from servelens.analytics.leases import aligned
+from servelens.analytics.triggers import engine
+from servelens.analytics.triggers.base import Finding
+from servelens.app.runtime import scheduler_role
 
 HOUR = timedelta(hours=1)
 # Window ends (hours) in the past, so every tick below is at a fixed, injected time.
@@ -51,7 +52,7 @@ def firing_detector(monkeypatch):
 
     monkeypatch.setattr(engine, "DETECTORS", {"error_rate_spike": detect})
     # One cheap report stands for the jobs (their scheduling is what is exercised).
-    monkeypatch.setattr(runner.reports, "REPORTS", {"workload": runner.reports.REPORTS["workload"]})
+    monkeypatch.setattr(scheduler.reports, "REPORTS", {"workload": scheduler.reports.REPORTS["workload"]})
 
 
 def tick_at(until: datetime) -> datetime:
@@ -157,7 +158,7 @@ def test_servelens_dashboard_alone_evaluates_the_triggers(tmp_path) -> None:
     took_over = "this dashboard runs the reports and triggers"
     with log.open("w") as stderr:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "servelens.cli", "dashboard", "--ui-port", "0", "--data-dir", str(data)],
+            [sys.executable, "-m", "servelens", "dashboard", "--ui-port", "0", "--data-dir", str(data)],
             cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=stderr, text=True)
         try:
             deadline = time.monotonic() + 120
@@ -176,7 +177,7 @@ def test_servelens_dashboard_alone_evaluates_the_triggers(tmp_path) -> None:
         "import json, sys; from servelens.store import Store; from servelens.config import StoreConfig; "
         "s = Store(sys.argv[1], StoreConfig().database); c = s.client(); "
         "print(json.dumps([dict(c.query('SELECT report, count() FROM analytics_results GROUP BY report').result_rows), "
-        f"c.command(\"SELECT count() FROM analytics_leases WHERE report = '{runner.HEARTBEAT}'\")]))")
+        f"c.command(\"SELECT count() FROM analytics_leases WHERE report = '{leases.HEARTBEAT}'\")]))")
     out = subprocess.run([sys.executable, "-c", probe, f"chdb://{data}"], cwd=tmp_path, env=env, check=True,
                          capture_output=True, text=True, timeout=120).stdout
     reports, heartbeats = json.loads(out.strip().splitlines()[-1])

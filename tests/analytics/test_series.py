@@ -1,4 +1,4 @@
-"""Time series (analytics/series.py) against raw-row answers per bucket.
+"""Time series (analytics/reports/series.py) against raw-row answers per bucket.
 
 Spans are written into otel_traces as an exporter writes them; each bucket's count,
 error rate and spend must equal what the raw rows (and the cost report over that bucket
@@ -11,9 +11,10 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from analytics import rollups, series
-from analytics.query import QueryError, ReportQuery
-from analytics.reports import run
+from servelens.analytics.sources import rollups
+from servelens.analytics.reports import series
+from servelens.analytics.query import QueryError, ReportQuery
+from servelens.analytics.reports.registry import run
 
 pytestmark = pytest.mark.integration
 

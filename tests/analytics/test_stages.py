@@ -18,9 +18,9 @@ from datetime import datetime, timedelta, timezone
 import numpy as np
 import pytest
 
-from analytics.query import ReportQuery
-from analytics.reports import run
-from analytics.sources import traces
+from servelens.analytics.query import ReportQuery
+from servelens.analytics.reports.registry import run
+from servelens.analytics.sources import traces
 
 pytestmark = pytest.mark.integration
 

@@ -14,7 +14,7 @@ import polars as pl
 import pytest
 from scipy import stats as sps
 
-from analytics.triggers import pooling, power, stats
+from servelens.analytics.triggers import pooling, power, stats
 from bench.history import HOUR, Traffic, insert
 from tests.analytics.test_triggers import T0, Recorder, all_triggers, run_windows
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import polars as pl
 import pytest
 
-from analytics.triggers.detect_quality import regressions
-from servelens.config import TriggersConfig
+from servelens.analytics.triggers.detect_quality import regressions
+from servelens.core.config import TriggersConfig
 
 KEYS = ["task_type", "language"]
 CFG = TriggersConfig.QualityRegression(keys=KEYS, min_evaluations=100, min_baseline=200, fdr=0.001)

@@ -13,9 +13,9 @@ from datetime import timedelta
 
 import pytest
 
-from analytics.triggers.detect_reliability import most_specific
+from servelens.analytics.triggers.detect_reliability import most_specific
 from bench.history import HOUR, Traffic, insert
-from servelens.config import TriggersConfig
+from servelens.core.config import TriggersConfig
 from tests.analytics.test_triggers import T0, Recorder, all_triggers, run_windows
 
 CFG = TriggersConfig.ErrorRateSpike()

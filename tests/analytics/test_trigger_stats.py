@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from analytics.triggers import stats
+from servelens.analytics.triggers import stats
 
 
 def test_registry_ids_defaults_and_json_evidence() -> None:

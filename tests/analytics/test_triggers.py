@@ -27,10 +27,10 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.trace import Status, StatusCode
 
-from analytics.runner import Leases
-from analytics.triggers import engine, episodes
-from analytics.triggers.base import Evaluation, Finding
-from dashboard.api import blueprint
+from servelens.analytics.leases import Leases
+from servelens.analytics.triggers import engine, episodes
+from servelens.analytics.triggers.base import Evaluation, Finding
+from servelens.dashboard.api import blueprint
 from bench.history import HOUR, Traffic, insert, insert_gpus
 
 pytestmark = pytest.mark.integration
@@ -310,7 +310,7 @@ def _send_window(provider: TracerProvider, since: datetime, originals: int, fail
 
 def test_retry_storm_and_error_spike_through_receiver_dispatcher_and_api(
         store, make_settings, otlp_http, webhook) -> None:
-    from analytics.alerts.dispatcher import Dispatcher
+    from servelens.analytics.alerts.dispatcher import Dispatcher
 
     url, received = webhook
     settings = make_settings(triggers={"baseline": "2d"}, alerts={"sinks": [{"type": "webhook", "url": url}]})
@@ -380,7 +380,7 @@ def test_evaluation_is_idempotent_and_one_runner_takes_a_window(store, make_sett
 
 
 def test_due_windows() -> None:
-    from servelens.config import Settings
+    from servelens.core.config import Settings
 
     s = Settings()
     at = datetime(2026, 3, 2, 10, 5, tzinfo=timezone.utc)  # settle is 2 min: 10:00 is due
@@ -439,9 +439,9 @@ def test_episode_state_machine() -> None:
 def test_per_window_costs_are_the_cost_reports(store, make_settings) -> None:
     """cost_anomaly prices every baseline window in one pass; each must be what the cost
     report says of that window alone (API prices and self-hosted GPU cost alike)."""
-    from analytics import cost
-    from analytics.query import ReportQuery
-    from analytics.triggers.detect_capacity import window_unit_costs
+    from servelens.analytics.reports import cost
+    from servelens.analytics.query import ReportQuery
+    from servelens.analytics.triggers.detect_capacity import window_unit_costs
 
     settings = make_settings(pricing=PRICING, deployments=[LLAMA])
     start = T0

@@ -16,7 +16,7 @@ from datetime import datetime, timedelta, timezone
 import numpy as np
 import pytest
 
-from analytics.reports import run
+from servelens.analytics.reports.registry import run
 
 pytestmark = pytest.mark.integration
 

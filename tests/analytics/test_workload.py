@@ -25,9 +25,9 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from polars.testing import assert_frame_equal
 
-from analytics import workload
-from analytics.query import ReportQuery
-from analytics.reports import to_records
+from servelens.analytics.reports import workload
+from servelens.analytics.query import ReportQuery
+from servelens.analytics.reports.registry import to_records
 
 S = 10**9
 MS = 10**6

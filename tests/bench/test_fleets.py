@@ -19,9 +19,9 @@ import pytest
 from bench import fleets
 from bench.detection import Base, attach
 from bench.history import HOUR, NIGHT_H, PEAKS_H, Segment, Traffic, insert, insert_all
-from servelens.config import load
-from servelens.migrate import migrate
-from servelens.store import Store
+from servelens.core.config import load
+from servelens.core.migrate import migrate
+from servelens.core.store import Store
 
 pytestmark = pytest.mark.integration
 

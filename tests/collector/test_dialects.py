@@ -21,10 +21,10 @@ from pathlib import Path
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from collector import dialects
-from collector.service import Collector
-from servelens.migrate import MIGRATIONS_DIR, migrate
-from servelens.store import Store
+from servelens.collector.mapping import dialects
+from servelens.collector.service import Collector
+from servelens.core.migrate import MIGRATIONS_DIR, migrate
+from servelens.core.store import Store
 
 pytestmark = pytest.mark.integration
 CAPTURES = Path(__file__).resolve().parents[1] / "interop" / "captures"
@@ -164,7 +164,7 @@ def test_every_call_is_one_row_with_what_the_server_returned(stored, library: st
 
 
 def test_the_configs_default_business_unit_keys_are_the_dialect_tables() -> None:
-    from servelens.config import AttributesConfig
+    from servelens.core.config import AttributesConfig
 
     defaults = AttributesConfig()
     for unit in ("tenant", "feature", "team"):

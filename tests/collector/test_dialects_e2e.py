@@ -21,8 +21,8 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from analytics import reports
-from servelens.demo import DEMO_CONFIG, LLAMA, SERVICES, DemoTraffic
+from servelens.analytics.reports import registry as reports
+from servelens.demo.traffic import DEMO_CONFIG, LLAMA, SERVICES, DemoTraffic
 
 pytestmark = pytest.mark.integration
 

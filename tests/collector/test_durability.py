@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from collector.spool import Spool
-from collector.writer import Writer, WriterSettings
-from servelens.store import Store
+from servelens.collector.pipeline.spool import Spool
+from servelens.collector.pipeline.writer import Writer, WriterSettings
+from servelens.core.store import Store
 from tests.collector.otlp_payloads import llm_request
 
 pytestmark = pytest.mark.integration
@@ -44,8 +44,8 @@ def count(store: Store, table: str = "otel_traces") -> int:
 
 def test_store_outage_spools_then_replays_exactly_once(make_settings):
     settings = make_settings(collector={"store_retry": "200ms"})
-    from collector.service import Collector
-    from servelens.migrate import migrate
+    from servelens.collector.service import Collector
+    from servelens.core.migrate import migrate
 
     store = Store(settings.store_url, settings.store.database)
     migrate(store.client())
@@ -70,7 +70,7 @@ def test_store_outage_spools_then_replays_exactly_once(make_settings):
 
 def test_replay_of_a_batch_the_store_already_took_is_not_doubled(settings, store, tmp_path: Path):
     """The store commits, the writer times out anyway and spools: replay must be a no-op."""
-    from collector.spans import spans_to_rows
+    from servelens.collector.mapping.spans import spans_to_rows
 
     batch = spans_to_rows(llm_request(7))
     tables = [(batch.table, batch.columns, batch.data)]
@@ -92,8 +92,8 @@ def test_replay_of_a_batch_the_store_already_took_is_not_doubled(settings, store
 
 def test_full_queue_refuses_with_retry_after_and_client_retries_land(make_settings):
     settings = make_settings(collector={"queue_size": 1, "store_retry": "5s", "spool_max_bytes": 0})
-    from collector.service import Collector
-    from servelens.migrate import migrate
+    from servelens.collector.service import Collector
+    from servelens.core.migrate import migrate
 
     store = Store(settings.store_url, settings.store.database)
     migrate(store.client())
@@ -137,7 +137,7 @@ def test_full_queue_refuses_with_retry_after_and_client_retries_land(make_settin
 
 def _start_collector(data_dir: Path, env: dict[str, str] | None = None) -> tuple[subprocess.Popen, int]:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "servelens.cli", "collector", "--data-dir", str(data_dir),
+        [sys.executable, "-m", "servelens", "collector", "--data-dir", str(data_dir),
          "--otlp-http-port", "0", "--otlp-grpc-port", "0", "--log-level", "WARNING"],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env={**os.environ, **(env or {})})
     deadline = time.monotonic() + 60
@@ -190,7 +190,7 @@ def test_sigkill_mid_stream_loses_nothing_acknowledged(tmp_path: Path, env: dict
     proc, _ = _start_collector(data_dir, env)
     proc.send_signal(signal.SIGTERM)
     proc.wait(30)
-    out = subprocess.run([sys.executable, "-m", "servelens.cli", "report", "overview", "--format", "json",
+    out = subprocess.run([sys.executable, "-m", "servelens", "report", "overview", "--format", "json",
                           "--data-dir", str(data_dir)], capture_output=True, text=True, timeout=120, check=True)
     stored = json.loads(out.stdout)["rows"][0]["requests"]
     assert acked * 5 <= stored <= sent * 5
@@ -200,8 +200,8 @@ def test_a_batch_the_store_cannot_take_fails_alone_and_is_never_spooled(settings
     """A data error (here: text in the UInt64 Duration column) is permanent: the request
     that carried it gets DataRejected, the request merged with it still lands, and nothing
     is spooled to block the batches behind it."""
-    from collector.spans import spans_to_rows
-    from collector.writer import DataRejected
+    from servelens.collector.mapping.spans import spans_to_rows
+    from servelens.collector.pipeline.writer import DataRejected
 
     good = spans_to_rows(llm_request(4))
     bad = spans_to_rows(llm_request(2))

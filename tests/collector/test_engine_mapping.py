@@ -35,12 +35,12 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
-from collector.engine_spans import _varint, spans_to_request
-from collector.service import Collector
-from collector.spans import TRACE_COLUMNS, spans_to_rows
-from collector.writer import Writer, WriterSettings
-from servelens.migrate import migrate
-from servelens.store import Store
+from servelens.collector.mapping.engine_spans import _varint, spans_to_request
+from servelens.collector.service import Collector
+from servelens.collector.mapping.spans import TRACE_COLUMNS, spans_to_rows
+from servelens.collector.pipeline.writer import Writer, WriterSettings
+from servelens.core.migrate import migrate
+from servelens.core.store import Store
 from tests.collector.test_mapping import (
     PARENT_ID,
     T0,

@@ -22,8 +22,8 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 )
 from opentelemetry.proto.metrics.v1 import metrics_pb2
 
-from dashboard.app import create_app
-from dashboard.server import DashboardServer
+from servelens.dashboard.app import create_app
+from servelens.dashboard.server import DashboardServer
 from tests.collector.test_bad_input import (
     JSON,
     NOW_NS,

@@ -16,11 +16,11 @@ from opentelemetry.proto.logs.v1 import logs_pb2
 from opentelemetry.proto.metrics.v1 import metrics_pb2
 from opentelemetry.proto.trace.v1 import trace_pb2
 
-from collector import attributes
-from collector.logs import LOG_COLUMNS, logs_to_rows
-from collector.metrics import GAUGE_COLUMNS, HISTOGRAM_COLUMNS, SUM_COLUMNS, metrics_to_rows
-from collector.spans import TRACE_COLUMNS, spans_to_rows
-from servelens.config import AttributesConfig
+from servelens.collector.mapping import attributes
+from servelens.collector.mapping.logs import LOG_COLUMNS, logs_to_rows
+from servelens.collector.mapping.metrics import GAUGE_COLUMNS, HISTOGRAM_COLUMNS, SUM_COLUMNS, metrics_to_rows
+from servelens.collector.mapping.spans import TRACE_COLUMNS, spans_to_rows
+from servelens.core.config import AttributesConfig
 
 TRACE_ID = bytes.fromhex("0af7651916cd43dd8448eb211c80319c")
 SPAN_ID = bytes.fromhex("b7ad6b7169203331")

@@ -25,13 +25,13 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2_grpc import TraceS
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.metrics.v1 import metrics_pb2
 
-from collector.engine_spans import _varint
-from collector.service import Collector
-from collector.spool import Spool
-from collector.writer import Writer, WriterSettings
-from servelens.cli import main
-from servelens.migrate import migrate
-from servelens.store import Store
+from servelens.collector.mapping.engine_spans import _varint
+from servelens.collector.service import Collector
+from servelens.collector.pipeline.spool import Spool
+from servelens.collector.pipeline.writer import Writer, WriterSettings
+from servelens.app.cli import main
+from servelens.core.migrate import migrate
+from servelens.core.store import Store
 from tests.collector.otlp_payloads import kv, llm_request
 
 pytestmark = pytest.mark.integration
@@ -361,8 +361,8 @@ DERIVED = ("llm_requests", "trace_outcomes", "stage_spans", "otel_traces_trace_i
 
 @pytest.mark.parametrize("mapping", MAPPINGS)
 def test_a_replay_completes_the_views_a_crash_cut_off_and_doubles_nothing(store: Store, tmp_path, mapping) -> None:
-    from collector.engine_spans import spans_to_request
-    from collector.spans import spans_to_rows
+    from servelens.collector.mapping.engine_spans import spans_to_request
+    from servelens.collector.mapping.spans import spans_to_rows
 
     request = llm_request(6)
     batch = spans_to_request(request, request.SerializeToString()) if mapping == "engine" else spans_to_rows(request)
@@ -418,8 +418,8 @@ def test_points_and_log_records_the_ttl_would_drop_are_rejected_at_ingest(start)
 
 
 def test_the_quarantine_shows_on_health_and_on_the_overview(start) -> None:
-    from dashboard.pages.overview import quarantine_note
-    from collector.spool import quarantine_summary
+    from servelens.dashboard.pages.overview import quarantine_note
+    from servelens.collector.pipeline.spool import quarantine_summary
 
     collector, store, url = start(acknowledge="spooled", spool_linger="0.2s")
     _refuse_span_name(store, "poison", "constraint")

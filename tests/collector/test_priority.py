@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from collector import priority
+from servelens.collector.pipeline import priority
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="thread priorities via /proc")
 
@@ -46,7 +46,7 @@ def test_write_ahead_collection_runs_when_the_inserter_says_and_is_undone_on_sto
     import gc
     import weakref
 
-    from collector.collection import Collection
+    from servelens.collector.pipeline.collection import Collection
 
     class Node:
         pass

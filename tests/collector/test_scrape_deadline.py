@@ -10,7 +10,7 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
-from collector.scrape import fetch
+from servelens.collector.receivers.scrape import fetch
 
 pytestmark = pytest.mark.integration
 

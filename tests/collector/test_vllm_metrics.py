@@ -144,7 +144,7 @@ def wait_until(check: Callable[[], bool], what: str, timeout: float = 15.0) -> N
 
 def test_scraped_vllm_pages_current_and_deprecated_names_land_in_engine_samples(make_settings, store,
                                                                                vllm_server: str) -> None:
-    from collector.service import Collector
+    from servelens.collector.service import Collector
 
     targets = [{"url": f"http://{vllm_server}/current/metrics", "interval": "1s", "job": "vllm-llama"},
                {"url": f"http://{vllm_server}/old/metrics", "interval": "1s", "job": "vllm-old"}]

@@ -18,8 +18,8 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from dashboard.app import create_app
-from dashboard.server import DashboardServer
+from servelens.dashboard.app import create_app
+from servelens.dashboard.server import DashboardServer
 
 SERVICE = "chat-api"
 # USD per million tokens; "llama-3-8b" is deliberately absent (unpriced).

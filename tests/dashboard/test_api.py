@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import servelens
-from analytics.reports import REPORTS
+from servelens.analytics.reports.registry import REPORTS
 from tests.dashboard.conftest import PRICES, Request, http, make_traffic, send
 
 pytestmark = pytest.mark.integration

@@ -8,9 +8,9 @@ import types
 import dash
 import flask
 
-from dashboard import data
-from dashboard.guard import Guard
-from dashboard.components import NULL, integer, ms, pct, register_refresh, show, table, updated_line, usd
+from servelens.dashboard import data
+from servelens.dashboard.guard import Guard
+from servelens.dashboard.components import NULL, integer, ms, pct, register_refresh, show, table, updated_line, usd
 
 
 def test_formatters():

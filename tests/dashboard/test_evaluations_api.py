@@ -13,7 +13,8 @@ from urllib.parse import urlencode
 
 import pytest
 
-from analytics import evaluations, quality, reports
+from servelens.analytics import evaluations
+from servelens.analytics.reports import quality, registry as reports
 from tests.analytics.test_quality import THRESHOLDS, Call, Eval, send_calls
 from tests.dashboard.conftest import http
 

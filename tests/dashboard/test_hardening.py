@@ -27,14 +27,14 @@ from typing import Any, Iterator
 import polars as pl
 import pytest
 
-from analytics import sources
-from analytics.reports import REPORTS
+from servelens.analytics import sources
+from servelens.analytics.reports.registry import REPORTS
 from bench.dashboard_cardinality import (REFRESHES, dependencies, generate, post_callback, refresh_body,
                                         refresh_dependency)
-from dashboard import components, data
-from dashboard.app import create_app
-from dashboard.guard import Guard
-from dashboard.server import DashboardServer
+from servelens.dashboard import components, data
+from servelens.dashboard.app import create_app
+from servelens.dashboard.guard import Guard
+from servelens.dashboard.server import DashboardServer
 
 pytestmark = pytest.mark.integration
 
@@ -372,7 +372,7 @@ def _assert_escaped(figure: Any) -> None:
 def pages(settings) -> dict[str, Any]:
     """Page modules by name: Dash Pages imports them for an app, not before."""
     create_app(settings, None)
-    return {name: importlib.import_module(f"dashboard.pages.{name}")
+    return {name: importlib.import_module(f"servelens.dashboard.pages.{name}")
             for name in ("cost", "latency", "quality", "reliability", "workload")}
 
 

@@ -16,9 +16,9 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
 from bench.dashboard_cardinality import IDLE_JS, OVERVIEW_DRAWN_JS, generate
-from dashboard import components, data
-from dashboard.app import create_app
-from dashboard.server import DashboardServer
+from servelens.dashboard import components, data
+from servelens.dashboard.app import create_app
+from servelens.dashboard.server import DashboardServer
 from tests.dashboard.test_browser import CHROMEDRIVER, CHROMIUM, _text, browser  # noqa: F401 - the fixture
 from tests.dashboard.test_hardening import ESCAPED, HOSTILE_NAME
 

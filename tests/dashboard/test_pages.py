@@ -21,8 +21,8 @@ from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
-from analytics.reports import REPORTS
-from dashboard.components import ms, pct, usd
+from servelens.analytics.reports.registry import REPORTS
+from servelens.dashboard.components import ms, pct, usd
 from tests.dashboard.conftest import PRICES, PRICING, SERVICE, Request, make_traffic, send
 from tests.dashboard.test_browser import CHROMEDRIVER, CHROMIUM, _first_text, _text, browser  # noqa: F401 - the fixture
 

@@ -19,11 +19,11 @@ from typing import Any
 import pytest
 from selenium.webdriver.common.by import By
 
-from analytics.query import iso
-from analytics.triggers import engine
-from dashboard import data
-from dashboard.app import create_app
-from dashboard.components import pct
+from servelens.analytics.query import iso
+from servelens.analytics.triggers import engine
+from servelens.dashboard import data
+from servelens.dashboard.app import create_app
+from servelens.dashboard.components import pct
 from bench.history import HOUR, Traffic, insert
 from tests.dashboard.conftest import PRICING
 from tests.dashboard.test_browser import CHROMEDRIVER, CHROMIUM, _text, browser  # noqa: F401 - the fixture
@@ -65,7 +65,7 @@ def _insert_spikes(store: Any, hour: datetime) -> None:
 def pages(settings) -> tuple[Any, Any]:
     """The quality and triggers page modules: Dash Pages imports them for an app, not before."""
     create_app(settings, None)
-    return importlib.import_module("dashboard.pages.quality"), importlib.import_module("dashboard.pages.triggers")
+    return importlib.import_module("servelens.dashboard.pages.quality"), importlib.import_module("servelens.dashboard.pages.triggers")
 
 
 @pytest.fixture

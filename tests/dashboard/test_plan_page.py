@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 from selenium.webdriver.common.by import By
 
-from analytics.plan import capacity
-from dashboard import data
-from dashboard.app import create_app
+from servelens.analytics.plan import capacity
+from servelens.dashboard import data
+from servelens.dashboard.app import create_app
 from tests.analytics.test_plan_capacity import LLAMA, SINCE, UNTIL, _engine, _history
 from tests.dashboard.test_browser import CHROMEDRIVER, CHROMIUM, _text, browser  # noqa: F401 - the fixture
 from tests.dashboard.test_pages import _finish, _open, _plots, _row, _wait
@@ -30,7 +30,7 @@ def settings(make_settings):
 @pytest.fixture
 def page(settings) -> Any:
     create_app(settings, None)  # Dash Pages imports the page for an app, not before
-    return importlib.import_module("dashboard.pages.plan")
+    return importlib.import_module("servelens.dashboard.pages.plan")
 
 
 @pytest.fixture

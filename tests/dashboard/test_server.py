@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from dashboard.app import create_app
-from dashboard.server import DashboardServer
+from servelens.dashboard.app import create_app
+from servelens.dashboard.server import DashboardServer
 
 # A select() broken by a socket closed under it surfaces as an exception in the server thread.
 pytestmark = [pytest.mark.integration,

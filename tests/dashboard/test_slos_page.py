@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 
 from bench.history import HOUR, Traffic, insert
-from dashboard import data
-from dashboard.app import create_app
-from dashboard.components import integer, pct
+from servelens.dashboard import data
+from servelens.dashboard.app import create_app
+from servelens.dashboard.components import integer, pct
 from tests.dashboard.conftest import PRICING
 from tests.dashboard.test_browser import CHROMEDRIVER, CHROMIUM, _text, browser  # noqa: F401 - the fixture
 from tests.dashboard.test_pages import _finish, _open, _plots, _row, _wait
@@ -34,7 +34,7 @@ def settings(make_settings):
 @pytest.fixture
 def page(settings) -> Any:
     create_app(settings, None)  # Dash Pages imports the page for an app, not before
-    return importlib.import_module("dashboard.pages.slos")
+    return importlib.import_module("servelens.dashboard.pages.slos")
 
 
 @pytest.fixture

@@ -135,18 +135,18 @@ def test_a_click_on_a_bucket_opens_its_requests(browser, dashboard, otlp_http, s
 def test_the_overview_reuses_the_schedulers_24_hour_binding_constraint(settings, store, otlp_http):
     """The last 24 h, unfiltered, is what the scheduler computes every interval: the
     Overview reads its binding constraint from there while fresh, else computes it."""
-    from analytics import runner
-    from dashboard import data
-    from dashboard.app import create_app
+    from servelens.analytics import scheduler
+    from servelens.dashboard import data
+    from servelens.dashboard.app import create_app
 
     create_app(settings, store)  # registers the pages
-    from dashboard.pages import overview
+    from servelens.dashboard.pages import overview
 
     send(otlp_http, TRAFFIC)
     source = data.DataSource(settings, store)
     live, as_of = overview.fetch_binding(source, data.Filters())
     assert as_of is None and live == "decode"  # nothing scheduled yet: computed now
-    runner.run_all(store, settings, scheduled=True)
+    scheduler.run_all(store, settings, scheduled=True)
     stored, as_of = overview.fetch_binding(source, data.Filters())
     assert stored == live and as_of is not None
     assert datetime.now(timezone.utc) - as_of <= settings.analytics.interval

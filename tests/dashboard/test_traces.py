@@ -23,12 +23,12 @@ from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
-from analytics import reports, traces_search
+from servelens.analytics.reports import registry as reports, traces_search
 from bench.dashboard_cardinality import dependencies, post_callback, refresh_body, refresh_dependency
-from dashboard import data, traces_links
-from dashboard.components import ms, usd
-from servelens.migrate import migrate
-from servelens.store import Store
+from servelens.dashboard import data, traces_links
+from servelens.dashboard.components import ms, usd
+from servelens.core.migrate import migrate
+from servelens.core.store import Store
 from tests.dashboard.conftest import PRICES, http, make_traffic, send
 from tests.dashboard.test_hardening import HOSTILE_FILTERS, HOSTILE_VALUES
 from tests.dashboard.test_browser import CHROMEDRIVER, CHROMIUM, browser  # noqa: F401 - the fixture
@@ -265,7 +265,7 @@ def test_a_bad_search_parameter_is_400(dashboard, query, message):
 
 
 def test_hostile_callback_inputs_are_dropped_and_the_traces_page_still_answers(dashboard, otlp_http):
-    from dashboard.pages import traces as page  # registered by the app: importable once it exists
+    from servelens.dashboard.pages import traces as page  # registered by the app: importable once it exists
 
     send(otlp_http, TRAFFIC[:5])
     deps = dependencies(dashboard.url)

@@ -11,10 +11,10 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
-from collector.service import Collector
-from servelens.config import Settings, load
-from servelens.migrate import migrate
-from servelens.store import Store
+from servelens.collector.service import Collector
+from servelens.core.config import Settings, load
+from servelens.core.migrate import migrate
+from servelens.core.store import Store
 
 
 @pytest.fixture(scope="module")

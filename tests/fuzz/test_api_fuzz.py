@@ -16,9 +16,9 @@ import requests
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from analytics import reports
-from dashboard.app import create_app
-from dashboard.server import DashboardServer
+from servelens.analytics.reports import registry as reports
+from servelens.dashboard.app import create_app
+from servelens.dashboard.server import DashboardServer
 from tests.dashboard.conftest import PRICING, make_traffic, send
 from tests.fuzz.harness import TIMEOUT, Pool, examples
 

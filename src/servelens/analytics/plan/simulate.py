@@ -1,0 +1,465 @@
+"""Tier B capacity planning: a discrete-event replay of a request trace through an LLM server.
+
+Where Tier A (queueing.py) answers in closed form for a server seen as c identical slots,
+this replays the trace itself through a model of what an inference engine does:
+
+* **Continuous batching.** A replica runs steps back to back while it holds work. Each step
+  carries every running sequence's next decode token plus as much prefill as fits a token
+  budget (`max_batched_tokens`, counting one token per decode sequence); a prompt larger
+  than what is left is prefilled in chunks over several steps. At most `max_seqs`
+  sequences run at once; the rest wait in FIFO order at their replica.
+* **Step time** = a + b * prefill_tokens + c * decode_sequences (`fit_step_time` estimates
+  a, b, c from what a deployment reports).
+* **KV cache** of `kv_tokens` per replica. A sequence holds its prompt (reserved whole when
+  admitted) plus one token per decode step. A step whose decode growth does not fit preempts
+  the most recently admitted sequences (vLLM's recompute policy): their cache is freed and
+  they go back to the front of the queue, to prefill prompt + generated tokens again. A
+  request that cannot fit alone (input + output - 1 > kv_tokens) is rejected, counted, and
+  has no latency.
+* **Prefix cache.** A request with a prefix hash that its replica has prefilled recently
+  (an LRU of `prefix_cache_entries` hashes, filled when a prefill completes) skips the
+  shared prefix's prefill compute; its cache blocks are still counted in full.
+* **Replicas** behind least-loaded routing (fewest running + waiting sequences, at arrival).
+* **Autoscaling** (optional, autoscaler.py): the HPA rule on busy share or concurrency
+  every `interval_s`; new replicas are billed from `scale_up_lag_s` after the decision and
+  routable `cold_start_s` later; scale-downs drain; optionally down to zero.
+
+Times: queue wait = first scheduled step's start - arrival (a preempted request's second
+admission does not count again); TTFT = end of the step that completes its prefill;
+latency = end of the step that produces its last token. A replica is busy while it runs a
+step, which is exactly while it holds a running sequence.
+
+Why a plain heap loop rather than SimPy: no dependency, and speed. SimPy spends a generator
+switch and an event object per yield; here the state is parallel lists of ints and floats
+indexed by request and replica (no per-request objects), arrivals are a sorted array merged
+with the heap instead of pushed onto it, and a replica that only decodes is advanced in one
+event straight to its next finish or cache overflow (steps in between all last a + c * D).
+An arrival routed to a replica in such a run cuts it at the next step boundary. The cost is
+a few events per request whatever the output length (bench/plan_replay.py measures it, and
+checks the shortcuts against a per-step reference loop).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from dataclasses import dataclass, field
+from heapq import heapify, heappop, heappush
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from servelens.analytics.plan.autoscaler import AUTOSCALE, DRAINING, ORDER, READY0, Autoscaling, Fleet, dedupe
+from servelens.analytics.plan.step_time import StepTimeFit, fit_step_time
+
+__all__ = ["Autoscaling", "ReplayResult", "Server", "StepTimeFit", "fit_step_time", "simulate"]
+
+inf = math.inf
+
+
+@dataclass(frozen=True)
+class Server:
+    """One replica: its step-time model and its engine limits."""
+
+    step_base_s: float  # a: fixed cost of a step (weights read, scheduling, launch)
+    step_prefill_s: float  # b: per prefill token computed
+    step_decode_s: float  # c: per decode sequence in the step
+    max_batched_tokens: int = 8192
+    max_seqs: int = 256
+    kv_tokens: int = 1_000_000
+    prefix_cache_entries: int = 1024  # 0 turns the prefix cache off
+    gpus_per_replica: int = 1
+
+    def __post_init__(self) -> None:
+        a, b, c = self.step_base_s, self.step_prefill_s, self.step_decode_s
+        if min(a, b, c) < 0 or not all(map(math.isfinite, (a, b, c))):
+            raise ValueError("server: step_base_s, step_prefill_s, step_decode_s must be finite and >= 0")
+        if not (a > 0 or (b > 0 and c > 0)):
+            raise ValueError("server: every step must take time (step_base_s > 0, or both per-token terms > 0)")
+        if self.max_seqs < 1 or self.max_batched_tokens < self.max_seqs:
+            raise ValueError("server: max_seqs >= 1 and max_batched_tokens >= max_seqs")
+        if self.kv_tokens < 1 or self.prefix_cache_entries < 0 or self.gpus_per_replica < 1:
+            raise ValueError("server: kv_tokens >= 1, prefix_cache_entries >= 0, gpus_per_replica >= 1")
+
+
+@dataclass(frozen=True, eq=False)
+class ReplayResult:
+    """Per-request times (seconds, NaN for rejected requests, in the trace's order) and totals."""
+
+    queue_wait_s: np.ndarray
+    ttft_s: np.ndarray
+    latency_s: np.ndarray
+    rejected: int
+    preemptions: int
+    prefix_hits: int
+    steps: int
+    events: int
+    duration_s: float
+    gpu_hours_provisioned: float
+    gpu_hours_busy: float
+    gpu_hours_starting: float
+    cost_usd: float | None
+    idle_cost_usd: float | None
+    queue_budget_s: float | None
+    queued_over_budget: int | None
+    replicas: list[tuple[float, int, int]]  # (time s, provisioned, ready) at every change
+    tenants: dict[str, dict[str, Any]] = field(default_factory=dict)
+    wall_s: float = 0.0
+
+    @property
+    def requests(self) -> int:
+        return int(self.latency_s.size)
+
+    @property
+    def completed(self) -> int:
+        return self.requests - self.rejected
+
+    @property
+    def gpu_hours_idle(self) -> float:
+        return self.gpu_hours_provisioned - self.gpu_hours_busy
+
+    @property
+    def busy_share(self) -> float | None:
+        return self.gpu_hours_busy / self.gpu_hours_provisioned if self.gpu_hours_provisioned > 0 else None
+
+    def replica_hours_between(self, t0: float, t1: float) -> float:
+        """Provisioned replica-hours inside [t0, t1], from the replica timeline."""
+        total, points = 0.0, self.replicas + [(math.inf, 0, 0)]
+        for (ta, n, _), (tb, _, _) in zip(points, points[1:]):
+            lo, hi = max(ta, t0), min(tb, t1)
+            total += n * max(0.0, hi - lo)
+        return total / 3600
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"requests": self.requests, "completed": self.completed, "rejected": self.rejected}
+        out.update(_summary(self.queue_wait_s, self.ttft_s, self.latency_s))
+        out.update({
+            "preemptions": self.preemptions, "prefix_hits": self.prefix_hits, "steps": self.steps,
+            "events": self.events, "duration_s": self.duration_s,
+            "gpu_hours_provisioned": self.gpu_hours_provisioned, "gpu_hours_busy": self.gpu_hours_busy,
+            "gpu_hours_idle": self.gpu_hours_idle, "gpu_hours_starting": self.gpu_hours_starting,
+            "busy_share": self.busy_share, "cost_usd": self.cost_usd, "idle_cost_usd": self.idle_cost_usd,
+            "queue_budget_s": self.queue_budget_s, "queued_over_budget": self.queued_over_budget,
+            "replicas": [{"t_s": t, "provisioned": p, "ready": r} for t, p, r in self.replicas],
+            "tenants": self.tenants, "wall_s": self.wall_s,
+        })
+        if self.cost_usd is None:
+            out["cost_reason"] = "no gpu_hourly_usd given"
+        return out
+
+
+def _pcts(x: np.ndarray, name: str) -> dict[str, float | None]:
+    x = x[~np.isnan(x)]
+    if not x.size:
+        return {f"{name}_p50_s": None, f"{name}_p99_s": None}
+    p50, p99 = np.percentile(x, [50, 99])
+    return {f"{name}_p50_s": float(p50), f"{name}_p99_s": float(p99)}
+
+
+def _summary(wait: np.ndarray, ttft: np.ndarray, lat: np.ndarray) -> dict[str, Any]:
+    out = {**_pcts(wait, "queue_wait"), **_pcts(ttft, "ttft"), **_pcts(lat, "latency")}
+    if out["latency_p99_s"] is None:
+        out["percentiles_reason"] = "no request completed"
+    return out
+
+
+def simulate(
+    arrival_s: Sequence[float] | np.ndarray,
+    input_tokens: Sequence[int] | np.ndarray,
+    output_tokens: Sequence[int] | np.ndarray,
+    server: Server,
+    *,
+    replicas: int = 1,
+    autoscaling: Autoscaling | None = None,
+    prefix_hash: Sequence[Any] | np.ndarray | None = None,
+    prefix_tokens: Sequence[int] | np.ndarray | None = None,
+    tenant: Sequence[Any] | np.ndarray | None = None,
+    traffic_x: float = 1.0,
+    gpu_hourly_usd: float | None = None,
+    queue_budget_s: float | None = None,
+    horizon_s: float | None = None,
+    progress: Callable[[float], None] | None = None,
+    progress_every: int = 200_000,
+) -> ReplayResult:
+    """Replay a trace (arrival seconds from its start, token counts per request).
+
+    `replicas` is the count at time 0 (fixed without `autoscaling`). `traffic_x` = k
+    divides arrival times (and `horizon_s`) by k: k times the traffic over 1/k of the span.
+    `prefix_hash` with `prefix_tokens` (the shared prefix's length) enables prefix hits.
+    `gpu_hourly_usd` is per GPU; a replica is `server.gpus_per_replica` GPUs. Billing runs to
+    `horizon_s`, or to the last completion if later. `progress(fraction of arrivals)` is
+    called about every `progress_every` events and once at the end.
+    """
+    started = time.perf_counter()
+    arrival = np.asarray(arrival_s, dtype=float)
+    n = arrival.size
+    inp = np.asarray(input_tokens, dtype=np.int64)
+    out = np.maximum(np.asarray(output_tokens, dtype=np.int64), 1)  # every request yields a first token
+    if inp.shape != (n,) or out.shape != (n,):
+        raise ValueError("arrival_s, input_tokens and output_tokens must be 1-d and of one length")
+    if n and (not np.isfinite(arrival).all() or arrival.min() < 0 or inp.min() < 1):
+        raise ValueError("arrivals must be finite and >= 0, input_tokens >= 1")
+    if not traffic_x > 0:
+        raise ValueError("traffic_x must be > 0")
+    if replicas < (0 if autoscaling and autoscaling.scale_to_zero else 1):
+        raise ValueError("replicas must be >= 1 (0 only with scale_to_zero)")
+    order = np.argsort(arrival, kind="stable")
+    order = order[(inp + out - 1 <= server.kv_tokens)[order]]  # the rest cannot fit the cache alone
+    code = np.full(n, -1, dtype=np.int64)
+    skip = np.zeros(n, dtype=np.int64)
+    if prefix_hash is not None:
+        if prefix_tokens is None:
+            raise ValueError("prefix_hash needs prefix_tokens (the shared prefix's length per request)")
+        h = np.asarray(prefix_hash)
+        h = h if h.dtype.kind in "iub" else h.astype(str)
+        _, code = np.unique(h, return_inverse=True)
+        shared = np.minimum(np.asarray(prefix_tokens, dtype=np.int64), inp - 1)  # one token is always computed
+        code = np.where(shared > 0, code.reshape(-1), -1)
+        skip = np.maximum(shared, 0)
+    horizon = (horizon_s or 0.0) / traffic_x
+    raw = _replay(
+        (arrival[order] / traffic_x).tolist(), inp[order].tolist(), out[order].tolist(),
+        code[order].tolist(), skip[order].tolist(), server, replicas, autoscaling, horizon,
+        progress, max(1, progress_every),
+    )
+    wait, ttft, done = np.full(n, np.nan), np.full(n, np.nan), np.full(n, np.nan)
+    for dest, key in ((wait, "wait"), (ttft, "ttft"), (done, "done")):
+        dest[order] = raw[key]
+    arr = arrival / traffic_x
+    lat = done - arr
+    gpus = server.gpus_per_replica
+    prov, busy, boot = (raw[k] * gpus / 3600 for k in ("provisioned_s", "busy_s", "starting_s"))
+    over = None if queue_budget_s is None else int(np.count_nonzero(wait > queue_budget_s))
+    tenants = {}
+    if tenant is not None:
+        keys = np.asarray(tenant).astype(str)
+        for key in np.unique(keys):
+            sel = keys == key
+            tenants[str(key)] = {"requests": int(sel.sum()), **_summary(wait[sel], ttft[sel], lat[sel])}
+    if progress:
+        progress(1.0)
+    return ReplayResult(
+        queue_wait_s=wait, ttft_s=ttft, latency_s=lat, rejected=n - order.size,
+        preemptions=raw["preemptions"], prefix_hits=raw["hits"], steps=raw["steps"], events=raw["events"],
+        duration_s=raw["end"], gpu_hours_provisioned=prov, gpu_hours_busy=busy, gpu_hours_starting=boot,
+        cost_usd=None if gpu_hourly_usd is None else prov * gpu_hourly_usd,
+        idle_cost_usd=None if gpu_hourly_usd is None else (prov - busy) * gpu_hourly_usd,
+        queue_budget_s=queue_budget_s, queued_over_budget=over, replicas=raw["timeline"], tenants=tenants,
+        wall_s=time.perf_counter() - started,
+    )
+
+
+def _replay(arr: list[float], inp: list[int], out: list[int], pcode: list[int], skip: list[int],
+            srv: Server, n0: int, pol: Autoscaling | None, horizon: float,
+            progress: Callable[[float], None] | None, every: int) -> dict[str, Any]:
+    """The event loop over plain lists (the model is in the module doc). Requests are sorted
+    by arrival and each fits the cache alone."""
+    N = len(arr)
+    NR = N + 1  # a finish key is finish_step * NR + request: one int, cheap to heap
+    a, b, c = srv.step_base_s, srv.step_prefill_s, srv.step_decode_s
+    cap, budget0, seqs_max, cache_max = srv.kv_tokens, srv.max_batched_tokens, srv.max_seqs, srv.prefix_cache_entries
+    nan = math.nan
+    wait, ttft, done = [nan] * N, [nan] * N, [nan] * N
+    g0 = [0] * N  # tokens generated before the current admission (recomputed after a preemption)
+    gbase = [0] * N  # tokens generated when its latest prefill completed
+    kst = [0] * N  # the replica's step count when that prefill completed
+    rem = [0] * N  # prefill tokens still to compute in this admission
+    heap: list = []  # (time, tick, replica >= 0 for a step end | a control kind < 0)
+    tick = itertools.count(1).__next__
+    fleet = Fleet(heap, tick, pol, seqs_max)
+    for _ in range(n0):
+        fleet.create(0.0, True)
+    waiting, running, chunked, fin, cache = fleet.waiting, fleet.running, fleet.chunked, fleet.fin, fleet.cache
+    ndec, kv, ks, load, cur = fleet.ndec, fleet.kv, fleet.ks, fleet.load, fleet.cur
+    run_m, run_D = fleet.run_m, fleet.run_D
+    run_t0, run_d, run_pf, stepping, state = fleet.run_t0, fleet.run_d, fleet.run_pf, fleet.stepping, fleet.state
+    ready, pending = fleet.ready, fleet.pending
+    by_load = load.__getitem__
+    busy = area = last = 0.0
+    steps = events = preempted = hits = inflight = 0
+
+    def dispatch(v: int, r: int, t: float) -> None:
+        waiting[r].append(v)
+        load[r] += 1
+        if not stepping[r]:  # wake through the heap, so that every arrival at t joins the first step
+            run_m[r] = run_D[r] = 0
+            run_pf[r] = None
+            cur[r] = e = tick()
+            stepping[r] = True
+            heappush(heap, (t, e, r))
+        elif run_m[r] > 1:  # in a decode run: join it at the next step boundary
+            t0, d = run_t0[r], run_d[r]
+            j = math.ceil((t - t0) / d) or 1
+            if j < run_m[r]:
+                run_m[r] = j
+                cur[r] = e = tick()
+                heappush(heap, (t0 + j * d, e, r))
+
+    if pol:
+        heappush(heap, (pol.interval_s, tick(), AUTOSCALE))
+    i, t, t_work, next_arr, next_report = 0, 0.0, 0.0, (arr[0] if N else inf), every
+    while True:
+        if heap and heap[0][0] < next_arr:  # arrivals first on ties: they join the step starting then
+            t, e, r = heappop(heap)
+            if r < 0:
+                events += 1
+                if r == AUTOSCALE:
+                    area += inflight * (t - last)
+                    last = t
+                    fleet.evaluate(t, busy, area, inflight, i)
+                    if i < N or inflight or t + pol.interval_s <= horizon:
+                        heappush(heap, (t + pol.interval_s, tick(), AUTOSCALE))
+                elif r == ORDER:
+                    fleet.ordered(t)
+                elif fleet.booted(READY0 - r, t):
+                    while pending:
+                        dispatch(pending.popleft(), min(ready, key=by_load), t)
+                continue
+            if e != cur[r]:
+                continue  # superseded: the run was cut
+            events += 1
+            t_work = t
+            # The run (m steps of d seconds, D decoding) ends: tokens, finishes, completed prefills.
+            m, D = run_m[r], run_D[r]
+            k = ks[r] + m
+            ks[r] = k
+            used = kv[r] + m * D
+            busy += m * run_d[r]
+            steps += m
+            run, h, finished = running[r], fin[r], 0
+            if h:
+                lim = (k + 1) * NR
+                while h and h[0] < lim:
+                    v = heappop(h) % NR
+                    done[v] = t
+                    del run[v]
+                    used -= inp[v] + out[v] - 1
+                    finished += 1
+                D -= finished
+            pf = run_pf[r]
+            if pf:
+                ch = chunked[r]
+                for v, x in pf:
+                    y = rem[v] - x
+                    rem[v] = y
+                    if y:
+                        continue
+                    if ch and v in ch:
+                        ch.remove(v)
+                    if ttft[v] != ttft[v]:
+                        ttft[v] = t - arr[v]
+                    if cache_max and pcode[v] >= 0:
+                        cr = cache[r]
+                        cr[pcode[v]] = None
+                        cr.move_to_end(pcode[v])
+                        if len(cr) > cache_max:
+                            cr.popitem(last=False)
+                    gb = g0[v] + 1
+                    if gb < out[v]:
+                        gbase[v], kst[v] = gb, k
+                        heappush(h, (k + out[v] - gb) * NR + v)
+                        D += 1
+                    else:
+                        done[v] = t
+                        del run[v]
+                        used -= inp[v] + out[v] - 1
+                        finished += 1
+            if finished:
+                load[r] -= finished
+                area += inflight * (t - last)
+                last = t
+                inflight -= finished
+            wq = waiting[r]
+            if not run and not wq:
+                kv[r], ndec[r], stepping[r] = used, 0, False
+                if state[r] == DRAINING:
+                    fleet.retire(r, t)
+                continue
+            # The next step: preempt if decode growth overflows, continue chunks, admit in order.
+            ch = chunked[r]
+            if used + D > cap:
+                while used + D > cap:  # recompute-preempt the newest
+                    v = next(reversed(run))
+                    del run[v]
+                    if v in ch:
+                        ch.remove(v)
+                        used -= inp[v] + g0[v]
+                    else:
+                        g = gbase[v] + k - kst[v]
+                        h.remove((kst[v] + out[v] - gbase[v]) * NR + v)
+                        used -= inp[v] + g - 1
+                        g0[v] = g
+                        D -= 1
+                    wq.appendleft(v)
+                    preempted += 1
+                heapify(h)
+            budget, P, pf = budget0 - D, 0, []
+            for v in ch:
+                if budget <= 0:
+                    break
+                x = rem[v] if rem[v] < budget else budget
+                pf.append((v, x))
+                P += x
+                budget -= x
+            nrun = len(run)
+            while wq and budget > 0 and nrun < seqs_max:
+                v = wq[0]
+                need = inp[v] + g0[v]
+                if used + D + need > cap:
+                    break
+                wq.popleft()
+                run[v] = None
+                nrun += 1
+                used += need
+                if wait[v] != wait[v]:
+                    wait[v] = t - arr[v]
+                if cache_max and pcode[v] >= 0 and pcode[v] in cache[r]:
+                    cache[r].move_to_end(pcode[v])
+                    need -= skip[v]
+                    hits += 1
+                rem[v] = need
+                if need > budget:
+                    ch.append(v)
+                    need = budget
+                pf.append((v, need))
+                P += need
+                budget -= need
+            if P:
+                m, d = 1, a + b * P + c * D
+            else:  # decode only: every step alike until the next finish or cache overflow
+                m = h[0] // NR - k
+                mk = (cap - used) // D
+                if mk < m:
+                    m = mk
+                d = a + c * D
+            kv[r], ndec[r] = used, D
+            run_t0[r], run_d[r], run_m[r], run_D[r], run_pf[r] = t, d, m, D, pf
+            cur[r] = e = tick()
+            heappush(heap, (t + m * d, e, r))
+        elif i < N:
+            v, t = i, next_arr
+            t_work = t
+            i += 1
+            next_arr = arr[i] if i < N else inf
+            events += 1
+            area += inflight * (t - last)
+            last = t
+            inflight += 1
+            if ready:
+                dispatch(v, ready[0] if len(ready) == 1 else min(ready, key=by_load), t)
+            else:
+                pending.append(v)
+                if pol and not fleet.starting and fleet.orders <= fleet.cancel:
+                    fleet.order(t)  # from zero: the first arrival asks for a replica at once
+            if events >= next_report:
+                next_report = events + every
+                if progress:
+                    progress(i / N)
+        else:
+            break
+    end = max(horizon, t_work)
+    prov, boot = fleet.billed_s(end)
+    return {"wait": wait, "ttft": ttft, "done": done, "preemptions": preempted, "hits": hits, "steps": steps,
+            "events": events, "end": end, "provisioned_s": prov, "busy_s": busy, "starting_s": boot,
+            "timeline": dedupe(fleet.timeline)}

@@ -1,0 +1,134 @@
+"""Run the report jobs over stored data, on a schedule or on demand.
+
+Scheduled runs compute each report for the window ending at the last `analytics.interval`
+boundary (the default 24 h window), so every process pointed at one store computes the
+same windows; a lease (analytics_leases) lets exactly one of them compute each window,
+and results replace, never double (analytics_results is keyed by report and window).
+On-demand runs (`POST /api/v1/analytics/run`, `servelens analytics --once`) compute the
+window ending now.
+
+A dashboard process without an analytics role (`servelens dashboard`) runs a standby
+scheduler (dashboard.evaluate_triggers: auto): every runner that is not on standby writes a
+heartbeat row into analytics_leases each tick, and the standby does nothing while another
+runner's heartbeat is fresh, so the alerts keep coming from the analytics process (its
+sinks, its keepalives) and the dashboard takes over only when none is alive. The per-window
+leases stay what makes two runners safe: whoever runs, each window is evaluated, and each
+episode transition announced, once.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from datetime import datetime, timezone
+from typing import Any
+
+from servelens.analytics import memo
+from servelens.analytics.leases import Leases, aligned, heartbeat, runner_alive, runner_id
+from servelens.analytics.query import DEFAULT_WINDOW, ReportQuery, iso
+from servelens.analytics.reports import registry as reports
+from servelens.analytics.triggers.engine import active_triggers, evaluate_due
+from servelens.core.config import Settings
+
+log = logging.getLogger(__name__)
+
+
+def run_all(store: Any, settings: Settings, now: datetime | None = None, scheduled: bool = False,
+            owner: str | None = None) -> dict[str, Any]:
+    """{"jobs": {name: {"rows": n, "seconds": s}}} as SPEC 5's analytics/run returns it.
+
+    Scheduled runs skip the reports another runner holds the window of ("skipped": true).
+    """
+    now = now or datetime.now(timezone.utc)
+    owner = owner or runner_id()
+    until = aligned(now, settings.analytics.interval) if scheduled else now
+    leases = Leases(store, owner)
+    jobs: dict[str, Any] = {}
+    # The jobs share one window: what several of them need (GPU frames, stage quantiles)
+    # is computed once (analytics.memo) and dropped when the run ends.
+    with memo.run():
+        for name, (_job, default_by) in reports.REPORTS.items():
+            if scheduled and not leases.acquire(name, until, now):
+                jobs[name] = {"rows": 0, "seconds": 0.0, "skipped": True}
+                continue
+            started = time.perf_counter()
+            q = ReportQuery(until - DEFAULT_WINDOW, until, default_by)
+            frame = reports.compute(name, store, settings, q)
+            store.client().insert(
+                "analytics_results",
+                [[name, q.since, q.until, datetime.now(timezone.utc), owner, json.dumps(reports.to_records(frame))]],
+                column_names=["report", "since", "until", "computed_at", "owner", "rows"])
+            jobs[name] = {"rows": frame.height, "seconds": round(time.perf_counter() - started, 4)}
+    return {"jobs": jobs, "until": iso(until)}
+
+
+class Scheduler:
+    """At start and every `analytics.interval`: the report jobs for the latest aligned
+    window, then the trigger windows that have closed (their episodes publish to the alert
+    dispatcher).
+
+    `standby`: the dashboard's scheduler, which runs only while no other runner is alive.
+    """
+
+    def __init__(self, store: Any, settings: Settings, dispatcher: Any = None, standby: bool = False) -> None:
+        self._store = store
+        self._settings = settings
+        self._dispatcher = dispatcher
+        self._owner = runner_id()
+        self._standby = standby
+        self._running = not standby  # whether the last tick ran (a standby starts idle)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="analytics", daemon=True)
+        self.last: dict[str, Any] | None = None
+
+    @property
+    def running(self) -> bool:
+        """Whether the last tick ran the jobs (False: a standby that found a runner alive)."""
+        return self._running
+
+    def start(self) -> None:
+        if not self._standby:  # seen by a standby at once, not one interval later
+            heartbeat(self._store, self._owner, datetime.now(timezone.utc))
+        self._thread.start()
+
+    def tick(self, now: datetime | None = None) -> None:
+        now = now or datetime.now(timezone.utc)
+        if self._standby:
+            if runner_alive(self._store, self._settings, now, self._owner):
+                if self._running:
+                    log.info("an analytics runner is alive: this dashboard stops evaluating triggers")
+                    self._running = False
+                if self._dispatcher is not None:
+                    self._dispatcher.retain(set())  # the runner keeps the open episodes alive
+                return
+            if not self._running:
+                log.info("no analytics runner is alive: this dashboard runs the reports and triggers")
+                self._running = True
+                if self._dispatcher is not None:
+                    # Alertmanager expires what is not re-posted: the open episodes go out again.
+                    self._dispatcher.restore(active_triggers(self._store))
+        else:
+            heartbeat(self._store, self._owner, now)
+        self.last = run_all(self._store, self._settings, now=now, scheduled=True, owner=self._owner)
+        evaluate_due(self._store, self._settings, self._dispatcher, owner=self._owner, now=now)
+        if self._dispatcher is not None:
+            self._dispatcher.retain({t["id"] for t in active_triggers(self._store)})
+
+    def _loop(self) -> None:
+        # The first tick runs at start: windows that closed while no runner was up (an
+        # outage, a back-filled history) are evaluated now, not one interval later.
+        interval = self._settings.analytics.interval.total_seconds()
+        while not self._stop.is_set():
+            try:
+                self.tick()
+            except Exception:  # noqa: BLE001 - a failed run must not stop the schedule
+                log.exception("analytics run failed")
+            if self._stop.wait(interval):
+                break
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout)

@@ -1,0 +1,262 @@
+"""Aggregates of llm_requests (one typed row per LLM request)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import polars as pl
+
+from servelens.analytics import memo
+from servelens.analytics.sources import rollups
+from servelens.analytics.pricing import PriceCuts, epoch_ns
+from servelens.analytics.query import ReportQuery, key_expr
+from servelens.analytics.sources import frame
+from servelens.core.config import Settings
+
+QUANTILES = (0.5, 0.95, 0.99)
+# quantilesExactInclusive interpolates linearly between closest ranks (numpy's default
+# "linear" method): exact, and cheap at these sizes since ClickHouse sorts per group.
+_Q = "quantilesExactInclusive(0.5, 0.95, 0.99)"
+_DAY_NS = 86_400 * 10**9
+
+
+def sketched(store: Any, settings: Settings, q: ReportQuery, by: str | None) -> bool:
+    """Whether q's percentiles come from the rollups' sketches: the rollups answer it and
+    the window holds more requests than are cheap to rank exactly."""
+    if not rollups.uses_rollup(q, settings, by):
+        return False
+    limit = settings.analytics.exact_quantiles_up_to
+    return limit == 0 or rollups.request_count(store, settings, q) > limit
+
+
+def latency_groups(store: Any, settings: Settings, q: ReportQuery) -> pl.DataFrame:
+    """Per group: request count and p50/p95/p99 of TTFT, latency and TPOT (seconds):
+    exact from raw rows, or from the rollups' sketches for large windows (`sketched`)."""
+    if sketched(store, settings, q, q.by):
+        sql, params = rollups.request_stats_sql(q, settings, q.by)
+        return frame(store, f"SELECT key, requests, ttft, latency, tpot FROM ({sql}) ORDER BY requests DESC, key",
+                     params)
+    where, params = q.where(settings.attributes)
+    key_sql, key_params = key_expr(q.by, settings.attributes) if q.by else ("''", {})
+    params.update(key_params)
+    sql = f"""
+        SELECT {key_sql} AS key,
+               count() AS requests,
+               {_Q}(TtftSeconds) AS ttft,
+               {_Q}(LatencySeconds) AS latency,
+               {_Q}(if(OutputTokens > 1 AND LatencySeconds > TtftSeconds,
+                       (LatencySeconds - TtftSeconds) / (OutputTokens - 1), NULL)) AS tpot
+        FROM llm_requests
+        WHERE {where}
+        GROUP BY key
+        ORDER BY requests DESC, key"""
+    return frame(store, sql, params)
+
+
+def ttft_pairs(store: Any, settings: Settings, q: ReportQuery) -> pl.DataFrame:
+    """Per (service, model) with requests in the window, for the TTFT metrics fallback:
+    `keys`, the report keys of its requests that pass the filters; `exclusive`, whether
+    all of its window's requests pass them and share one key (then a histogram of that
+    service and model describes exactly those requests); `with_ttft`, its requests whose
+    span carried a TTFT."""
+    filtered, params = q.where(settings.attributes)
+    window, _ = ReportQuery(q.since, q.until).where(settings.attributes)
+    key_sql, key_params = key_expr(q.by, settings.attributes) if q.by else ("''", {})
+    params.update(key_params)
+    sql = f"""
+        SELECT ServiceName AS service, Model AS model,
+               groupUniqArrayIf(key, in_filter) AS keys,
+               toBool(min(in_filter) = 1 AND uniqExact(key) = 1) AS exclusive,
+               countIf(TtftSeconds IS NOT NULL) AS with_ttft
+        FROM (SELECT ServiceName, Model, TtftSeconds, toString({key_sql}) AS key, ({filtered}) AS in_filter
+              FROM llm_requests
+              WHERE {window})
+        GROUP BY service, model"""
+    return frame(store, sql, params)
+
+
+# A trace's outcome (latest span carrying app.outcome wins), for by=outcome.
+_OUTCOMES = """
+    LEFT JOIN (
+        SELECT TraceId, argMax(Outcome, Timestamp) AS Outcome
+        FROM trace_outcomes
+        WHERE TraceId IN (SELECT TraceId FROM llm_requests WHERE {where})
+        GROUP BY TraceId
+    ) AS o USING (TraceId)"""
+
+
+def _key(q: ReportQuery, settings: Settings) -> tuple[str, str, dict[str, Any]]:
+    """(key SQL, extra FROM clause, params) for the grouping key, outcome included."""
+    if q.by == "outcome":
+        return "ifNull(o.Outcome, '')", _OUTCOMES, {}
+    if q.by:
+        key_sql, params = key_expr(q.by, settings.attributes)
+        return key_sql, "", params
+    return "''", "", {}
+
+
+def _for_models(params: dict[str, Any], name: str, models: list[str] | None, condition: str) -> str:
+    """`condition`, only for models whose names contain one of `models` (None: every model)."""
+    if models is None:
+        return condition
+    params[name] = models
+    return f"({condition} AND multiSearchAnyCaseInsensitive(Model, {{{name}:Array(String)}}))"
+
+
+def _period(cuts: PriceCuts, params: dict[str, Any], time_sql: str = "Timestamp") -> str:
+    """The latest price change at or before the request that concerns its model, as ns
+    since the epoch (0: none): the same instant names the same period for every model."""
+    branches = []
+    for i, (at, models) in reversed(list(enumerate(cuts.boundaries))):  # multiIf: the latest first
+        params[f"bound_{i}"] = epoch_ns(at)
+        passed = _for_models(params, f"bound_models_{i}", models,
+                             f"{time_sql} >= fromUnixTimestamp64Nano({{bound_{i}:Int64}})")
+        branches.append(f"{passed}, {{bound_{i}:Int64}}")
+    return f"multiIf({', '.join(branches)}, toInt64(0))" if branches else "toInt64(0)"
+
+
+def _passed(value_sql: str, op: str, name: str, kind: str, cuts: list[Any], params: dict[str, Any]) -> str:
+    """SQL: how many of `cuts` the value has passed (`value op cut`), as a sum of
+    comparisons (bound as name_0, name_1, ...): no per-row array, unlike arrayCount."""
+    terms = []
+    for i, cut in enumerate(cuts):
+        params[f"{name}_{i}"] = cut
+        terms.append(f"({value_sql} {op} {{{name}_{i}:{kind}}})")
+    return " + ".join(terms) if terms else "0"
+
+
+def _price_cut_columns(cuts: PriceCuts, params: dict[str, Any], time_sql: str = "Timestamp",
+                       tier: tuple[str, str] = ("InputTokens", ">")) -> str:
+    """period: the latest price change at or before the request (for its model); daypart:
+    daily price-change times its time of day has passed (models priced by time of day
+    only); tier: tier thresholds its input exceeds (`tier`: the column and comparison
+    that say so; the cost rollup holds an input floor instead of the tokens)."""
+    daypart = _passed(f"toUnixTimestamp64Nano({time_sql}) % {_DAY_NS}", ">=", "time_of_day", "Int64",
+                      cuts.times_of_day_ns, params)
+    if cuts.times_of_day_ns and cuts.daily_models is not None:
+        params["daily_models"] = cuts.daily_models
+        daypart = f"if(multiSearchAnyCaseInsensitive(Model, {{daily_models:Array(String)}}), {daypart}, 0)"
+    tier_sql = _passed(tier[0], tier[1], "tier", "UInt32", cuts.tier_starts, params)
+    return f"{_period(cuts, params, time_sql)} AS period, toUInt16({daypart}) AS daypart, toUInt16({tier_sql}) AS tier"
+
+
+def cost_groups(store: Any, settings: Settings, q: ReportQuery, cuts: PriceCuts,
+                bucket_s: int | None = None) -> pl.DataFrame:
+    """Token sums per (key, model, provider, deployment, price period, time of day, tier,
+    retry?, error?), with one request's time (any: all in a group pay one price).
+
+    Prices do not change inside a group (period, daypart and tier are where they can:
+    `_price_cut_columns`), so pricing it in Polars, at any one of its requests, is exact.
+    Cache reads and writes are clamped into the input, reasoning into the output
+    (analytics.pricing: they are parts of them). Read from the 15-minute cost rollup where
+    it prices the window exactly (analytics.rollups), else from raw rows. With
+    `bucket_s` (a multiple of 900), groups are also split by time bucket (`bucket`).
+    """
+    if rollups.cost_answerable(q, settings, cuts) and (bucket_s is None or bucket_s % 900 == 0):
+        return _cost_groups_rollup(store, settings, q, cuts, bucket_s)
+    where, params = q.where(settings.attributes)
+    key_sql, join, key_params = _key(q, settings)
+    params.update(key_params)
+    join = join.replace("{where}", where)
+    bucket, bucket_key = _bucket_sql(bucket_s, "Timestamp")
+    cached = "least(CachedInputTokens, InputTokens)"
+    sql = f"""
+        SELECT {key_sql} AS key,
+               Model AS model,
+               Provider AS provider,
+               Deployment AS deployment,
+               {_price_cut_columns(cuts, params)},
+               RetryAttempt > 0 AS retry,
+               IsError AS error,
+               count() AS requests,
+               toUnixTimestamp64Nano(any(Timestamp)) AS at_ns,
+               sum(InputTokens) AS input_tokens,
+               sum(OutputTokens) AS output_tokens,
+               sum({cached}) AS cached_tokens,
+               sum(least(CacheWriteInputTokens, InputTokens - {cached})) AS cache_write_tokens,
+               sum(least(ReasoningOutputTokens, OutputTokens)) AS reasoning_tokens{bucket}
+        FROM llm_requests {join}
+        WHERE {where}
+        GROUP BY key, model, provider, deployment, period, daypart, tier, retry, error{bucket_key}"""
+    return frame(store, sql, params)
+
+
+def _bucket_sql(bucket_s: int | None, time_sql: str) -> tuple[str, str]:
+    if not bucket_s:
+        return "", ""
+    return (f",\n               toStartOfInterval({time_sql}, INTERVAL {int(bucket_s)} SECOND) AS bucket", ", bucket")
+
+
+def _cost_groups_rollup(store: Any, settings: Settings, q: ReportQuery, cuts: PriceCuts,
+                        bucket_s: int | None) -> pl.DataFrame:
+    """cost_groups from rollup_costs_15m (+ raw rows at the window's edges): every price
+    cut is on its grid, so a quarter hour's start prices all of its requests."""
+    params: dict[str, Any] = {}
+    source = rollups.cost_source_sql(q, settings, params)
+    at = "toDateTime64(Bucket, 9)"
+    bucket, bucket_key = _bucket_sql(bucket_s, "Bucket")
+    sql = f"""
+        SELECT toString(key) AS key,
+               toString(Model) AS model,
+               toString(Provider) AS provider,
+               toString(Deployment) AS deployment,
+               {_price_cut_columns(cuts, params, at, ("InputFloor", ">="))},
+               Retry AS retry,
+               Error AS error,
+               sum(Requests) AS requests,
+               toUnixTimestamp64Nano(toDateTime64(any(Bucket), 9)) AS at_ns,
+               sum(InputTokens_) AS input_tokens,
+               sum(OutputTokens_) AS output_tokens,
+               sum(CachedTokens) AS cached_tokens,
+               sum(CacheWriteTokens) AS cache_write_tokens,
+               sum(ReasoningTokens) AS reasoning_tokens{bucket}
+        FROM {source}
+        GROUP BY key, model, provider, deployment, period, daypart, tier, retry, error{bucket_key}"""
+    return frame(store, sql, params)
+
+
+def outcome_counts(store: Any, settings: Settings, q: ReportQuery) -> pl.DataFrame:
+    """Distinct traces per outcome among the window's requests (cost per completed task)."""
+    where, params = q.where(settings.attributes)
+    join = _OUTCOMES.replace("{where}", where)
+    sql = f"""
+        SELECT ifNull(o.Outcome, '') AS key, uniqExact(TraceId) AS outcomes
+        FROM llm_requests {join}
+        WHERE {where}
+        GROUP BY key"""
+    return frame(store, sql, params)
+
+
+def deployment_tokens(store: Any, q: ReportQuery, deployments: list[str]) -> pl.DataFrame:
+    """All input/output tokens per self-hosted deployment in the window, unfiltered: the
+    denominator of busy-cost allocation does not change with the report's filters."""
+    sql = """
+        SELECT Deployment AS deployment, sum(InputTokens) AS all_input, sum(OutputTokens) AS all_output
+        FROM llm_requests
+        WHERE Timestamp >= fromUnixTimestamp64Nano({since_ns:Int64})
+          AND Timestamp < fromUnixTimestamp64Nano({until_ns:Int64})
+          AND Deployment IN {deployments:Array(String)}
+        GROUP BY deployment"""
+    bounds = q.bounds()
+    return memo.cached(memo.key("requests.deployment_tokens", store, None, bounds["since_ns"], bounds["until_ns"],
+                                tuple(deployments)),
+                       lambda: frame(store, sql, {**bounds, "deployments": deployments}))
+
+
+def overview_totals(store: Any, settings: Settings, q: ReportQuery) -> pl.DataFrame:
+    if sketched(store, settings, q, None):
+        sql, params = rollups.request_stats_sql(q, settings, None)
+        return frame(store, f"""
+            SELECT sum(requests) AS requests, any(ttft)[3] AS ttft_p99, any(latency)[3] AS latency_p99,
+                   sum(errors) AS errors, sum(retries) AS retries
+            FROM ({sql})""", params)
+    where, params = q.where(settings.attributes)
+    sql = f"""
+        SELECT count() AS requests,
+               quantileExactInclusive(0.99)(TtftSeconds) AS ttft_p99,
+               quantileExactInclusive(0.99)(LatencySeconds) AS latency_p99,
+               countIf(IsError) AS errors,
+               countIf(RetryAttempt > 0) AS retries
+        FROM llm_requests
+        WHERE {where}"""
+    return frame(store, sql, params)

@@ -1,0 +1,249 @@
+"""Reading the request rollups (migrations/0019): which table answers which part of a window.
+
+A window [since, until) is cut into pieces: whole hours from the hour rollup, the whole
+minutes left at its edges from the minute rollup, and the partial minutes left from raw
+llm_requests rows, aggregated into the same states on the fly. The pieces are one UNION
+ALL under one GROUP BY, so sums are exact and quantile sketches merge across them. The
+rollups are written in the same insert as llm_requests (materialized views), so there is
+no lag to account for.
+
+What falls back to raw rows entirely (`answerable` says no):
+- a filter or grouping the rollup has no column for (tenant, feature, team, outcome, a
+  business unit read from other attribute keys): the latency rollups hold none of them;
+  the cost rollup holds tenant/feature/team under their default keys;
+- cost when a price cut inside the window is not on the cost rollup's 15-minute grid or
+  a tier threshold is not one of its input floors (`cost_answerable`).
+Quantiles from sketches are within 1 % of an exact value at most one rank from the
+percentile (the sketch ranks as q·n, the exact reports interpolate at q·(n−1); measured
+at most 0.75 %: BENCHMARKS.md "Rollups", `python -m bench.sketch_error`); windows with at most `analytics.exact_quantiles_up_to` requests are answered
+exactly from raw rows instead, where that is cheap.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from servelens.analytics.model_names import served_model_sql
+from servelens.analytics.pricing import epoch_ns
+from servelens.analytics.query import COLUMN_KEYS, ReportQuery, key_expr, unit_expr
+from servelens.analytics.sources import frame
+from servelens.core.config import Settings
+
+NS = 1_000_000_000
+SKETCH = "quantilesDD(0.0025, 0.5, 0.95, 0.99)"  # the rollups' state: keep in step with 0019
+SKETCH_ERROR = 0.01  # relative, within a rank of the percentile (the module docstring)
+
+REQUEST_GRAINS = (("rollup_requests_1h", 3600), ("rollup_requests_1m", 60))
+COST_GRAINS = (("rollup_costs_15m", 900),)
+# The cost rollup's input floors (0019): a tier threshold outside this list needs raw rows.
+INPUT_FLOORS = (0, 32000, 100000, 128000, 199999, 200000, 256000, 272000, 512000, 524288, 1000000)
+
+# Dimensions each rollup holds, by report key.
+# The model: the served one (analytics.model_names); a rollup row holds no RequestModel, and
+# a row whose Model is an alias its service was answered for holds that alias's refusals.
+_SERVED = served_model_sql(request_model="Model")
+REQUEST_DIMS = {**{k: COLUMN_KEYS[k] for k in ("service", "deployment", "provider", "operation", "region")},
+                "model": _SERVED}
+COST_DIMS = {**{k: COLUMN_KEYS[k] for k in ("service", "deployment", "provider")}, "model": _SERVED,
+             "tenant": "Tenant", "feature": "Feature", "team": "Team"}
+
+
+@dataclass(frozen=True)
+class Piece:
+    table: str  # a rollup table, or "" for raw llm_requests rows
+    lo_ns: int
+    hi_ns: int
+
+
+def pieces(since_ns: int, until_ns: int, grains: tuple[tuple[str, int], ...]) -> list[Piece]:
+    """Cover [since, until) with the coarsest grains first; what no grain covers is raw."""
+    if not grains:
+        return [Piece("", since_ns, until_ns)] if since_ns < until_ns else []
+    (table, seconds), finer = grains[0], grains[1:]
+    step = seconds * NS
+    lo = -(-since_ns // step) * step  # ceil
+    hi = until_ns // step * step
+    if lo >= hi:
+        return pieces(since_ns, until_ns, finer)
+    return [*pieces(since_ns, lo, finer), Piece(table, lo, hi), *pieces(hi, until_ns, finer)]
+
+
+def _default_units(settings: Settings, keys: set[str]) -> bool:
+    return all(unit_expr(k, settings.attributes)[1] == {} for k in keys & {"tenant", "feature", "team"})
+
+
+def answerable(q: ReportQuery, settings: Settings, dims: dict[str, str], by: str | None) -> bool:
+    """Whether a rollup with `dims` can answer grouping `by` under q's filters."""
+    if not settings.analytics.use_rollups:
+        return False
+    keys = set(q.filters) | ({by} if by else set())
+    return keys <= set(dims) and _default_units(settings, keys)
+
+
+def filter_sql(q: ReportQuery, dims: dict[str, str], params: dict[str, Any]) -> str:
+    """q's filters on rollup columns (answerable() said they are all there)."""
+    clauses = []
+    for key, value in sorted(q.filters.items()):
+        params[f"f_{key}"] = value
+        clauses.append(f"{dims[key]} = {{f_{key}:String}}")
+    return " AND ".join(clauses) or "1"
+
+
+def time_range(column: str, piece: Piece, i: int, params: dict[str, Any], raw: bool) -> str:
+    params[f"lo_{i}"], params[f"hi_{i}"] = piece.lo_ns, piece.hi_ns
+    if raw:
+        return (f"{column} >= fromUnixTimestamp64Nano({{lo_{i}:Int64}}) "
+                f"AND {column} < fromUnixTimestamp64Nano({{hi_{i}:Int64}})")
+    # rollup time columns are DateTime (seconds); pieces are whole grains
+    return (f"{column} >= toDateTime(intDiv({{lo_{i}:Int64}}, {NS})) "
+            f"AND {column} < toDateTime(intDiv({{hi_{i}:Int64}}, {NS}))")
+
+
+# --- latency and volume -------------------------------------------------------------------
+
+# The minute rollup's measures from raw rows (as rollup_requests_1m_mv computes them).
+_RAW_MEASURES = f"""
+       count() AS Requests,
+       countIf(IsError) AS Errors,
+       countIf(RetryAttempt > 0) AS Retries,
+       countIf(Fallback) AS Fallbacks,
+       countIf(HttpStatusCode = 429) AS RateLimited,
+       countIf(TtftSeconds IS NOT NULL) AS WithTtft,
+       sum(toUInt64(InputTokens)) AS InputTokens_,
+       sum(toUInt64(OutputTokens)) AS OutputTokens_,
+       sum(toUInt64(CachedInputTokens)) AS CachedInputTokens_,
+       sum(LatencySeconds) AS LatencySum,
+       {SKETCH.replace('(', 'StateIf(', 1)}(assumeNotNull(TtftSeconds), TtftSeconds IS NOT NULL) AS Ttft,
+       {SKETCH.replace('(', 'State(', 1)}(LatencySeconds) AS Latency,
+       {SKETCH.replace('(', 'StateIf(', 1)}((LatencySeconds - assumeNotNull(TtftSeconds)) / (OutputTokens - 1),
+           OutputTokens > 1 AND TtftSeconds IS NOT NULL AND LatencySeconds > assumeNotNull(TtftSeconds)) AS Tpot,
+       {SKETCH.replace('(', 'StateIf(', 1)}(assumeNotNull(QueueSeconds), QueueSeconds IS NOT NULL) AS Queue"""
+_ROLLUP_MEASURES = """Requests, Errors, Retries, Fallbacks, RateLimited, WithTtft,
+       InputTokens AS InputTokens_, OutputTokens AS OutputTokens_, CachedInputTokens AS CachedInputTokens_,
+       LatencySum, Ttft, Latency, Tpot, Queue"""
+_MERGED = f"""
+       sum(Requests) AS requests, sum(Errors) AS errors, sum(Retries) AS retries,
+       sum(Fallbacks) AS fallbacks, sum(RateLimited) AS rate_limited, sum(WithTtft) AS with_ttft,
+       sum(InputTokens_) AS input_tokens, sum(OutputTokens_) AS output_tokens,
+       sum(CachedInputTokens_) AS cached_tokens, sum(LatencySum) AS latency_sum,
+       {SKETCH.replace('(', 'Merge(', 1)}(Ttft) AS ttft,
+       {SKETCH.replace('(', 'Merge(', 1)}(Latency) AS latency,
+       {SKETCH.replace('(', 'Merge(', 1)}(Tpot) AS tpot,
+       {SKETCH.replace('(', 'Merge(', 1)}(Queue) AS queue"""
+
+
+def request_stats_sql(q: ReportQuery, settings: Settings, by: str | None,
+                      bucket_s: int | None = None) -> tuple[str, dict[str, Any]]:
+    """Per key (and time bucket): request counts, token sums and the TTFT, latency, TPOT
+    and queue sketches (p50, p95, p99), from the rollups where they answer, else raw rows.
+    A bucket is a multiple of 60 s; of 3600 s to use the hour rollup."""
+    params: dict[str, Any] = {}
+    bounds = q.bounds()
+    use_rollup = answerable(q, settings, REQUEST_DIMS, by)
+    grains = tuple(g for g in REQUEST_GRAINS if bucket_s is None or bucket_s % g[1] == 0) if use_rollup else ()
+    parts = []
+    for i, piece in enumerate(pieces(bounds["since_ns"], bounds["until_ns"], grains)):
+        if piece.table:
+            key = REQUEST_DIMS[by] if by else "''"
+            where = f"{time_range('Minute', piece, i, params, raw=False)} AND {filter_sql(q, REQUEST_DIMS, params)}"
+            parts.append(f"SELECT {key} AS key, Minute AS t, {_ROLLUP_MEASURES} FROM {piece.table} WHERE {where}")
+        else:
+            window = ReportQuery(q.since, q.until, filters=q.filters)
+            filters, fparams = window.where(settings.attributes)
+            params.update(fparams)
+            key, kparams = _raw_key(by, settings)
+            params.update(kparams)
+            where = f"{time_range('Timestamp', piece, i, params, raw=True)} AND {filters}"
+            parts.append(f"SELECT {key} AS key, toStartOfMinute(Timestamp) AS t, {_RAW_MEASURES} "
+                         f"FROM llm_requests WHERE {where} GROUP BY key, t")
+    if not parts:
+        parts.append(f"SELECT '' AS key, toDateTime(0) AS t, {_RAW_MEASURES} FROM llm_requests WHERE 0 GROUP BY key, t")
+    params.update(bounds)
+    bucket = f", toStartOfInterval(t, INTERVAL {int(bucket_s)} SECOND) AS bucket" if bucket_s else ""
+    group = "key, bucket" if bucket_s else "key"
+    sql = f"""
+        SELECT toString(key) AS key{bucket}, {_MERGED}
+        FROM ({' UNION ALL '.join(parts)})
+        GROUP BY {group}
+        HAVING requests > 0
+        ORDER BY {group}"""
+    return sql, params
+
+
+def _raw_key(by: str | None, settings: Settings) -> tuple[str, dict[str, Any]]:
+    return key_expr(by, settings.attributes) if by else ("''", {})
+
+
+def uses_rollup(q: ReportQuery, settings: Settings, by: str | None) -> bool:
+    return answerable(q, settings, REQUEST_DIMS, by)
+
+
+# --- cost ---------------------------------------------------------------------------------
+
+def cost_answerable(q: ReportQuery, settings: Settings, cuts: Any) -> bool:
+    """Whether the 15-minute cost rollup prices q exactly: its keys are there and every
+    price cut in the window falls on its grid (instants, times of day, input floors)."""
+    if q.by == "outcome" or not answerable(q, settings, COST_DIMS, q.by):
+        return False
+    grid = 900 * NS
+    return (all(epoch_ns(at) % grid == 0 for at, _ in cuts.boundaries)
+            and all(t % grid == 0 for t in cuts.times_of_day_ns)
+            and set(cuts.tier_starts) <= set(INPUT_FLOORS))
+
+
+# Raw rows into the cost rollup's shape (as rollup_costs_15m_mv computes it).
+_COST_RAW = """
+    SELECT {key} AS key, toStartOfFifteenMinutes(Timestamp) AS Bucket, ServiceName, Deployment, Model, Provider,
+           RetryAttempt > 0 AS Retry, IsError AS Error,
+           toUInt32(arrayMax(arrayFilter(t -> llm_requests.InputTokens > t, {floors}))) AS InputFloor,
+           count() AS Requests,
+           sum(toUInt64(InputTokens)) AS InputTokens_,
+           sum(toUInt64(OutputTokens)) AS OutputTokens_,
+           sum(toUInt64(least(CachedInputTokens, llm_requests.InputTokens))) AS CachedTokens,
+           sum(toUInt64(least(CacheWriteInputTokens,
+                              llm_requests.InputTokens - least(CachedInputTokens, llm_requests.InputTokens)))) AS CacheWriteTokens,
+           sum(toUInt64(least(ReasoningOutputTokens, llm_requests.OutputTokens))) AS ReasoningTokens
+    FROM llm_requests
+    WHERE {where}
+    GROUP BY key, Bucket, ServiceName, Deployment, Model, Provider, Retry, Error, InputFloor"""
+_COST_ROLLUP = """
+    SELECT {key} AS key, Bucket, ServiceName, Deployment, Model, Provider, Retry, Error, InputFloor,
+           Requests, InputTokens AS InputTokens_, OutputTokens AS OutputTokens_, CachedTokens, CacheWriteTokens,
+           ReasoningTokens
+    FROM rollup_costs_15m
+    WHERE {where}"""
+
+
+def cost_source_sql(q: ReportQuery, settings: Settings, params: dict[str, Any]) -> str:
+    """A subquery of pre-aggregated cost rows (key, Bucket, model..., sums) covering q's
+    window from the cost rollup and raw rows at its edges (cost_answerable() said yes)."""
+    bounds = q.bounds()
+    params.update(bounds)
+    floors = "[" + ", ".join(str(f) for f in INPUT_FLOORS) + "]"
+    parts = []
+    for i, piece in enumerate(pieces(bounds["since_ns"], bounds["until_ns"], COST_GRAINS)):
+        if piece.table:
+            key = COST_DIMS[q.by] if q.by else "''"
+            where = f"{time_range('Bucket', piece, i, params, raw=False)} AND {filter_sql(q, COST_DIMS, params)}"
+            parts.append(_COST_ROLLUP.format(key=key, where=where))
+        else:
+            window = ReportQuery(q.since, q.until, filters=q.filters)
+            filters, fparams = window.where(settings.attributes)
+            params.update(fparams)
+            key, kparams = _raw_key(q.by, settings)
+            params.update(kparams)
+            where = f"{time_range('Timestamp', piece, i, params, raw=True)} AND {filters}"
+            parts.append(_COST_RAW.format(key=key, floors=floors, where=where))
+    if not parts:
+        parts.append(_COST_RAW.format(key="''", floors=floors, where="0"))
+    return "(" + " UNION ALL ".join(parts) + ")"
+
+
+def request_count(store: Any, settings: Settings, q: ReportQuery) -> int:
+    """Requests in q's window under its filters (which the request rollups answer)."""
+    sql, params = request_stats_sql(q, settings, None)
+    # only the counts: the sketches of the same pieces are not merged
+    sql = sql.replace(_MERGED, " sum(Requests) AS requests").replace("HAVING requests > 0", "")
+    found = frame(store, f"SELECT sum(requests) AS n FROM ({sql})", params)
+    return int(found.item()) if found.height and found.item() is not None else 0

@@ -1,0 +1,124 @@
+"""Aggregates of llm_requests for the traffic-shape reports (`workload`, `reliability`).
+
+Every attempt is a row (retries load the server like first tries), so nothing here
+filters on RetryAttempt except where a column says so. All values are bound server-side.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import polars as pl
+
+from servelens.analytics.query import ReportQuery, key_expr
+from servelens.analytics.sources import frame
+from servelens.core.config import Settings
+
+NS = 1_000_000_000
+# quantilesExactInclusive interpolates linearly between closest ranks: numpy's default.
+_Q = "quantilesExactInclusive(0.5, 0.99)"
+# error.type is free text: HTTP status, OpenAI's RateLimitError, vLLM/LiteLLM's rate_limit_*.
+_RATE_LIMITED = "(HttpStatusCode = 429 OR match(ErrorType, '(?i)429|rate_?limit'))"
+
+
+def _scoped(settings: Settings, q: ReportQuery) -> tuple[str, str, dict[str, Any]]:
+    """(key SQL, WHERE clause, parameters) for `q`; key '' when ungrouped."""
+    where, params = q.where(settings.attributes)
+    key_sql, key_params = key_expr(q.by, settings.attributes) if q.by else ("''", {})
+    params.update(key_params)
+    return key_sql, where, params
+
+
+def _arrivals_sql(key_sql: str, where: str) -> str:
+    """Per group, from per-second arrival counts c (seconds counted from `since`):
+    arrivals = Σc, arrivals_sq = Σc², peak_second = max c, peak_minute = max per 60 s,
+    active_minutes = the 60 s buckets from the first arrival's to the last's, both counted.
+
+    Only seconds with arrivals exist here; the report adds the empty ones exactly from
+    the window length, so ClickHouse never materialises a row per empty second.
+    """
+    return f"""
+        SELECT key, sum(n) AS arrivals, sum(n_sq) AS arrivals_sq,
+               max(peak) AS peak_second, max(n) AS peak_minute,
+               max(minute) - min(minute) + 1 AS active_minutes
+        FROM (
+            SELECT key, intDiv(second, 60) AS minute, sum(c) AS n, sum(c * c) AS n_sq, max(c) AS peak
+            FROM (
+                SELECT {key_sql} AS key,
+                       intDiv(toUnixTimestamp64Nano(Timestamp) - {{since_ns:Int64}}, {NS}) AS second,
+                       count() AS c
+                FROM llm_requests
+                WHERE {where}
+                GROUP BY key, second)
+            GROUP BY key, minute)
+        GROUP BY key"""
+
+
+def workload_groups(store: Any, settings: Settings, q: ReportQuery) -> pl.DataFrame:
+    """Per group: requests, token p50/p99 and sums, reused-prefix and batch counts, and the
+    per-second arrival sums (`_arrivals_sql`), in one round trip.
+
+    A prefix counts as reused when its hash occurs on more than one request anywhere in
+    the (filtered) window, not only inside the group: a shared system prompt is cache-hot
+    for every service that sends it to the same server.
+    """
+    key_sql, where, params = _scoped(settings, q)
+    sql = f"""
+        SELECT *
+        FROM (
+            SELECT {key_sql} AS key,
+                   count() AS requests,
+                   {_Q}(InputTokens) AS input_q,
+                   {_Q}(OutputTokens) AS output_q,
+                   sum(InputTokens) AS input_tokens,
+                   sum(OutputTokens) AS output_tokens,
+                   countIf(CachedInputTokens > 0 OR PrefixHash IN (
+                       SELECT PrefixHash FROM llm_requests
+                       WHERE {where} AND PrefixHash != ''
+                       GROUP BY PrefixHash HAVING count() > 1)) AS reused,
+                   countIf(Mode = 'batch') AS batch
+            FROM llm_requests
+            WHERE {where}
+            GROUP BY key) AS r
+        LEFT JOIN ({_arrivals_sql(key_sql, where)}) AS a USING (key)"""
+    return frame(store, sql, params)
+
+
+def reliability_groups(store: Any, settings: Settings, q: ReportQuery) -> pl.DataFrame:
+    """Per group: attempts, errors, retries, originals, fallbacks (+ their p99 latency in
+    seconds) and rate-limited attempts.
+
+    A fallback is app.fallback = true, or a known model other than the primary_model
+    configured for the attempt's deployment (deployment -> primary bound as two arrays).
+    """
+    key_sql, where, params = _scoped(settings, q)
+    primaries = {d.name: d.primary_model for d in settings.deployments if d.primary_model}
+    params["fb_deployments"] = list(primaries)
+    params["fb_primaries"] = list(primaries.values())
+    sql = f"""
+        WITH transform(toString(Deployment), {{fb_deployments:Array(String)}},
+                       {{fb_primaries:Array(String)}}, '') AS primary_,
+             Fallback OR (primary_ != '' AND Model != '' AND Model != primary_) AS fallback_
+        SELECT {key_sql} AS key,
+               count() AS requests,
+               countIf(IsError) AS errors,
+               countIf(RetryAttempt > 0) AS retries,
+               countIf(RetryAttempt = 0) AS originals,
+               countIf(fallback_) AS fallbacks,
+               quantileExactInclusiveIf(0.99)(LatencySeconds, fallback_) AS fallback_p99,
+               countIf({_RATE_LIMITED}) AS rate_limited
+        FROM llm_requests
+        WHERE {where}
+        GROUP BY key"""
+    return frame(store, sql, params)
+
+
+def deployment_mix(store: Any, settings: Settings, q: ReportQuery) -> pl.DataFrame:
+    """Attempts per (group, deployment): which deployment a group mostly runs on."""
+    key_sql, where, params = _scoped(settings, q)
+    sql = f"""
+        SELECT {key_sql} AS key, toString(Deployment) AS deployment, count() AS requests
+        FROM llm_requests
+        WHERE {where}
+        GROUP BY key, deployment"""
+    return frame(store, sql, params)

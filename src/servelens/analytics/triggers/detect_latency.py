@@ -1,0 +1,221 @@
+"""Latency triggers: queue_wait_growth, p99_drift, fallback_over_budget (SPEC 6)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from servelens.analytics.reports import reliability
+from servelens.analytics.query import ReportQuery
+from servelens.analytics.sources import traffic
+from servelens.analytics.triggers import pooling, power, sources, stats
+from servelens.analytics.triggers.base import Evaluation, Finding, detector
+from servelens.analytics.triggers.common import DAY, LIKE_HOURS, choose_baseline, clean, ms, pct, seasonal, severity
+from servelens.core.config import Settings
+
+
+@detector("queue_wait_growth")
+def queue_wait_growth(store: Any, settings: Settings, at: Evaluation) -> list[Finding]:
+    """A deployment's queue-wait p95 over the last `windows` windows trends up.
+
+    The series has `points` p95s per window. When the baseline allows, each is first
+    compared with the same time of day on earlier days (p95 over the median of that
+    phase's daily p95s, on days of the same kind, weekday or weekend): the morning ramp
+    of a diurnal load grows the queue every day, and is no growth against its usual level.
+    Mann-Kendall (one-sided) then decides that the series rises consistently, and the
+    growth is the last window's median point over the first window's (and, against like
+    hours, over the usual level too): a burst is one point of its window (and a spike at
+    the end of a flat series is no consistent rise), so a single spike is no trend.
+
+    A deployment short of `min_requests` in some window of the series is read in pooled
+    windows instead (k of them each, the fewest up to `triggers.pool_windows` that hold
+    the minimum): the same points over a k times longer span.
+    """
+    cfg = settings.triggers.queue_wait_growth
+    most = settings.triggers.pool_windows
+    # A deployment short of min_requests in some window of the series is read in pooled
+    # windows of k: the same number of points, each k times longer (pooling.py).
+    counts = pooling.window_counts(store, at, most * cfg.windows, "toString(Deployment)",
+                                   {"n": "countIf(QueueSeconds IS NOT NULL)"})
+    findings = []
+    for k, deployments in pooling.by_span(pooling.series_windows(counts, most, cfg.windows, cfg.min_requests)).items():
+        findings.extend(_queue_findings(store, settings, cfg, at, k, set(deployments)))
+    return findings
+
+
+def _queue_findings(store: Any, settings: Settings, cfg: Any, at: Evaluation, pooled: int,
+                    deployments: set[str]) -> list[Finding]:
+    window = (at.until - at.since) * pooled
+    step = window / cfg.points
+    n = cfg.windows * cfg.points
+    data = sources.queue_series(store, at.until - n * step, at.until, step, settings.triggers.baseline)
+    use_phase = seasonal(step, settings.triggers.baseline)
+    per_day = int(DAY / step) if use_phase else 0
+    least = cfg.min_requests / cfg.points
+    findings = []
+    for (deployment,), rows in data.partition_by("deployment", as_dict=True).items():
+        if deployment not in deployments:
+            continue
+        recent = {r["slot"]: r for r in rows.iter_rows(named=True) if r["recent"]}
+        counts = np.array([recent.get(i, {}).get("requests", 0) for i in range(n)])
+        if counts.min() == 0 or counts.reshape(cfg.windows, cfg.points).sum(axis=1).min() < cfg.min_requests:
+            continue  # a gap or a thin window: no trend can be read
+        raw = np.array([recent[i]["p95"] for i in range(n)], dtype=float)
+        phases = rows.filter(~pl.col("recent")).partition_by("slot", as_dict=True)
+        usual = [_usual(phases.get((i % per_day,)), recent[i]["weekend"]) for i in range(n)] if use_phase else []
+        adjusted = bool(usual) and all(u is not None and u[1] >= least for u in usual)
+        expected = np.array([u[0] for u in usual], dtype=float) if adjusted else np.zeros(n)
+        level = float(expected.mean()) if adjusted else float(raw[: cfg.points].mean())
+        floor = 1e-3  # a queue near zero: growth relative to 1 ms
+        # Against like hours the series is the ratio to their usual p95: queueing grows
+        # faster than load, so the daily rhythm multiplies the queue, and a difference
+        # would read a real climb during the evening's falling load as flat.
+        series = raw / np.maximum(expected, floor) if adjusted else raw
+        # A ten-minute burst lifts one point: smoothed away before the rank test, where an
+        # early outlier would cost up to n - 1 pairs of an otherwise steady climb.
+        series = stats.running_median3(series)
+        trend = stats.mann_kendall(series, cfg.alpha)
+        fit = stats.theil_sen(series)
+        # How far it grew: the last window's median point over the first window's. A
+        # fitted slope spread over the whole span would understate a climb that began
+        # mid-series; the median of the window's points ignores one burst within it.
+        first = max(float(np.median(series[: cfg.points])), floor)
+        now = float(np.median(series[-cfg.points:]))
+        growth = now / first - 1
+        # In seconds: the queue now over where it would be had it kept its first level.
+        rise = (now - first) * (float(np.median(expected[-cfg.points:])) if adjusted else 1)
+        # Against like hours, the queue must also stand above its usual level by as much:
+        # a climb back from a quiet spell to the usual is no growth.
+        above = not adjusted or now >= 1 + cfg.min_growth
+        firing = trend.detected and above and rise >= cfg.min_increase.total_seconds() and growth >= cfg.min_growth
+        configured = settings.deployment(deployment)
+        budget = configured.budgets.get("queue") if configured else None
+        last = float(raw[-cfg.points:].max())
+        critical = growth >= cfg.critical_growth or (budget is not None and last > budget.total_seconds())
+        findings.append(Finding(
+            "queue_wait_growth", {"deployment": deployment}, firing, severity(critical),
+            f"{deployment}: queue-wait p95 rose {ms(raw[0]):.0f} → {ms(raw[-1]):.0f} ms over {cfg.windows} windows "
+            f"({pct(growth)} of its usual {ms(level):.0f} ms; Mann-Kendall p={trend.p_value:.2g})",
+            clean({"queue_p95_ms": [ms(x) for x in raw],
+                   "usual_p95_ms": [ms(x) for x in expected] if adjusted else None,
+                   "baseline": LIKE_HOURS if adjusted else "none", "windows": cfg.windows,
+                   "points_per_window": cfg.points, "rise_ms": ms(rise), "pooled_windows": pooled,
+                   "growth": growth, "queue_budget_ms": ms(budget.total_seconds()) if budget else None,
+                   "trend": trend.evidence(), "slope": fit.evidence()}),
+        ))
+    return findings
+
+
+def _usual(at: pl.DataFrame | None, weekend: bool) -> tuple[float, int] | None:
+    """(median of one phase's daily p95s, their requests), over the baseline days of the
+    same kind (weekdays or weekend days) when two or more are there, else over all: a
+    weekday morning's queue is not the quieter Sunday's, and Monday is no growth."""
+    if at is None:
+        return None
+    alike = at.filter(pl.col("weekend") == weekend)
+    pick = alike if alike.height >= 2 else at
+    return float(pick.get_column("p95").median()), int(pick.get_column("requests").sum())
+
+
+@detector("p99_drift")
+def p99_drift(store: Any, settings: Settings, at: Evaluation) -> list[Finding]:
+    """Latency or TTFT p99 of a deployment rises materially while its p50 stays flat.
+
+    Material: p99 at least `min_rise` above the baseline p99, and significantly more of
+    the window above the baseline p99 than the 1 % a same-distribution window would put
+    there (binomial exceedance test, exact). The baseline is the same hours on earlier days
+    when they hold `min_baseline` requests, else the whole baseline. A deployment with fewer
+    than `min_requests` in the window is judged over the trailing windows that hold them
+    (analytics/triggers/pooling.py); the evidence says how many and what the volume can show.
+    """
+    cfg = settings.triggers.p99_drift
+    most = settings.triggers.pool_windows
+    counts = pooling.window_counts(store, at, most, "toString(Deployment)", {
+        "latency": "countIf(LatencySeconds IS NOT NULL AND NOT IsError)",
+        "ttft": "countIf(TtftSeconds IS NOT NULL AND NOT IsError)"})
+    findings = []
+    for metric in ("latency", "ttft"):
+        needed = pooling.needed_windows(counts, most, lambda c, m=metric: c[m] >= cfg.min_requests, [metric])
+        for k, deployments in pooling.by_span(needed).items():
+            span = pooling.span(at, k)
+            for r in sources.latency_tails(store, span, metric, deployments).iter_rows(named=True):
+                finding = _p99_finding(settings, cfg, metric, r, k)
+                if finding is not None:
+                    findings.append(finding)
+    return findings
+
+
+def _p99_finding(settings: Settings, cfg: Any, metric: str, r: dict[str, Any], windows: int) -> Finding | None:
+    which = choose_baseline(r["like_n"], r["base_n"], cfg.min_baseline)
+    floor = power.exceedance_floor(r["n"], cfg.alpha)
+    if which is None or floor is None:
+        return None  # no baseline to judge against, or too few requests for the exact test to reject
+    like = which == LIKE_HOURS
+    base_p50, base_p99 = r["like_q"] if like else r["base_q"]
+    p50, p99 = r["q"]
+    rise = stats.relative_change(base_p99, p99, cfg.min_rise)
+    p50_rise = stats.relative_change(base_p50, p50, cfg.p50_tolerance)
+    tail = stats.quantile_exceedance(r["over_like"] if like else r["over_base"], r["n"], 0.99, cfg.alpha)
+    firing = rise.detected and tail.detected and not p50_rise.detected
+    d = settings.deployment(r["deployment"])
+    budget = d.budgets.get("total") if d and metric == "latency" else None
+    critical = rise.statistic >= cfg.critical_rise or (budget is not None and p99 > budget.total_seconds())
+    pooled = f" over {windows} windows" if windows > 1 else ""
+    return Finding(
+        "p99_drift", {"deployment": r["deployment"], "metric": metric}, firing, severity(critical),
+        f"{r['deployment']}: {metric} p99 {ms(p99):.0f} ms vs {ms(base_p99):.0f} ms baseline "
+        f"({pct(rise.statistic)}), p50 {pct(p50_rise.statistic)}{pooled}",
+        clean({"metric": metric, "baseline": which, "requests": r["n"], "pooled_windows": windows,
+               "baseline_requests": r["like_n"] if like else r["base_n"],
+               "p50_ms": ms(p50), "p99_ms": ms(p99), "baseline_p50_ms": ms(base_p50),
+               "baseline_p99_ms": ms(base_p99), "budget_ms": ms(budget.total_seconds()) if budget else None,
+               "p99_rise": rise.evidence(), "p50_rise": p50_rise.evidence(), "tail": tail.evidence(),
+               # What this volume can show: below this share of requests over the baseline p99
+               # (1 % expected), a tail slowdown cannot be told from chance.
+               "detectable_tail_share": floor,
+               "detectable": f"at {r['n']} requests a tail slowdown touching under "
+                             f"{max(floor - 0.01, 0):.1%} of requests (beyond the 1 % above p99) cannot be seen"}),
+    )
+
+
+def _service_budgets(store: Any, settings: Settings, at: Evaluation) -> dict[str, float]:
+    """service -> total budget (s) of the deployment most of its attempts went to: the
+    primary path the reliability report judges fallbacks against."""
+    mix = traffic.deployment_mix(store, settings, ReportQuery(at.since, at.until, by="service"))
+    budgets = reliability.primary_budgets(mix.lazy(), reliability.budget_table(settings)).collect()
+    return {k: v / 1000 for k, v in budgets.iter_rows() if v is not None}
+
+
+@detector("fallback_over_budget")
+def fallback_over_budget(store: Any, settings: Settings, at: Evaluation) -> list[Finding]:
+    """A service's fallback attempts have a p99 above its primary deployment's total budget.
+
+    Beyond the point estimate, significantly more than 1 % of the fallbacks must exceed
+    the budget (binomial test): with 20 fallbacks, p99 is the slowest one, and one slow
+    request is no evidence about the path.
+    """
+    cfg = settings.triggers.fallback_over_budget
+    if not any("total" in d.budgets for d in settings.deployments):
+        return []
+    budgets = _service_budgets(store, settings, at)
+    if not budgets:
+        return []
+    findings = []
+    for r in sources.fallback_tails(store, settings, at, budgets).iter_rows(named=True):
+        if r["fallbacks"] < cfg.min_fallbacks:
+            continue
+        budget, (p50, p99) = r["budget_s"], r["q"]
+        over = stats.above_threshold(p99, budget)
+        tail = stats.quantile_exceedance(r["over_budget"], r["fallbacks"], 0.99, cfg.alpha)
+        firing = p99 > budget and tail.detected
+        findings.append(Finding(
+            "fallback_over_budget", {"service": r["service"]}, firing, severity(p99 >= cfg.critical_ratio * budget),
+            f"{r['service']}: fallback p99 {ms(p99):.0f} ms over the primary budget {ms(budget):.0f} ms "
+            f"({r['over_budget']} of {r['fallbacks']} fallbacks over)",
+            clean({"fallbacks": r["fallbacks"], "fallback_p50_ms": ms(p50), "fallback_p99_ms": ms(p99),
+                   "primary_budget_ms": ms(budget), "over_budget": r["over_budget"],
+                   "p99_over_budget": over.evidence(), "tail": tail.evidence()}),
+        ))
+    return findings

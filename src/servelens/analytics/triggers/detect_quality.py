@@ -1,0 +1,272 @@
+"""quality_regression (SPEC 6): a slice's pass rate drops against its baseline.
+
+Slices are every value of each configured key and (with `pairs`) of each pair of keys, so
+a regression confined to German summaries shows even when the aggregate holds.
+
+What a slice is compared with. A slice like "length_class=short" mixes many kinds of
+work whose shares move with the hour (search at night, chat by day) and with bursts; its
+raw pass rate moves with that mix although no request got worse. So the baseline is
+standardized to the window's mix: each finest cell (one value of every key) keeps its
+baseline pass rate (shrunk toward the slice's for cells with few baseline results), and
+the slice's expected rate is those rates weighted by the window's evaluations per cell.
+The test is then the one-sided two-proportion z-test (Fisher's exact test when a cell of
+the 2x2 table is small) of the window against the baseline's evaluations at that
+expected rate. For a single-cell slice this is the plain two-proportion test.
+
+Many slices, many tests: Benjamini-Hochberg at `fdr` across them. Slices holding the
+same results (on one service "task_type=search" and "deployment=search-api" may be one
+set of rows) are tested once, under the name of the first key, with the rest as aliases:
+perfectly correlated copies would weaken the correction.
+
+One regression shows in several overlapping slices (German summaries also lower
+"summaries" and "German"). Only the slices that explain it fire: candidates are taken
+deepest drop first (a single key preferred unless a pair is `min_drop` deeper), and one
+fires only if, without the rows of those already firing, it still regresses
+significantly and by `min_drop`. The echoes are kept as evidence (`explained_by`).
+
+Then the most specific explanation is named: a single key that fired is tested again
+without the pairs inside it that regress on their own. When nothing is left of its drop,
+one such pair explains it and fires in its place (the key is listed as its `parent`);
+several do, and the key fires naming them (`children`): the aggregate hides neither.
+
+Sparse slices: a slice short of `min_evaluations` over `windows` windows is measured over
+up to `triggers.pool_windows` trailing windows instead (`pooled_windows` in the evidence),
+so a small language slice is tested rather than left to its parent.
+"""
+
+from __future__ import annotations
+
+from itertools import combinations
+from typing import Any
+
+import polars as pl
+
+from servelens.analytics.reports import quality
+from servelens.analytics.triggers import power, stats
+from servelens.analytics.triggers.base import Evaluation, Finding, detector
+from servelens.analytics.triggers.common import clean, severity
+from servelens.core.config import Settings
+
+SHRINK = 20.0  # pseudo-results pulling a cell's baseline rate toward its slice's
+
+
+def _matches(slice_: dict[str, str]) -> pl.Expr:
+    return pl.all_horizontal([pl.col(k) == v for k, v in slice_.items()])
+
+
+def measure(current: pl.DataFrame, baseline: pl.DataFrame, keys: list[str], mask: pl.Expr) -> dict[str, Any] | None:
+    """Window and baseline counts of the rows under `mask`, and the baseline rate
+    standardized to the window's mix over the finest cells (module doc)."""
+    cur, base = current.filter(mask), baseline.filter(mask)
+    n, base_n = int(cur.get_column("evaluations").sum()), int(base.get_column("evaluations").sum())
+    if n == 0 or base_n == 0:
+        return None
+    passed, base_passed = int(cur.get_column("passed").sum()), int(base.get_column("passed").sum())
+    rate = base_passed / base_n
+    cells = cur.join(base.select(*keys, pl.col("evaluations").alias("b_n"), pl.col("passed").alias("b_x")),
+                     on=keys, how="left").with_columns(pl.col("b_n", "b_x").fill_null(0))
+    cell_rate = (pl.col("b_x") + SHRINK * rate) / (pl.col("b_n") + SHRINK)
+    expected = float(cells.select((pl.col("evaluations") * cell_rate).sum()).item()) / n
+    return {"n": n, "passed": passed, "base_n": base_n, "base_passed": base_passed, "base_rate": rate,
+            "expected_rate": expected}
+
+
+def slices(current: pl.DataFrame, keys: list[str], pairs: bool) -> list[dict[str, str]]:
+    """Every value of each key (and pair of keys) seen in the window; unset ('') is no slice."""
+    key_sets = [[k] for k in keys] + ([list(p) for p in combinations(keys, 2)] if pairs else [])
+    out = []
+    for ks in key_sets:
+        values = current.select(ks).unique().filter(pl.all_horizontal(pl.col(k) != "" for k in ks)).sort(ks)
+        out.extend(dict(zip(ks, row)) for row in values.iter_rows())
+    return out
+
+
+def distinct(rows: list[dict[str, Any]], keys: list[str]) -> list[dict[str, Any]]:
+    """One row per set of results: slices with equal counts on both sides are taken as the
+    same rows (different rows matching on all four counts is negligible at these sizes).
+    The representative has the fewest keys, then the earliest in `keys`."""
+    def rank(r: dict[str, Any]) -> tuple[int, list[int]]:
+        return len(r["slice"]), [keys.index(k) for k in r["slice"]]
+    groups: dict[tuple[int, int, int, int], list[dict[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault((r["n"], r["passed"], r["base_n"], r["base_passed"]), []).append(r)
+    out = []
+    for same in groups.values():
+        same.sort(key=rank)
+        out.append({**same[0], "aliases": [r["slice"] for r in same[1:]]})
+    return out
+
+
+def _test(cfg: Any, m: dict[str, Any] | None) -> tuple[stats.StatResult, float] | None:
+    """(one-sided test of a drop against the mix-standardized baseline, the drop in points)
+    on enough results each side, else None."""
+    if m is None or m["n"] < cfg.min_evaluations or m["base_n"] < cfg.min_baseline:
+        return None
+    expected_passed = round(m["expected_rate"] * m["base_n"])
+    test = stats.proportion_test(m["passed"], m["n"], expected_passed, m["base_n"], cfg.fdr, "less")
+    return test, m["expected_rate"] - m["passed"] / m["n"]
+
+
+Frames = tuple[pl.DataFrame, pl.DataFrame]  # (window, baseline) slice tables
+
+
+def _regresses(cfg: Any, r: dict[str, Any], keys: list[str], mask: pl.Expr) -> bool:
+    """Whether the rows of `r`'s slice under `mask` still regress on their own."""
+    current, baseline = r["frames"]
+    residual = _test(cfg, measure(current, baseline, keys, _matches(r["slice"]) & mask))
+    return residual is not None and residual[0].detected and residual[1] >= cfg.min_drop
+
+
+def _outside(kept: list[dict[str, Any]]) -> pl.Expr:
+    return ~pl.any_horizontal([_matches(k["slice"]) for k in kept]) if kept else pl.lit(True)
+
+
+def _overlaps(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    current = a["frames"][0]
+    return current.filter(_matches(a["slice"]) & _matches(b["slice"])).height > 0
+
+
+def _greedy(order: list[dict[str, Any]], keys: list[str], cfg: Any) -> list[dict[str, Any]]:
+    kept: list[dict[str, Any]] = []
+    for r in order:
+        if _regresses(cfg, r, keys, _outside(kept)):
+            kept.append(r)
+        else:
+            r["explained_by"] = [k["slice"] for k in kept if _overlaps(r, k)]
+    return kept
+
+
+def _inside(child: dict[str, Any], parent: dict[str, Any]) -> bool:
+    return len(child["slice"]) > len(parent["slice"]) and parent["slice"].items() <= child["slice"].items()
+
+
+def explaining(candidates: list[dict[str, Any]], keys: list[str], cfg: Any) -> list[dict[str, Any]]:
+    """The candidates that regress on their own, beyond the rows of those kept before them,
+    each single key then replaced by the pairs inside it that explain it (module doc)."""
+    order = sorted(candidates, key=lambda r: (-(r["drop"] + (cfg.min_drop if len(r["slice"]) == 1 else 0)),
+                                              len(r["slice"]), sorted(r["slice"].items())))
+    kept = _greedy(order, keys, cfg)
+    named: list[dict[str, Any]] = []
+    for r in kept:
+        inside = [c for c in order if _inside(c, r)]
+        if not inside:
+            named.append(r)
+            continue
+        # The pairs inside that regress on their own (deepest first, echoes among them set aside) ...
+        for c in inside:
+            c.pop("explained_by", None)
+        children = _greedy(sorted(inside, key=lambda c: (-c["drop"], sorted(c["slice"].items()))), keys, cfg)
+        # ... explain the key when nothing of its drop is left without them.
+        if not children or _regresses(cfg, r, keys, _outside(children)):
+            for c in inside:
+                c["explained_by"] = [r["slice"]]
+            named.append(r)
+        elif len(children) == 1:
+            children[0]["parent"] = r["slice"]
+            r["explained_by"] = [children[0]["slice"]]
+            named.append(children[0])
+        else:
+            r["children"] = [c["slice"] for c in children]
+            for c in inside:
+                c["explained_by"] = [r["slice"]]
+            named.append(r)
+    for r in order:  # pairs kept on their own that share one key: the key is named with them
+        kids = [n for n in named if _inside(n, r)]
+        if len(r["slice"]) == 1 and r not in named and len(kids) >= 2:
+            r["children"] = [k["slice"] for k in kids]
+            r["explained_by"] = None
+            for k in kids:
+                k["explained_by"] = [r["slice"]]
+                named.remove(k)
+            named.append(r)
+    for r in candidates:  # echoes of a key that a pair replaced point at the pair
+        if r.get("explained_by"):
+            r["explained_by"] = _dedupe([_replacement(s, named) for s in r["explained_by"]])
+    return named
+
+
+def _replacement(slice_: dict[str, str], named: list[dict[str, Any]]) -> dict[str, str]:
+    return next((n["slice"] for n in named if n.get("parent") == slice_), slice_)
+
+
+def _dedupe(slices: list[dict[str, str]]) -> list[dict[str, str]]:
+    out: list[dict[str, str]] = []
+    for s in slices:
+        if s not in out:
+            out.append(s)
+    return out
+
+
+def regressions(current: pl.DataFrame, baseline: pl.DataFrame, cfg: Any,
+                wider: Frames | None = None, wider_windows: int | None = None) -> list[dict[str, Any]]:
+    """Every slice tested, each with its test, drop, BH-adjusted p-value and `firing`.
+
+    `wider`: the slice tables of a longer span (`wider_windows` windows), where a slice short
+    of `min_evaluations` in (current, baseline) is measured instead."""
+    keys = list(cfg.keys)
+    measured = []
+    for s in slices(wider[0] if wider is not None else current, keys, cfg.pairs):
+        frames, windows = (current, baseline), None
+        m = measure(current, baseline, keys, _matches(s))
+        if wider is not None and (m is None or m["n"] < cfg.min_evaluations):
+            frames, windows = wider, wider_windows
+            m = measure(*wider, keys, _matches(s))
+        if m is not None:
+            measured.append({"slice": s, **m, "frames": frames, "pooled_windows": windows})
+    tested = []
+    for r in distinct(measured, keys):
+        result = _test(cfg, r)
+        if result is not None:
+            r["test"], r["drop"] = result
+            tested.append(r)
+    fdr = stats.benjamini_hochberg([r["test"].p_value for r in tested], cfg.fdr)
+    for r, adjusted, rejected in zip(tested, fdr.adjusted, fdr.rejected):
+        r["adjusted"], r["candidate"] = adjusted, rejected and r["drop"] >= cfg.min_drop
+    firing = {id(r) for r in explaining([r for r in tested if r["candidate"]], keys, cfg)}
+    for r in tested:
+        r["firing"] = id(r) in firing
+    return tested
+
+
+@detector("quality_regression")
+def quality_regression(store: Any, settings: Settings, at: Evaluation) -> list[Finding]:
+    """Slices with `min_evaluations` in the last `windows` windows and `min_baseline` in the
+    baseline before them: see the module doc."""
+    cfg = settings.triggers.quality_regression
+    since = at.until - cfg.windows * (at.until - at.since)
+    keys = list(cfg.keys)
+    current = quality.slice_table(store, settings, since, at.until, keys)
+    baseline = quality.slice_table(store, settings, since - settings.triggers.baseline, since, keys)
+    if current.is_empty() or baseline.is_empty():
+        return []
+    wider, most = None, max(cfg.windows, settings.triggers.pool_windows)
+    if most > cfg.windows:
+        # The baseline stays the shorter span's: the few windows it then shares with the wider
+        # span's (of 7 days) can only hide a drop, never make one, and it saves a second scan.
+        wider = (quality.slice_table(store, settings, at.until - most * (at.until - at.since), at.until, keys),
+                 baseline)
+    tested = regressions(current, baseline, cfg, wider, most)
+    findings = []
+    for r in tested:
+        name = ", ".join(f"{k}={v}" for k, v in r["slice"].items())
+        rate = r["passed"] / r["n"]
+        if r.get("parent"):
+            name += f" (within {', '.join(f'{k}={v}' for k, v in r['parent'].items())})"
+        if r.get("children"):
+            name += " (in " + "; ".join(", ".join(f"{k}={v}" for k, v in c.items()) for c in r["children"]) + ")"
+        findings.append(Finding(
+            "quality_regression", r["slice"], r["firing"], severity(r["drop"] >= cfg.critical_drop),
+            f"quality of {name}: pass rate {rate:.1%} vs {r['expected_rate']:.1%} expected from the baseline "
+            f"({-r['drop'] * 100:+.1f} points, {r['n']} evaluations)",
+            clean({"slice": r["slice"], "evaluations": r["n"], "passed": r["passed"], "pass_rate": rate,
+                   "baseline_evaluations": r["base_n"], "baseline_pass_rate": r["base_rate"],
+                   "expected_pass_rate": r["expected_rate"], "delta": -r["drop"], "test": r["test"].evidence(),
+                   "adjusted_p_value": r["adjusted"], "fdr": cfg.fdr, "slices_tested": len(tested),
+                   "aliases": r["aliases"], "explained_by": r.get("explained_by"),
+                   "parent": r.get("parent"), "children": r.get("children"),
+                   "pooled_windows": r["pooled_windows"] or cfg.windows,
+                   # the smallest drop these counts could show (Fisher, at the BH level of one slice)
+                   "detectable_drop": power.drop_floor(r["n"], r["base_n"], r["expected_rate"],
+                                                       cfg.fdr / max(len(tested), 1)) if r["firing"] else None}),
+        ))
+    return findings

@@ -1,0 +1,196 @@
+"""quality_under_load (SPEC 6): a slice's pass rate is lower under high load, latency holding.
+
+A serving stack under pressure may keep its latency by lowering quality: a shorter
+context, a smaller or more quantized model, fewer retrieval hits, speculative shortcuts.
+Latency triggers cannot see that; comparing the results of busy and quiet periods can.
+
+Load. Over the `lookback` ending at the window's end (a day by default: its swing gives
+both sides), each deployment's time is cut into `bucket`s and its load in a bucket is its
+arrivals there (every attempt). Ranked by arrivals, the top third of the deployment's
+buckets is high load and the bottom third low load; the middle third is left out, so the
+two sides are apart even when the swing is mild (terciles: a median split would compare
+buckets just above and just below the same load). Only buckets with arrivals rank. A
+deployment whose high buckets average less than `min_load_ratio` times the low buckets'
+arrivals has no high load to speak of and is not examined. An evaluation result counts in
+the bucket of its timestamp (the result's, which online evaluators set at or near the
+request's).
+
+Quality. Per slice of the deployment's results (each value of each key, and pairs),
+the pass rate in high-load buckets is tested against the low-load buckets' exactly as
+quality_regression tests a window against its baseline (analytics.triggers.detect_quality):
+the low side's rates standardized to the high side's mix over the finest cells (busy
+hours are day hours, whose mix of work differs from the night's), a one-sided
+two-proportion test, Benjamini-Hochberg at `fdr` across the deployment's slices, a drop of
+at least `min_drop` on `min_evaluations` results per side, and only the slices that
+explain the drop (not their echoes in overlapping slices).
+
+Latency. The kind is quality lost while latency holds: it fires only when the
+deployment's latency p99 (answered requests) in the high-load buckets is within
+`p99_tolerance` of the low-load buckets'. When p99 rose with the load too, the drop is
+reported (evidence `regressed`, `latency`) but does not fire: that is a latency problem,
+which p99_drift and queue_wait_growth report.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import polars as pl
+
+from servelens.analytics.reports import quality
+from servelens.analytics.query import _ns, iso
+from servelens.analytics.sources import frame
+from servelens.analytics.triggers.base import Evaluation, Finding, detector
+from servelens.analytics.triggers.common import clean, ms, severity
+from servelens.analytics.triggers.detect_quality import regressions
+from servelens.analytics.triggers.sources import _within
+from servelens.core.config import Settings
+
+HIGH, LOW, MID = "high", "low", "mid"
+_BUCKET = "intDiv(toUnixTimestamp64Nano(Timestamp), {bucket_ns:Int64}) * {bucket_ns:Int64}"
+
+
+def span(until: datetime, cfg: Any) -> tuple[datetime, datetime]:
+    """[since, until) of whole buckets: the lookback ending at the last bucket boundary."""
+    step = int(cfg.bucket.total_seconds())
+    end = datetime.fromtimestamp(int(until.timestamp()) // step * step, tz=timezone.utc)
+    return end - cfg.lookback, end
+
+
+def arrivals(store: Any, since: datetime, until: datetime, bucket: timedelta) -> pl.DataFrame:
+    """Per deployment and bucket (start, ns since the epoch): arrivals, retries included."""
+    sql = f"""
+        SELECT toString(Deployment) AS deployment, {_BUCKET} AS bucket_ns, count() AS arrivals
+        FROM llm_requests
+        WHERE {_within("since_ns", "until_ns")}
+        GROUP BY deployment, bucket_ns
+        ORDER BY deployment, bucket_ns"""
+    return frame(store, sql, {"since_ns": _ns(since), "until_ns": _ns(until),
+                              "bucket_ns": int(bucket.total_seconds()) * 10**9})
+
+
+def load_sides(buckets: pl.DataFrame) -> pl.DataFrame:
+    """Each deployment's buckets with `side`: the third with the fewest arrivals "low", the
+    third with the most "high", the rest "mid" (ties ranked by time, so it is stable)."""
+    ranked = buckets.sort("deployment", "arrivals", "bucket_ns").with_columns(
+        pl.int_range(pl.len()).over("deployment").alias("rank"),
+        pl.len().over("deployment").alias("buckets"))
+    third = pl.col("buckets") // 3
+    return ranked.with_columns(
+        pl.when(pl.col("rank") < third).then(pl.lit(LOW))
+        .when(pl.col("rank") >= pl.col("buckets") - third).then(pl.lit(HIGH))
+        .otherwise(pl.lit(MID)).alias("side")).drop("rank")
+
+
+def latency_by_side(store: Any, since: datetime, until: datetime, bucket: timedelta,
+                    sides: pl.DataFrame) -> pl.DataFrame:
+    """Per deployment and side (high, low): answered requests and their latency p99 (a
+    t-digest: a day of requests; its error at p99 is far inside any useful tolerance)."""
+    keyed = sides.filter(pl.col("side") != MID)
+    # bucket|deployment: the bucket's digits hold no '|', so the key is unambiguous.
+    keys = [f"{b}|{d}" for b, d in keyed.select("bucket_ns", "deployment").iter_rows()]
+    sql = f"""
+        SELECT deployment, side, count() AS requests, quantileTDigest(0.99)(LatencySeconds) AS p99_s
+        FROM (SELECT toString(Deployment) AS deployment, LatencySeconds,
+                     transform(concat(toString({_BUCKET}), '|', deployment),
+                               {{side_keys:Array(String)}}, {{side_values:Array(String)}}, '') AS side
+              FROM llm_requests
+              WHERE {_within("since_ns", "until_ns")} AND NOT IsError)
+        WHERE side != ''
+        GROUP BY deployment, side
+        ORDER BY deployment, side"""
+    return frame(store, sql, {"since_ns": _ns(since), "until_ns": _ns(until),
+                              "bucket_ns": int(bucket.total_seconds()) * 10**9,
+                              "side_keys": keys or [""], "side_values": keyed.get_column("side").to_list() or [""]})
+
+
+def side_tables(results: pl.DataFrame, sides: pl.DataFrame, keys: list[str]) -> dict[str, pl.DataFrame]:
+    """Slice tables (keys, evaluations, passed) of the high-load and the low-load buckets."""
+    bucket_ns = pl.col("bucket").dt.epoch("ns")
+    joined = results.with_columns(bucket_ns.alias("bucket_ns")).join(
+        sides.select("deployment", "bucket_ns", "side"), on=["deployment", "bucket_ns"], how="inner")
+    return {side: joined.filter(pl.col("side") == side).group_by(keys).agg(
+        pl.col("evaluations").sum(), pl.col("passed").sum()).sort(keys) for side in (HIGH, LOW)}
+
+
+def latency_check(rows: dict[str, dict[str, Any]], tolerance: float) -> dict[str, Any]:
+    """Whether high-load p99 is within `tolerance` of low-load p99 (None: not measurable)."""
+    high, low = (rows.get(s, {}).get("p99_s") for s in (HIGH, LOW))
+    out: dict[str, Any] = {"p99_high_ms": ms(high), "p99_low_ms": ms(low), "tolerance": tolerance,
+                           "requests_high": rows.get(HIGH, {}).get("requests", 0),
+                           "requests_low": rows.get(LOW, {}).get("requests", 0)}
+    if high is None or low is None or low <= 0:
+        return {**out, "rise": None, "holds": None, "reason": "no latency p99 on one side (no answered requests)"}
+    rise = high / low - 1
+    return {**out, "rise": rise, "holds": rise <= tolerance}
+
+
+def _rules(settings: Settings) -> Any:
+    """quality_regression's settings for its slice test, with this kind's levels: the low
+    side is the baseline. The deployment key goes first: slices holding all of the
+    deployment's results are then tested once as the deployment itself, the rest aliases."""
+    cfg = settings.triggers.quality_under_load
+    keys = sorted(cfg.keys, key=lambda k: k != "deployment")
+    return settings.triggers.quality_regression.model_copy(update={
+        "keys": keys, "pairs": cfg.pairs, "min_drop": cfg.min_drop, "fdr": cfg.fdr,
+        "min_evaluations": cfg.min_evaluations, "min_baseline": cfg.min_evaluations})
+
+
+@detector("quality_under_load")
+def quality_under_load(store: Any, settings: Settings, at: Evaluation) -> list[Finding]:
+    """Per deployment with a load swing, per slice of its results: see the module doc."""
+    cfg = settings.triggers.quality_under_load
+    since, until = span(at.until, cfg)
+    keys = list(cfg.keys)
+    results = quality.slice_table(store, settings, since, until, list(dict.fromkeys([*keys, "deployment"])),
+                                  bucket_s=int(cfg.bucket.total_seconds()))
+    if results.is_empty():
+        return []
+    sides = load_sides(arrivals(store, since, until, cfg.bucket))
+    load = (sides.filter(pl.col("side") != MID).group_by("deployment", "side")
+            .agg(pl.len().alias("buckets"), pl.col("arrivals").mean().alias("mean_arrivals")))
+    loads = {(d, s): (b, m) for d, s, b, m in load.iter_rows()}
+    latency: dict[str, dict[str, dict[str, Any]]] = {}
+    for row in latency_by_side(store, since, until, cfg.bucket, sides).iter_rows(named=True):
+        latency.setdefault(row["deployment"], {})[row["side"]] = row
+    findings = []
+    for deployment in sorted(set(results.get_column("deployment")) - {""}):
+        (high_buckets, high_mean), (low_buckets, low_mean) = (loads.get((deployment, s), (0, None))
+                                                              for s in (HIGH, LOW))
+        if not high_mean or not low_mean or high_mean < cfg.min_load_ratio * low_mean:
+            continue  # no high load to compare with
+        tables = side_tables(results.filter(pl.col("deployment") == deployment), sides, keys)
+        if tables[HIGH].is_empty() or tables[LOW].is_empty():
+            continue
+        lat = latency_check(latency.get(deployment, {}), cfg.p99_tolerance)
+        if lat["holds"] is False:
+            lat["reason"] = (f"latency p99 rose with the load ({lat['rise']:+.0%}, tolerance "
+                             f"+{cfg.p99_tolerance:.0%}): a latency problem (p99_drift, queue_wait_growth), "
+                             f"not quality lost while latency holds")
+        load_evidence = {"bucket_s": int(cfg.bucket.total_seconds()), "lookback_s": int(cfg.lookback.total_seconds()),
+                         "split": "terciles of the deployment's buckets by arrivals",
+                         "high_buckets": high_buckets, "low_buckets": low_buckets,
+                         "high_mean_arrivals": high_mean, "low_mean_arrivals": low_mean,
+                         "load_ratio": high_mean / low_mean}
+        tested = regressions(tables[HIGH], tables[LOW], _rules(settings))
+        for r in tested:
+            firing = r["firing"] and lat["holds"] is True
+            name = ", ".join(f"{k}={v}" for k, v in r["slice"].items())
+            rate = r["passed"] / r["n"]
+            findings.append(Finding(
+                "quality_under_load", {"deployment": deployment, **r["slice"]}, firing,
+                severity(r["drop"] >= cfg.critical_drop),
+                f"{deployment}, {name}: pass rate {rate:.1%} under high load vs {r['expected_rate']:.1%} expected "
+                f"from low load ({-r['drop'] * 100:+.1f} points, {r['n']} evaluations)"
+                + (f"; latency p99 rose too ({lat['rise']:+.0%})" if lat["holds"] is False else ""),
+                clean({"deployment": deployment, "slice": r["slice"], "evaluations": r["n"], "passed": r["passed"],
+                       "pass_rate": rate, "low_load_evaluations": r["base_n"],
+                       "low_load_pass_rate": r["base_rate"], "expected_pass_rate": r["expected_rate"],
+                       "delta": -r["drop"], "test": r["test"].evidence(), "adjusted_p_value": r["adjusted"],
+                       "fdr": cfg.fdr, "slices_tested": len(tested), "aliases": r["aliases"],
+                       "explained_by": r.get("explained_by"), "parent": r.get("parent"),
+                       "children": r.get("children"), "regressed": r["firing"], "load": load_evidence,
+                       "latency": lat, "since": iso(since), "until": iso(until)}),
+            ))
+    return findings

@@ -1,0 +1,87 @@
+"""SLO burn (SPEC 6 `slo_burn`): the SRE workbook's multi-window, multi-burn-rate alert.
+
+For each SLO (`slos:`) and each rule of `triggers.slo_burn.rules` (a long window, a short
+one, a burn rate and a severity; by default 1 h & 5 m at 14.4x and 6 h & 30 m at 6x are
+critical, 1 d & 2 h at 3x and 3 d & 6 h at 1x warnings), over windows ending at the
+evaluation's `until`: the rule fires when the burn rate (analytics.slo) over the long
+window AND over the short one both reach its rate. The long window makes an alert
+significant (that much of the budget is gone); the short one keeps it current: it stops
+firing soon after the burn stops instead of a long window later. A burn of b crossing a
+rule of rate r over long window L fires after about r / b x L: 100 % errors on a 99.9 %
+SLO (b = 1000) within a minute by the 1 h rule, b = 4 only after 18 h, by a 1 d rule.
+
+A rule needs `min_requests` in its short window: on a quiet service a handful of failures
+is a large bad share, and no burn. Per rule, the evidence also carries the burn one bad
+request amounts to at the short window's volume, 1 / (n (1 - objective)): the smallest
+burn that window can resolve.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from servelens.analytics.reports import slo
+from servelens.analytics.triggers import stats
+from servelens.analytics.triggers.base import SEVERITIES, Evaluation, Finding, detector
+from servelens.analytics.triggers.common import clean
+from servelens.core.config import Settings, SloConfig
+
+
+def subject(s: SloConfig) -> dict[str, str]:
+    """The SLO by name, with its service / deployment (the dashboard narrows on them)."""
+    return {"slo": s.name, **{k: v for k, v in (("service", s.service), ("deployment", s.deployment)) if v}}
+
+
+def _x(rate: float | None) -> str:
+    return "—" if rate is None else f"{rate:.1f}x"
+
+
+@detector("slo_burn")
+def slo_burn(store: Any, settings: Settings, at: Evaluation) -> list[Finding]:
+    cfg = settings.triggers.slo_burn
+    if not settings.slos:
+        return []
+    windows = {slo.window_name(w): w for rule in cfg.rules for w in (rule.long, rule.short)}
+    got = slo.counts(store, settings.slos, at.until, windows)
+    findings = []
+    for s in settings.slos:
+        c = got[s.name]
+        rates = {name: slo.burn_rate(c[name], s.objective) for name in windows}
+        rules = []
+        for rule in cfg.rules:
+            long_name, short_name = slo.window_name(rule.long), slo.window_name(rule.short)
+            n = c[short_name].total
+            # An empty window burns nothing (its rate is None: no request to judge).
+            long_test = stats.above_threshold(rates[long_name] or 0.0, rule.burn_rate)
+            short_test = stats.above_threshold(rates[short_name] or 0.0, rule.burn_rate)
+            rules.append({
+                "rule": f"{long_name} & {short_name} at {rule.burn_rate:g}x", "severity": rule.severity,
+                "long": long_name, "short": short_name, "burn_rate": rule.burn_rate,
+                "long_burn_rate": rates[long_name], "short_burn_rate": rates[short_name],
+                "short_requests": n, "enough_requests": n >= cfg.min_requests,
+                "smallest_detectable_burn": 1 / (n * (1 - s.objective)) if n else None,
+                "long_test": long_test.evidence(), "short_test": short_test.evidence(),
+                "fired": n >= cfg.min_requests and long_test.detected and short_test.detected,
+            })
+        fired = [r for r in rules if r["fired"]]
+        worst = max(fired, key=lambda r: (SEVERITIES.index(r["severity"]), r["burn_rate"])) if fired else None
+        remaining = slo.budget_remaining(c[slo.PERIOD], s.objective)
+        left = "" if remaining is None else f"; {remaining:.0%} of its {slo.window_name(s.period)} error budget left"
+        if worst:
+            summary = (f"{s.name}: error budget burning {_x(worst['long_burn_rate'])} over {worst['long']} and "
+                       f"{_x(worst['short_burn_rate'])} over {worst['short']} (rule {worst['rule']}){left}")
+        else:
+            first = cfg.rules[0]
+            summary = f"{s.name}: burn {_x(rates[slo.window_name(first.long)])} over " \
+                      f"{slo.window_name(first.long)}, under every rule{left}"
+        findings.append(Finding(
+            "slo_burn", subject(s), worst is not None, worst["severity"] if worst else "warning", summary,
+            clean({"objective": s.objective,
+                   "latency_under_ms": s.latency_under.total_seconds() * 1000 if s.latency_under else None,
+                   "burn_rates": rates, "requests": {name: c[name].total for name in windows},
+                   "bad": {name: c[name].bad for name in windows},
+                   "period": slo.window_name(s.period), "period_requests": c[slo.PERIOD].total,
+                   "error_budget_remaining": remaining, "min_requests": cfg.min_requests,
+                   "rule": worst["rule"] if worst else None, "rules": rules}),
+        ))
+    return findings

@@ -1,0 +1,133 @@
+"""new_workload_shape (SPEC 6): traffic unlike the baseline, per service.
+
+Two ways traffic can be new, each its own subject (so each opens its own episode):
+- a category (task type, language, input-length class, a batch feature) rare or absent
+  in the baseline and now a real share of the window: {"service", <dimension>: value};
+- a shift of the joint per-minute distribution of (arrival rate, mean log input tokens,
+  mean log output tokens, batch share) against the same hours on earlier days: a
+  domain classifier's AUC, {"service", "shape": "distribution"}.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from servelens.analytics.triggers import pooling, sources, stats
+from servelens.analytics.triggers.base import Evaluation, Finding, detector
+from servelens.analytics.triggers.common import clean, severity
+from servelens.core.config import Settings
+
+FEATURES = ("arrival_rate", "log_input_tokens", "log_output_tokens", "batch_share")
+
+
+@detector("new_workload_shape")
+def new_workload_shape(store: Any, settings: Settings, at: Evaluation) -> list[Finding]:
+    return novel_categories(store, settings, at) + distribution_shift(store, settings, at)
+
+
+def novel_categories(store: Any, settings: Settings, at: Evaluation) -> list[Finding]:
+    """Values with at least `min_count` requests and `min_share` of the window that were
+    below `rare_share` of the baseline, significantly above it now (binomial test). A
+    baseline under `min_baseline` requests judges nothing: on a young store all is new."""
+    cfg = settings.triggers.new_workload_shape
+    # A quiet service is judged over the trailing windows (up to pool_windows) in which a
+    # category of `pool_for_share` of its traffic would reach min_count (pooling.py).
+    most = settings.triggers.pool_windows
+    enough = math.ceil(cfg.min_count / cfg.pool_for_share)
+    needed = pooling.needed_windows(pooling.window_counts(store, at, most, "toString(ServiceName)", {"n": "count()"}),
+                                    most, lambda c: c["n"] >= enough, ["n"])
+    parts = [sources.category_counts(store, settings, pooling.span(at, k), list(cfg.dimensions))
+             .filter(pl.col("service").is_in(services)).with_columns(pl.lit(k).alias("pooled_windows"))
+             for k, services in pooling.by_span(needed).items()]
+    counts = pl.concat(parts) if parts else pl.DataFrame()
+    if counts.is_empty():
+        return []
+    totals = counts.group_by("service", "dimension").agg(
+        pl.col("n").sum().alias("total"), pl.col("base_n").sum().alias("base_total"))
+    candidates = (counts.join(totals, on=["service", "dimension"])
+                  .filter((pl.col("value") != "") & (pl.col("base_total") >= cfg.min_baseline)
+                          & (pl.col("n") >= cfg.min_count) & (pl.col("n") >= cfg.min_share * pl.col("total"))))
+    findings = []
+    for r in candidates.iter_rows(named=True):
+        test = stats.categorical_novelty(r["n"], r["total"], r["base_n"], r["base_total"], cfg.rare_share, cfg.alpha)
+        seen = "never seen" if r["base_n"] == 0 else f"{test.details['baseline_share']:.2%} of the baseline"
+        findings.append(Finding(
+            "new_workload_shape", {"service": r["service"], r["dimension"]: r["value"]}, test.detected,
+            severity(False),
+            f"{r['service']}: new {r['dimension'].replace('_', ' ')} {r['value']!r}: {test.statistic:.1%} of "
+            f"the window ({r['n']} requests), {seen}",
+            clean({"dimension": r["dimension"], "value": r["value"], "requests": r["n"], "window_requests": r["total"],
+                   "baseline_requests": r["base_n"], "baseline_total": r["base_total"], "test": test.evidence(),
+                   "pooled_windows": r["pooled_windows"]}),
+        ))
+    return findings
+
+
+def _matrix(rows: pl.DataFrame) -> np.ndarray:
+    return np.column_stack([np.log1p(rows.get_column("arrivals").to_numpy().astype(float)),
+                            rows.get_column("log_input").to_numpy(), rows.get_column("log_output").to_numpy(),
+                            rows.get_column("batch_share").to_numpy()])
+
+
+def _day_to_day_auc(baseline: pl.DataFrame, min_minutes: int) -> list[float]:
+    """Each baseline day's AUC against the other baseline days: how unlike one another
+    ordinary days already are (weekends, say). Only computed when the window looks shifted."""
+    aucs = []
+    days = baseline.get_column("day").unique().sort().to_list()
+    for day in days:
+        one, rest = baseline.filter(pl.col("day") == day), baseline.filter(pl.col("day") != day)
+        if one.height >= min_minutes and rest.height >= min_minutes:
+            aucs.append(stats.domain_classifier(_matrix(rest), _matrix(one), 1.0, 1.0).statistic)
+    return aucs
+
+
+def _same_kind_of_day(current: pl.DataFrame, baseline: pl.DataFrame, min_minutes: int) -> pl.DataFrame:
+    """The baseline's weekdays for a weekday window, its weekend days for a weekend one,
+    when two or more such days hold `min_minutes`: a Sunday night has fewer arrivals than
+    a weekday night, every week, and that is no new shape. Else the whole baseline."""
+    if current.is_empty():
+        return baseline
+    weekend = current.get_column("weekend").mean() >= 0.5
+    alike = baseline.filter(pl.col("weekend") == weekend)
+    if alike.get_column("day").n_unique() >= 2 and alike.height >= min_minutes:
+        return alike
+    return baseline
+
+
+def distribution_shift(store: Any, settings: Settings, at: Evaluation) -> list[Finding]:
+    """Domain-classifier AUC of the window's minutes against the baseline's like-hour
+    minutes (on days of the same kind, weekday or weekend, when there are enough): at
+    least `shift_min_auc`, significant at `shift_alpha`, and `shift_margin` above the AUC
+    of any baseline day against the others. Per-feature KS and normalized
+    Wasserstein distances say which features moved."""
+    cfg = settings.triggers.new_workload_shape
+    minutes = sources.minute_features(store, at)
+    findings = []
+    for (service,), rows in minutes.partition_by("service", as_dict=True).items():
+        current, baseline = rows.filter(pl.col("current")), rows.filter(~pl.col("current"))
+        baseline = _same_kind_of_day(current, baseline, cfg.shift_min_baseline_minutes)
+        if current.height < cfg.shift_min_minutes or baseline.height < cfg.shift_min_baseline_minutes:
+            continue
+        x_cur, x_base = _matrix(current), _matrix(baseline)
+        test = stats.domain_classifier(x_base, x_cur, cfg.shift_min_auc, cfg.shift_alpha)
+        reference = _day_to_day_auc(baseline, cfg.shift_min_minutes) if test.detected else []
+        bar = max([cfg.shift_min_auc, *(a + cfg.shift_margin for a in reference)])
+        firing = test.detected and test.statistic >= bar
+        features = {}
+        for i, name in enumerate(FEATURES):
+            features[name] = {"mean": float(x_cur[:, i].mean()), "baseline_mean": float(x_base[:, i].mean()),
+                              "ks": stats.ks(x_base[:, i], x_cur[:, i]).evidence(),
+                              "wasserstein": stats.wasserstein(x_base[:, i], x_cur[:, i]).evidence()}
+        moved = sorted(features, key=lambda f: -(features[f]["wasserstein"]["statistic"] or 0))[:2]
+        findings.append(Finding(
+            "new_workload_shape", {"service": service, "shape": "distribution"}, firing, severity(False),
+            f"{service}: traffic shape unlike the baseline's same hours (classifier AUC {test.statistic:.2f}); "
+            f"most moved: {', '.join(moved)}",
+            clean({"minutes": current.height, "baseline_minutes": baseline.height, "test": test.evidence(),
+                   "day_to_day_auc": reference, "auc_bar": bar, "features": features}),
+        ))
+    return findings

@@ -1,0 +1,110 @@
+"""Pool consecutive windows until a test has the samples it needs (small deployments).
+
+A deployment with a hundred requests an hour never holds the 200 a p99 test needs in one
+window; skipping it forever leaves it unwatched. Instead each subject is judged over the
+fewest trailing windows (up to `triggers.pool_windows`) that together hold its minimum: one
+window at fleet volumes (nothing changes there), several where traffic is thin. A pooled
+span ends where the evaluated window ends, so a change is seen as soon as the span holds
+enough of it (the delay is at most the span), and episodes stay keyed by the evaluated window.
+
+The choice is made on counts alone (one cheap query per kind), before any test runs, so
+pooling never peeks at the outcome it would favour.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Callable, Iterable
+
+import numpy as np
+import polars as pl
+
+from servelens.analytics import memo
+from servelens.analytics.query import _ns
+from servelens.analytics.sources import frame
+from servelens.analytics.triggers.base import Evaluation
+
+_T = "toUnixTimestamp64Nano(Timestamp)"
+
+
+@dataclass(frozen=True)
+class Span:
+    """The evaluation a subject is judged on: `windows` trailing windows ending at the evaluated one."""
+
+    windows: int
+    at: Evaluation
+
+
+def span(at: Evaluation, windows: int, baseline_since: datetime | None = None) -> Evaluation:
+    """`windows` trailing windows ending at at.until; the baseline keeps its length, before them."""
+    width = at.until - at.since
+    since = at.until - windows * width
+    return Evaluation(since, at.until, baseline_since or since - (at.since - at.baseline_since))
+
+
+def window_counts(store: Any, at: Evaluation, most: int, subject: str, counts: dict[str, str],
+                  where: str = "1") -> pl.DataFrame:
+    """Per subject and trailing window (w = 0 the evaluated one, 1 the one before ...): the
+    named counts (SQL aggregates) over the last `most` windows of llm_requests."""
+    key = memo.key("pooling.window_counts", store, None, at, most, subject, tuple(counts.items()), where)
+    return memo.cached(key, lambda: _window_counts(store, at, most, subject, counts, where))
+
+
+def _window_counts(store: Any, at: Evaluation, most: int, subject: str, counts: dict[str, str],
+                   where: str) -> pl.DataFrame:
+    width = _ns(at.until) - _ns(at.since)
+    aggregates = ", ".join(f"{sql} AS {name}" for name, sql in counts.items())
+    sql = f"""
+        SELECT {subject} AS subject, intDiv({{until_ns:Int64}} - 1 - {_T}, {{width:Int64}}) AS w, {aggregates}
+        FROM llm_requests
+        WHERE Timestamp >= fromUnixTimestamp64Nano({{lo:Int64}}) AND Timestamp < fromUnixTimestamp64Nano({{until_ns:Int64}})
+          AND ({where})
+        GROUP BY subject, w"""
+    return frame(store, sql, {"until_ns": _ns(at.until), "width": width, "lo": _ns(at.until) - most * width})
+
+
+def needed_windows(counts: pl.DataFrame, most: int, enough: Callable[[dict[str, int]], bool],
+                   names: Iterable[str]) -> dict[str, int]:
+    """subject -> the fewest trailing windows (1 .. most) whose summed counts are `enough`;
+    `most` when even all of them are not (the test then runs on what there is, with the
+    evidence saying how little that is)."""
+    names = list(names)
+    out: dict[str, int] = {}
+    if counts.is_empty():
+        return out
+    for (subject,), rows in counts.partition_by("subject", as_dict=True).items():
+        per = np.zeros((most, len(names)), dtype=np.int64)
+        for r in rows.iter_rows(named=True):
+            if 0 <= r["w"] < most:
+                per[r["w"]] = [r[n] or 0 for n in names]
+        cum = per.cumsum(axis=0)
+        out[subject] = next((k + 1 for k in range(most) if enough(dict(zip(names, map(int, cum[k]))))), most)
+    return out
+
+
+def series_windows(counts: pl.DataFrame, most: int, points: int, minimum: int) -> dict[str, int]:
+    """subject -> the fewest k (1 .. most) such that each of the last `points` runs of k
+    windows holds `minimum` (counts column "n", over points × most windows): a series of
+    `points` pooled windows. Subjects no k serves are left out (a gap: no series to read)."""
+    out: dict[str, int] = {}
+    if counts.is_empty():
+        return out
+    for (subject,), rows in counts.partition_by("subject", as_dict=True).items():
+        per = np.zeros(most * points, dtype=np.int64)
+        for w, n in rows.select("w", "n").iter_rows():
+            if 0 <= w < most * points:
+                per[w] = n
+        k = next((k for k in range(1, most + 1)
+                  if per[: k * points].reshape(points, k).sum(axis=1).min() >= minimum), None)
+        if k is not None:
+            out[subject] = k
+    return out
+
+
+def by_span(needed: dict[str, int]) -> dict[int, list[str]]:
+    """windows -> the subjects judged over that many (a query per distinct span)."""
+    groups: dict[int, list[str]] = {}
+    for subject, k in sorted(needed.items()):
+        groups.setdefault(k, []).append(subject)
+    return groups

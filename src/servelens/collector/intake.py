@@ -1,0 +1,134 @@
+"""What both receivers share once a request is decoded: map, submit, wait, count.
+
+Transport-neutral: returns an ExportResult or raises Busy / WriteFailed, which each
+receiver maps to its own status (HTTP 503 + Retry-After, gRPC UNAVAILABLE + RetryInfo).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from servelens.collector.mapping.attributes import TimeWindow
+from servelens.collector.mapping.engine_spans import spans_to_request
+from servelens.collector.mapping.logs import logs_to_rows
+from servelens.collector.mapping.metrics import metrics_to_rows
+from servelens.collector.mapping.spans import Batch, spans_to_rows
+from servelens.collector.telemetry import SelfMetrics
+from servelens.collector.pipeline.writer import DataRejected, QueueFull, WriteFailed, Writer
+
+RETRY_AFTER_SECONDS = 1
+# A token bound to this "tenant" is the operator's: not scoped to a tenant (its spans keep
+# their own tenant attributes; its GPU and engine metrics count as the fleet's).
+OPERATOR_TENANT = "*"
+# Metrics and logs written with a tenant's token carry it here (ResourceAttributes): the
+# fleet's tables built from metrics (gpu_samples) ignore them, so one tenant cannot report
+# GPUs and shift another's GPU cost (migrations/0013).
+WRITER_TENANT_ATTRIBUTE = "servelens.tenant"
+
+
+class Busy(Exception):
+    """The write queue is full or the store is slow: retry after RETRY_AFTER_SECONDS."""
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    accepted: int
+    rejected: int
+    message: str = ""
+
+
+class Intake:
+    def __init__(self, writer: Writer, metrics: SelfMetrics, tenant_keys: tuple[str, ...],
+                 tokens: dict[str, str] | None = None, write_timeout: float = 30.0,
+                 trace_mapping: str = "python", retention_days: int | None = None) -> None:
+        self.writer = writer
+        self.retention_days = retention_days
+        self.trace_mapping = trace_mapping
+        self.metrics = metrics
+        self.tenant_keys = tenant_keys
+        self.tokens = dict(tokens or {})
+        self.write_timeout = write_timeout
+
+    @property
+    def auth_required(self) -> bool:
+        return bool(self.tokens)
+
+    def tenant_for(self, token: str | None) -> str | None:
+        """The token's tenant; raises PermissionError when auth is on and the token is unknown."""
+        if not self.tokens:
+            return None
+        if token is None or token not in self.tokens:
+            raise PermissionError("missing or invalid bearer token")
+        tenant = self.tokens[token]
+        return None if tenant == OPERATOR_TENANT else tenant
+
+    def maps_raw(self, signal: str) -> bool:
+        """Whether export takes this signal's protobuf bytes unparsed (the engine maps them)."""
+        return signal == "traces" and self.trace_mapping == "engine"
+
+    def export(self, signal: str, request: Any, transport: str, tenant: str | None = None,
+               raw: bytes | None = None) -> ExportResult:
+        """`request`: the parsed export request, or None with `raw`, its protobuf bytes,
+        for a signal `maps_raw` accepts."""
+        batches = self._map(signal, request, tenant, raw)
+        rejected = sum(b.rejected for b in batches)
+        accepted = sum(b.rows for b in batches)
+        errors = [e for b in batches for e in b.errors]
+        refused = 0
+        if accepted:
+            try:
+                ticket = self.writer.submit(batches)
+            except QueueFull:
+                self.metrics.refused.labels(signal, transport, "queue_full").inc()
+                raise Busy("write queue is full") from None
+            try:
+                committed = ticket.wait(self.write_timeout)
+            except DataRejected:
+                self.metrics.refused.labels(signal, transport, "rejected_by_store").inc()
+                raise
+            except WriteFailed:
+                self.metrics.refused.labels(signal, transport, "store_unavailable").inc()
+                raise
+            if not committed:
+                self.metrics.refused.labels(signal, transport, "write_timeout").inc()
+                raise Busy("store write timed out")
+            # items the store refused on their own, the rest stored (collector.writer)
+            refused = ticket.rejected
+            if refused:
+                accepted, rejected = accepted - refused, rejected + refused
+                errors.insert(0, ticket.message)
+        self.metrics.accepted.labels(signal, transport).inc(accepted)
+        if rejected:
+            self.metrics.rejected.labels(signal, transport).inc(rejected)
+        return ExportResult(accepted, rejected, "; ".join(errors))
+
+    def _map(self, signal: str, request: Any, tenant: str | None, raw: bytes | None) -> list[Batch]:
+        window = TimeWindow(time.time_ns(), self.retention_days)
+        if self.maps_raw(signal):
+            return [spans_to_request(request, raw, tenant, self.tenant_keys, window)]
+        if signal == "traces":
+            return [spans_to_rows(request, tenant, self.tenant_keys, window)]
+        batches = metrics_to_rows(request, window) if signal == "metrics" else [logs_to_rows(request, window)]
+        if self.tokens:
+            for batch in batches:
+                _stamp_writer(batch, tenant)
+        return batches
+
+
+def _stamp_writer(batch: Batch, tenant: str | None) -> None:
+    """Metrics and logs from a tenant's token carry the tenant; a client's own spelling of
+    the attribute is removed whatever the token."""
+    resources = batch.data[batch.columns.index("ResourceAttributes")]
+    # rows of one resource share its dict: copy it once (the original is kept alive
+    # beside its copy, so its id cannot be reused meanwhile)
+    stamped: dict[int, tuple[dict[str, str], dict[str, str]]] = {}
+    for i, resource in enumerate(resources):
+        pair = stamped.get(id(resource))
+        if pair is None:
+            copy = {k: v for k, v in resource.items() if k != WRITER_TENANT_ATTRIBUTE}
+            if tenant is not None:
+                copy[WRITER_TENANT_ATTRIBUTE] = tenant
+            pair = stamped[id(resource)] = (resource, copy)
+        resources[i] = pair[1]

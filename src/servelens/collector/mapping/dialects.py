@@ -1,0 +1,587 @@
+"""Where each instrumentation dialect carries each field of an LLM request, as data.
+
+FIELDS maps a request field to the ordered places it is looked for; the first that holds
+a value wins. One table, two readers that must agree (tests/collector/test_dialects.py
+compares them on every library's real output): `request_fields`, the Python reading of
+one stored span, and `select_sql`, the ClickHouse expressions the llm_requests view is
+rendered from (VIEW_MIGRATION, the latest migration to re-create the view, holds the
+rendering; a test checks it is current).
+
+Dialects: GenAI semconv (current, in-flight and deprecated names), vLLM, OpenLLMetry
+(before and after its 0.5 rename), OpenLIT, OpenInference, Langfuse, LiteLLM, Vercel AI
+SDK; the exact names are in interop/README.md, read from each library's real spans.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from servelens.collector.mapping.attributes import format_double
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+
+@dataclass(frozen=True)
+class Carrier:
+    """One place a dialect carries a field.
+
+    kind: "attr" (a span attribute; `resource` for a resource attribute), "json" (the key
+    `path` inside a JSON-valued attribute), "event" (the first span event named `key`: its
+    time after the span's start, in seconds), "start" (an ISO time in the attribute, JSON
+    quotes allowed: its time after the span's start). `scale` turns the value into the
+    field's unit (0.001 for milliseconds). `streamed_only`: counted only when the request
+    streamed (OpenLIT sets its TTFT on every call: on a non-streamed one it is the whole call).
+    """
+
+    dialect: str
+    key: str
+    kind: str = "attr"
+    path: tuple[str, ...] = ()
+    scale: float = 1.0
+    resource: bool = False
+    streamed_only: bool = False
+
+    @property
+    def source(self) -> str:
+        """How a row says where a value came from (e.g. llm_requests.TtftSource)."""
+        where = {"attr": "attribute", "json": "attribute", "event": "event", "start": "timestamp"}[self.kind]
+        return f"{where}:{self.key}"
+
+
+def _a(dialect: str, *keys: str, **kw: Any) -> tuple[Carrier, ...]:
+    return tuple(Carrier(dialect, key, **kw) for key in keys)
+
+
+def _usage(*paths: str) -> tuple[Carrier, ...]:
+    """Langfuse's usage_details: its own keys or the provider's usage object, as JSON."""
+    return tuple(Carrier("langfuse", "langfuse.observation.usage_details", "json", tuple(p.split(".")))
+                 for p in paths)
+
+
+SEMCONV, VLLM, OPENLLMETRY, OPENLIT, OPENINFERENCE = "semconv", "vllm", "openllmetry", "openlit", "openinference"
+LANGFUSE, LITELLM, VERCEL = "langfuse", "litellm", "vercel-ai"
+
+# String fields: the first non-empty value.
+STRING_FIELDS: dict[str, tuple[Carrier, ...]] = {
+    # the model that answered, else the one requested; the current conventions' names
+    # before any other dialect's
+    "model": (
+        *_a(SEMCONV, "gen_ai.response.model", "gen_ai.request.model"),
+        *_a(OPENINFERENCE, "llm.model_name", "embedding.model_name"), *_a(LANGFUSE, "langfuse.observation.model.name"),
+        *_a(OPENLLMETRY, "llm.response.model"), *_a(VERCEL, "ai.response.model"),
+        Carrier(OPENINFERENCE, "llm.invocation_parameters", "json", ("model",)),
+        *_a(OPENLLMETRY, "llm.request.model"), *_a(VERCEL, "ai.model.id"),
+    ),
+    # the model asked for, '' when the dialect does not say (Langfuse names one model only).
+    # A request refused before a model answered (a 429) carries only this one, so its
+    # `model` is the alias ("gpt-4o") while answered calls have the served name
+    # ("gpt-4o-2024-08-06"): analytics/model_names.py maps it to the served one.
+    "request_model": (
+        *_a(SEMCONV, "gen_ai.request.model"), *_a(OPENLLMETRY, "llm.request.model"),
+        Carrier(OPENINFERENCE, "llm.invocation_parameters", "json", ("model",)),
+        Carrier(OPENINFERENCE, "embedding.invocation_parameters", "json", ("model",)),
+        *_a(VERCEL, "ai.model.id"),
+    ),
+    "provider": (
+        *_a(SEMCONV, "gen_ai.provider.name", "gen_ai.system"), *_a(OPENINFERENCE, "llm.provider", "llm.system"),
+        *_a(VERCEL, "ai.model.provider"),
+    ),
+    "operation": (
+        *_a(SEMCONV, "gen_ai.operation.name"), *_a(OPENLLMETRY, "llm.request.type"),
+    ),
+    "error_type": (*_a(SEMCONV, "error.type"),),
+    "session": (
+        *_a(SEMCONV, "gen_ai.conversation.id", "session.id"), *_a(LANGFUSE, "langfuse.session.id"),
+        *_a(OPENLLMETRY, "traceloop.association.properties.session_id"),
+    ),
+}
+# Operations spelled otherwise by a dialect, and the span-kind markers that name one.
+OPERATION_ALIASES = {"embedding": "embeddings", "completion": "text_completion", "generation": "chat"}
+KIND_MARKERS = (  # (dialect, attribute, {its value: the operation})
+    (OPENINFERENCE, "openinference.span.kind", {"LLM": "chat", "EMBEDDING": "embeddings"}),
+    (LANGFUSE, "langfuse.observation.type", {"generation": "chat", "embedding": "embeddings"}),
+)
+# Vercel AI SDK: the provider calls are the inner do* spans; the outer ones wrap them.
+VERCEL_CALLS = {"ai.generateText.doGenerate": "chat", "ai.streamText.doStream": "chat",
+                "ai.generateObject.doGenerate": "chat", "ai.streamObject.doStream": "chat",
+                "ai.embed.doEmbed": "embeddings", "ai.embedMany.doEmbed": "embeddings"}
+
+# Token counts: the first carrier with a value.
+TOKEN_FIELDS: dict[str, tuple[Carrier, ...]] = {
+    "input_tokens": (
+        *_a(SEMCONV, "gen_ai.usage.input_tokens", "gen_ai.usage.prompt_tokens"),
+        *_a(OPENLLMETRY, "llm.usage.prompt_tokens"), *_a(OPENINFERENCE, "llm.token_count.prompt"),
+        *_usage("input", "prompt_tokens", "input_tokens"), *_a(VERCEL, "ai.usage.inputTokens", "ai.usage.promptTokens"),
+    ),
+    "output_tokens": (
+        *_a(SEMCONV, "gen_ai.usage.output_tokens", "gen_ai.usage.completion_tokens"),
+        *_a(OPENLLMETRY, "llm.usage.completion_tokens"), *_a(OPENINFERENCE, "llm.token_count.completion"),
+        *_usage("output", "completion_tokens", "output_tokens"),
+        *_a(VERCEL, "ai.usage.outputTokens", "ai.usage.completionTokens"),
+    ),
+    "cache_read_tokens": (
+        *_a(SEMCONV, "gen_ai.usage.cache_read.input_tokens", "gen_ai.usage.cache_read_input_tokens"),
+        *_a(VLLM, "gen_ai.usage.cached_tokens"), *_a(OPENINFERENCE, "llm.token_count.prompt_details.cache_read"),
+        *_usage("prompt_tokens_details.cached_tokens", "cache_read_input_tokens", "input_cache_read", "cached_tokens"),
+        *_a(VERCEL, "ai.usage.cachedInputTokens"),
+    ),
+    "cache_write_tokens": (
+        *_a(SEMCONV, "gen_ai.usage.cache_write.input_tokens", "gen_ai.usage.cache_creation.input_tokens",
+            "gen_ai.usage.cache_creation_input_tokens"),
+        *_a(OPENINFERENCE, "llm.token_count.prompt_details.cache_write"),
+        *_usage("cache_creation_input_tokens", "input_cache_creation"),
+    ),
+    "reasoning_tokens": (
+        *_a(SEMCONV, "gen_ai.usage.reasoning.output_tokens", "gen_ai.usage.reasoning_tokens"),
+        *_a(OPENINFERENCE, "llm.token_count.completion_details.reasoning"),
+        *_usage("completion_tokens_details.reasoning_tokens", "output_reasoning"), *_a(VERCEL, "ai.usage.reasoningTokens"),
+    ),
+}
+
+# Seconds: the first carrier with a value; the row names which one (TtftSource).
+SECONDS_FIELDS: dict[str, tuple[Carrier, ...]] = {
+    "ttft": (
+        # the server's own measure first (vLLM), then the client's
+        *_a(VLLM, "gen_ai.latency.time_to_first_token"), *_a(SEMCONV, "gen_ai.response.time_to_first_chunk"),
+        Carrier(OPENLIT, "gen_ai.server.time_to_first_token", streamed_only=True),
+        Carrier(VERCEL, "ai.response.msToFirstChunk", scale=0.001),
+        Carrier(OPENLLMETRY, "gen_ai.content.completion.chunk", "event"),
+        Carrier(OPENINFERENCE, "First Token Stream Event", "event"),
+        Carrier(LANGFUSE, "langfuse.observation.completion_start_time", "start"),
+    ),
+    "tpot": (Carrier(OPENLIT, "gen_ai.server.time_per_output_token", streamed_only=True),),
+}
+# The client's own cost estimate, kept beside servelens' (never used as it).
+CLIENT_COST = (*_a(OPENLIT, "gen_ai.usage.cost"), *_a(LITELLM, "gen_ai.cost.total_cost"),
+               *_a(OPENINFERENCE, "llm.cost.total"))
+# Whether the request streamed: an explicit flag, or a carrier only a stream has.
+STREAM_FLAGS = (*_a(SEMCONV, "gen_ai.request.stream"), *_a(OPENLLMETRY, "gen_ai.is_streaming"),
+                *_a(LITELLM, "llm.is_streaming"))
+STREAM_EVENTS = ("gen_ai.content.completion.chunk", "First Token Stream Event")
+STREAM_STARTS = ("langfuse.observation.completion_start_time", "ai.response.msToFirstChunk")
+ERROR_LEVEL = (LANGFUSE, "langfuse.observation.level", "ERROR")
+HTTP_STATUS = (*_a(SEMCONV, "http.response.status_code"), *_a(LITELLM, "error.code"))
+
+# Business units: the defaults of `attributes:` (servelens.config), span before resource.
+# A key is an attribute, else `<json attribute>.<key inside it>` (OpenInference's metadata);
+# a JSON-encoded string value (Langfuse's trace metadata) is decoded.
+UNIT_KEYS: dict[str, tuple[str, ...]] = {
+    "tenant": ("app.tenant", "tenant.id", "tenant", "traceloop.association.properties.tenant",
+               "langfuse.trace.metadata.tenant", "metadata.tenant", "litellm.metadata.tenant"),
+    "feature": ("app.feature", "feature", "traceloop.association.properties.feature",
+                "langfuse.trace.metadata.feature", "metadata.feature", "litellm.metadata.feature"),
+    "team": ("app.team", "team", "traceloop.association.properties.team", "langfuse.trace.metadata.team",
+             "metadata.team", "litellm.metadata.team"),
+    "user": ("user.id", "enduser.id", "traceloop.association.properties.user_id", "llm.user"),
+}
+
+# A span is an LLM request when it carries one of these (or a kind marker / Vercel call),
+# unless its operation is a pipeline step (a stage of a request, not a request).
+REQUEST_MARKERS = ("gen_ai.operation.name", "gen_ai.request.model", "gen_ai.usage.input_tokens",
+                   "gen_ai.usage.prompt_tokens", "llm.request.type", "gen_ai.latency.e2e")
+PIPELINE_OPERATIONS = ("retrieval", "execute_tool", "create_agent", "invoke_agent")
+
+
+# --- the Python reading ----------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class SpanView:
+    """What the reading needs of one stored span (an otel_traces row)."""
+
+    attributes: Mapping[str, str]
+    resource: Mapping[str, str]
+    start_ns: int
+    status_code: str = "STATUS_CODE_UNSET"
+    event_names: Sequence[str] = ()
+    event_times_ns: Sequence[int] = ()
+    scope_name: str = ""
+
+
+def is_request(span: SpanView) -> bool:
+    a = span.attributes
+    marked = (any(k in a for k in REQUEST_MARKERS)
+              or any(a.get(key) in values for _, key, values in KIND_MARKERS)
+              or a.get("ai.operationId") in VERCEL_CALLS)
+    return marked and a.get("gen_ai.operation.name", "") not in PIPELINE_OPERATIONS
+
+
+def request_fields(span: SpanView) -> dict[str, Any]:
+    """Every request field of one span, as the llm_requests view computes it."""
+    a = span.attributes
+    out: dict[str, Any] = {name: _first_string(span, carriers) for name, carriers in STRING_FIELDS.items()}
+    out["operation"] = _operation(a, out["operation"])
+    for name, carriers in TOKEN_FIELDS.items():
+        out[name] = _first_tokens(span, carriers)
+    streamed = _streamed(span)
+    out["streaming"] = streamed
+    for name, carriers in SECONDS_FIELDS.items():
+        out[name], out[f"{name}_source"] = _first_seconds(span, carriers, streamed)
+    out["client_cost"] = next((v for v in (_float(_read(span, c)) for c in CLIENT_COST) if v is not None), None)
+    out["is_error"] = (span.status_code == "STATUS_CODE_ERROR" or a.get("error.type", "") != ""
+                       or a.get(ERROR_LEVEL[1]) == ERROR_LEVEL[2])
+    out["http_status"] = next((v for v in (_uint(_read(span, c), 0xFFFF) for c in HTTP_STATUS) if v), 0)
+    for unit, keys in UNIT_KEYS.items():
+        out[unit] = unit_value(span, keys)
+    out["dialect"] = dialect(span)
+    return out
+
+
+def dialect(span: SpanView) -> str:
+    """Which dialect recognized the span, the most specific marker first (sql_dialect)."""
+    a, scope = span.attributes, span.scope_name
+    if a.get("openinference.span.kind", ""):
+        return OPENINFERENCE
+    if a.get("langfuse.observation.type", ""):
+        return LANGFUSE
+    if a.get("ai.operationId", ""):
+        return VERCEL
+    if scope == "litellm":
+        return LITELLM
+    if scope.startswith("openlit"):
+        return OPENLIT
+    if (scope.startswith("opentelemetry.instrumentation.openai.v") or "llm.request.type" in a
+            or "gen_ai.is_streaming" in a):
+        return OPENLLMETRY
+    if "gen_ai.latency.e2e" in a:
+        return VLLM
+    return SEMCONV
+
+
+def unit_value(span: SpanView, keys: Sequence[str]) -> str:
+    """The first of `keys` with a value, on the span, then on its resource."""
+    for attrs in (span.attributes, span.resource):
+        for key in keys:
+            value = _decoded(_unit_lookup(attrs, key))
+            if value:
+                return value
+    return ""
+
+
+def _unit_lookup(attrs: Mapping[str, str], key: str) -> str:
+    if attrs.get(key, ""):
+        return attrs[key]
+    base, _, inner = key.rpartition(".")
+    return _json_string(attrs.get(base, ""), (inner,)) if base else ""
+
+
+def _decoded(value: str) -> str:
+    """A JSON-encoded string ("\\"acme\\"") as its text; anything else as it is."""
+    if len(value) >= 2 and value[0] == '"' and value[-1] == '"':
+        try:
+            decoded = json.loads(value)
+        except ValueError:
+            return value
+        return decoded if isinstance(decoded, str) else value
+    return value
+
+
+def _operation(a: Mapping[str, str], named: str) -> str:
+    if named:
+        return OPERATION_ALIASES.get(named, named)
+    for _, key, values in KIND_MARKERS:
+        if a.get(key) in values:
+            return values[a[key]]
+    return VERCEL_CALLS.get(a.get("ai.operationId", ""), "")
+
+
+def _read(span: SpanView, c: Carrier) -> str:
+    attrs = span.resource if c.resource else span.attributes
+    if c.kind == "json":
+        return _json_string(attrs.get(c.key, ""), c.path)
+    return attrs.get(c.key, "")
+
+
+def _json_string(text: str, path: Sequence[str]) -> str:
+    """What ClickHouse's JSONExtractString(text, *path) gives: a string as its text, a
+    number as written, '' for anything else or invalid JSON."""
+    if not text:
+        return ""
+    try:
+        value: Any = json.loads(text)
+    except ValueError:
+        return ""
+    for key in path:
+        if not isinstance(value, dict) or key not in value:
+            return ""
+        value = value[key]
+    if isinstance(value, str):
+        return value
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return format_double(value)
+    if isinstance(value, int):
+        return str(value)
+    return json.dumps(value, separators=(",", ":"))
+
+
+def _first_string(span: SpanView, carriers: Sequence[Carrier]) -> str:
+    return next((v for v in (_read(span, c) for c in carriers) if v), "")
+
+
+def _first_tokens(span: SpanView, carriers: Sequence[Carrier]) -> int:
+    return next((_uint(v, 2**32 - 1) for v in (_read(span, c) for c in carriers) if v), 0)
+
+
+def _uint(text: str, limit: int) -> int:
+    """ClickHouse's toUInt32OrZero / toUInt16OrZero: decimal digits only, else 0."""
+    if not re.fullmatch(r"\+?[0-9]+", text or ""):
+        return 0
+    value = int(text)
+    return value if value <= limit else 0
+
+
+def _float(text: str) -> float | None:
+    """ClickHouse's toFloat64OrNull."""
+    if not text or text != text.strip() or text.lower().startswith(("0x", "+0x", "-0x")):
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+def _streamed(span: SpanView) -> bool:
+    a = span.attributes
+    return (any(a.get(c.key, "").lower() == "true" for c in STREAM_FLAGS)
+            or any(name in span.event_names for name in STREAM_EVENTS)
+            or any(a.get(key, "") for key in STREAM_STARTS)
+            or "stream" in a.get("ai.operationId", "").lower())
+
+
+def _first_seconds(span: SpanView, carriers: Sequence[Carrier], streamed: bool) -> tuple[float | None, str]:
+    for c in carriers:
+        if c.streamed_only and not streamed:
+            continue
+        value = _seconds(span, c)
+        if value is not None:
+            return value, c.source
+    return None, ""
+
+
+def _seconds(span: SpanView, c: Carrier) -> float | None:
+    if c.kind == "event":
+        times = [t for n, t in zip(span.event_names, span.event_times_ns) if n == c.key]
+        return (min(times) - span.start_ns) / 1e9 if times else None
+    if c.kind == "start":
+        text = _decoded(span.attributes.get(c.key, ""))
+        try:
+            at = datetime.fromisoformat(text.replace("Z", "+00:00")) if text else None
+        except ValueError:
+            return None
+        if at is None:
+            return None
+        at = at if at.tzinfo else at.replace(tzinfo=timezone.utc)
+        micros = (at - _EPOCH) // timedelta(microseconds=1)
+        return (micros * 1000 - span.start_ns) / 1e9
+    value = _float(_read(span, c))
+    return None if value is None else value * c.scale
+
+
+# --- the ClickHouse reading (the llm_requests view) --------------------------------------------
+# Over otel_traces with `a` = SpanAttributes and `r` = ResourceAttributes; every function
+# mirrors its Python twin above.
+
+def _q(text: str) -> str:
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def _sql_read(c: Carrier) -> str:
+    m = f"{'r' if c.resource else 'a'}[{_q(c.key)}]"
+    if c.kind == "json":
+        return f"if({m} = '', '', JSONExtractString({m}, {', '.join(map(_q, c.path))}))"
+    return m
+
+
+def _sql_first(reads: Sequence[str]) -> str:
+    """The first non-empty of `reads` ('' when none): each expression written once, so
+    the view stays small (the engine analyses it on every insert)."""
+    if len(reads) == 1:
+        return reads[0]
+    return f"arrayFirst(v -> v != '', [{', '.join(reads)}])"
+
+
+_SQL_DECODE = ("v -> if(length(v) >= 2 AND startsWith(v, '\"') AND endsWith(v, '\"') AND isValidJSON(v), "
+               "JSONExtractString(v), v)")
+
+
+def _sql_unit_lookup(m: str, key: str) -> str:
+    base, _, inner = key.rpartition(".")
+    direct = f"{m}[{_q(key)}]"
+    if not base:
+        return direct
+    inside = f"{m}[{_q(base)}]"
+    return f"if({direct} != '', {direct}, if({inside} = '', '', JSONExtractString({inside}, {_q(inner)})))"
+
+
+def sql_unit(keys: Sequence[str]) -> str:
+    lookups = ", ".join(_sql_unit_lookup(m, k) for m in ("a", "r") for k in keys)
+    return f"arrayFirst(v -> v != '', arrayMap({_SQL_DECODE}, [{lookups}]))"
+
+
+SQL_STREAMED = " OR ".join([
+    *(f"lower(a[{_q(c.key)}]) = 'true'" for c in STREAM_FLAGS),
+    f"hasAny(Events.Name, [{', '.join(map(_q, STREAM_EVENTS))}])",
+    *(f"a[{_q(k)}] != ''" for k in STREAM_STARTS),
+    "positionCaseInsensitive(a['ai.operationId'], 'stream') > 0",
+])
+
+
+def _sql_seconds(c: Carrier) -> str:
+    if c.kind == "event":
+        value = (f"if(has(Events.Name, {_q(c.key)}), (toUnixTimestamp64Nano(arrayMin(arrayFilter((t, n) -> "
+                 f"n = {_q(c.key)}, Events.Timestamp, Events.Name))) - toUnixTimestamp64Nano(Timestamp)) / 1e9, NULL)")
+    elif c.kind == "start":
+        text = f"arrayMap({_SQL_DECODE}, [{_sql_read(c)}])[1]"
+        value = (f"(toUnixTimestamp64Nano(parseDateTime64BestEffortOrNull({text}, 6, 'UTC')) "
+                 f"- toUnixTimestamp64Nano(Timestamp)) / 1e9")
+    else:
+        value = f"toFloat64OrNull({_sql_read(c)})" + (f" * {c.scale!r}" if c.scale != 1.0 else "")
+    return f"if(streamed_, {value}, NULL)" if c.streamed_only else value
+
+
+def sql_seconds(name: str) -> list[tuple[str, str]]:
+    """WITH aliases for a seconds field: every carrier's value, and the first that has one."""
+    carriers = SECONDS_FIELDS[name]
+    values = ", ".join(f"toNullable(toFloat64({_sql_seconds(c)}))" for c in carriers)
+    return [(f"{name}_all_", f"[{values}]"), (f"{name}_at_", f"arrayFirstIndex(x -> isNotNull(x), {name}_all_)")]
+
+
+def _sql_seconds_columns(name: str) -> tuple[str, str]:
+    sources = ", ".join(_q(c.source) for c in SECONDS_FIELDS[name])
+    return f"if({name}_at_ = 0, NULL, {name}_all_[{name}_at_])", f"[{sources}][{name}_at_]"
+
+
+def sql_operation() -> str:
+    aliases = ", ".join(map(_q, OPERATION_ALIASES)), ", ".join(map(_q, OPERATION_ALIASES.values()))
+    branches = [f"a[{_q(key)}] = {_q(value)}, {_q(op)}" for _, key, values in KIND_MARKERS for value, op in values.items()]
+    vercel = ", ".join(map(_q, VERCEL_CALLS)), ", ".join(map(_q, VERCEL_CALLS.values()))
+    return (f"multiIf(operation_ != '', transform(operation_, [{aliases[0]}], [{aliases[1]}], operation_), "
+            f"{', '.join(branches)}, transform(a['ai.operationId'], [{vercel[0]}], [{vercel[1]}], ''))")
+
+
+def sql_is_request() -> str:
+    markers = " OR ".join(f"mapContains(a, {_q(k)})" for k in REQUEST_MARKERS)
+    kinds = " OR ".join(f"a[{_q(key)}] IN ({', '.join(map(_q, values))})" for _, key, values in KIND_MARKERS)
+    calls = f"a['ai.operationId'] IN ({', '.join(map(_q, VERCEL_CALLS))})"
+    pipeline = ", ".join(map(_q, PIPELINE_OPERATIONS))
+    return f"({markers}\n       OR {kinds}\n       OR {calls})\n  AND a['gen_ai.operation.name'] NOT IN ({pipeline})"
+
+
+def with_sql() -> list[tuple[str, str]]:
+    """The view's WITH aliases the columns below use (besides `a` and `r`)."""
+    return [("streamed_", f"({SQL_STREAMED})"),
+            ("operation_", _sql_first([_sql_read(c) for c in STRING_FIELDS["operation"]])),
+            *sql_seconds("ttft"), *sql_seconds("tpot")]
+
+
+def _tokens(field: str) -> str:
+    return f"toUInt32OrZero({_sql_first([_sql_read(c) for c in TOKEN_FIELDS[field]])})"
+
+
+def select_sql() -> dict[str, str]:
+    """The llm_requests columns the dialect table decides, as SELECT expressions."""
+    ttft, ttft_source = _sql_seconds_columns("ttft")
+    tpot, _ = _sql_seconds_columns("tpot")
+    return {
+        "Model": _sql_first([_sql_read(c) for c in STRING_FIELDS["model"]]),
+        "RequestModel": _sql_first([_sql_read(c) for c in STRING_FIELDS["request_model"]]),
+        "Provider": _sql_first([_sql_read(c) for c in STRING_FIELDS["provider"]]),
+        "Operation": sql_operation(),
+        "Tenant": sql_unit(UNIT_KEYS["tenant"]),
+        "Feature": sql_unit(UNIT_KEYS["feature"]),
+        "Team": sql_unit(UNIT_KEYS["team"]),
+        "UserId": sql_unit(UNIT_KEYS["user"]),
+        "SessionId": _sql_first([_sql_read(c) for c in STRING_FIELDS["session"]]),
+        "InputTokens": _tokens("input_tokens"),
+        "OutputTokens": _tokens("output_tokens"),
+        "CachedInputTokens": _tokens("cache_read_tokens"),
+        "CacheWriteInputTokens": _tokens("cache_write_tokens"),
+        "ReasoningOutputTokens": _tokens("reasoning_tokens"),
+        "TtftSeconds": ttft,
+        "TtftSource": ttft_source,
+        "TpotSeconds": tpot,
+        "Streaming": "toUInt8(streamed_)",
+        "ClientCostUsd": f"coalesce({', '.join(f'toFloat64OrNull({_sql_read(c)})' for c in CLIENT_COST)})",
+        "IsError": "StatusCode = 'STATUS_CODE_ERROR' OR a['error.type'] != '' "
+                   f"OR a[{_q(ERROR_LEVEL[1])}] = {_q(ERROR_LEVEL[2])}",
+        "ErrorType": _sql_first([_sql_read(c) for c in STRING_FIELDS["error_type"]]),
+        "HttpStatusCode": f"arrayFirst(x -> x != 0, [{', '.join(f'toUInt16OrZero({_sql_read(c)})' for c in HTTP_STATUS)}])",
+        "Dialect": sql_dialect(),
+    }
+
+
+def sql_dialect() -> str:
+    """Which dialect recognized the span, the most specific marker first (ingest health)."""
+    return ("multiIf(a['openinference.span.kind'] != '', 'openinference', a['langfuse.observation.type'] != '', "
+            "'langfuse', a['ai.operationId'] != '', 'vercel-ai', ScopeName = 'litellm', 'litellm', "
+            "startsWith(ScopeName, 'openlit'), 'openlit', startsWith(ScopeName, 'opentelemetry.instrumentation.openai.v')"
+            " OR mapContains(a, 'llm.request.type') OR mapContains(a, 'gen_ai.is_streaming'), 'openllmetry', "
+            "mapContains(a, 'gen_ai.latency.e2e'), 'vllm', 'semconv')")
+
+
+# The llm_requests columns no dialect decides (servelens' own attributes, vLLM's stage
+# timings, the span's own fields), as migrations/0004 defined them.
+FIXED_COLUMNS = {
+    "Timestamp": "Timestamp", "TraceId": "TraceId", "SpanId": "SpanId", "ParentSpanId": "ParentSpanId",
+    "ServiceName": "ServiceName",
+    "Deployment": "multiIf(mapContains(a, 'app.deployment'), a['app.deployment'],\n"
+                  "            mapContains(r, 'app.deployment'), r['app.deployment'], ServiceName)",
+    "Region": "r['cloud.region']",
+    "TaskType": "a['app.task_type']", "Language": "a['app.language']",
+    "Mode": "if(a['app.mode'] = 'batch', 'batch', 'interactive')", "PrefixHash": "a['app.prefix_hash']",
+    "LatencySeconds": "if(Duration > 0, Duration / 1e9, ifNull(toFloat64OrNull(a['gen_ai.latency.e2e']), 0))",
+    "QueueSeconds": "toFloat64OrNull(a['gen_ai.latency.time_in_queue'])",
+    "PrefillSeconds": "toFloat64OrNull(a['gen_ai.latency.time_in_model_prefill'])",
+    "DecodeSeconds": "toFloat64OrNull(a['gen_ai.latency.time_in_model_decode'])",
+    "RetryAttempt": "toUInt16OrZero(if(mapContains(a, 'http.request.resend_count'), a['http.request.resend_count'], "
+                    "a['app.retry.attempt']))",
+    "Fallback": "lower(a['app.fallback']) = 'true'", "Outcome": "a['app.outcome']",
+    "Labels": "mapFilter((k, v) -> NOT startsWith(k, 'gen_ai.') AND NOT startsWith(k, 'llm.')\n"
+              "                        AND NOT startsWith(k, 'telemetry.') AND length(v) <= 256,\n"
+              "              mapUpdate(r, a))",
+}
+# The table's column order (migrations/0004, then 0014's additions, then 0021's).
+COLUMN_ORDER = (
+    "Timestamp", "TraceId", "SpanId", "ParentSpanId", "ServiceName", "Deployment", "Model", "Provider", "Operation",
+    "Region", "Tenant", "Feature", "Team", "UserId", "TaskType", "Language", "Mode", "PrefixHash", "InputTokens",
+    "OutputTokens", "CachedInputTokens", "LatencySeconds", "TtftSeconds", "QueueSeconds", "PrefillSeconds",
+    "DecodeSeconds", "IsError", "ErrorType", "HttpStatusCode", "RetryAttempt", "Fallback", "Outcome", "Labels",
+    "CacheWriteInputTokens", "ReasoningOutputTokens", "TtftSource", "Streaming", "ClientCostUsd", "SessionId",
+    "TpotSeconds", "Dialect", "RequestModel",
+)
+# The migration holding the current rendering of the view; a change to the table above
+# goes into a new migration (ADD COLUMN, DROP VIEW, the view) named here, rendered by
+# `python -m collector.dialects`.
+VIEW_MIGRATION = "0021_llm_requests_request_model.sql"
+
+
+def llm_requests_view_sql() -> str:
+    """CREATE MATERIALIZED VIEW llm_requests_mv, rendered from the table above."""
+    columns = {**FIXED_COLUMNS, **select_sql()}
+    assert set(columns) == set(COLUMN_ORDER), set(columns) ^ set(COLUMN_ORDER)
+    withs = [("a", "SpanAttributes"), ("r", "ResourceAttributes"), *with_sql()]
+    with_text = ",\n    ".join(f"{expr} AS {name}" for name, expr in withs)
+    select_text = ",\n    ".join(f"{columns[name]} AS {name}" for name in COLUMN_ORDER)
+    return (f"CREATE MATERIALIZED VIEW IF NOT EXISTS llm_requests_mv TO llm_requests AS\nWITH\n    {with_text}\n"
+            f"SELECT\n    {select_text}\nFROM otel_traces\nWHERE {sql_is_request()};\n")
+
+
+def render_migration(path: Path) -> None:
+    """Rewrite the view in `path` (the part after its DROP VIEW) from the table above."""
+    text = path.read_text()
+    marker = "DROP VIEW IF EXISTS llm_requests_mv;\n"
+    path.write_text(text[:text.index(marker) + len(marker)] + "\n" + llm_requests_view_sql())
+
+
+if __name__ == "__main__":
+    from servelens.core.migrate import MIGRATIONS_DIR
+
+    render_migration(MIGRATIONS_DIR / VIEW_MIGRATION)

@@ -1,0 +1,107 @@
+"""OTLP/gRPC receiver (:4317): the opentelemetry-proto Trace/Metrics/Logs services on grpcio.
+
+Same Intake as HTTP. Throttling answers UNAVAILABLE with a google.rpc.RetryInfo detail,
+invalid auth UNAUTHENTICATED, as the OTLP spec asks.
+"""
+
+from __future__ import annotations
+
+from concurrent import futures
+from typing import Any
+
+import grpc
+from google.protobuf import duration_pb2
+from google.rpc import code_pb2, error_details_pb2, status_pb2
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceResponse
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceResponse
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceResponse,
+)
+
+from servelens.collector.mapping.decode import PROTOBUF, PayloadError, decode
+from servelens.collector.receivers.http import export_response
+from servelens.collector.intake import RETRY_AFTER_SECONDS, Busy, Intake
+from servelens.collector.pipeline.writer import DataRejected, WriteFailed
+
+
+def _token(context: grpc.ServicerContext) -> str | None:
+    for key, value in context.invocation_metadata():
+        if key.lower() == "authorization":
+            scheme, _, token = value.partition(" ")
+            return token.strip() if scheme.lower() == "bearer" else None
+    return None
+
+
+def _unavailable(context: grpc.ServicerContext, message: str) -> None:
+    retry = error_details_pb2.RetryInfo(retry_delay=duration_pb2.Duration(seconds=RETRY_AFTER_SECONDS))
+    detail = status_pb2.Status(code=code_pb2.UNAVAILABLE, message=message)
+    detail.details.add().Pack(retry)
+    # What grpcio-status' rpc_status.to_status does, without its protobuf pin.
+    context.set_trailing_metadata((("grpc-status-details-bin", detail.SerializeToString()),))
+    context.abort(grpc.StatusCode.UNAVAILABLE, message)
+
+
+# signal -> (service, its Export response)
+_SERVICES = {
+    "traces": ("opentelemetry.proto.collector.trace.v1.TraceService", ExportTraceServiceResponse),
+    "metrics": ("opentelemetry.proto.collector.metrics.v1.MetricsService", ExportMetricsServiceResponse),
+    "logs": ("opentelemetry.proto.collector.logs.v1.LogsService", ExportLogsServiceResponse),
+}
+
+
+class _Export:
+    """One service's Export. Requests arrive as their bytes (see GrpcReceiver)."""
+
+    def __init__(self, intake: Intake, signal: str) -> None:
+        self._intake = intake
+        self._signal = signal
+        # The engine maps this signal from the request's own bytes (trace_mapping: engine).
+        self._raw = intake.maps_raw(signal)
+
+    def Export(self, request: bytes, context: grpc.ServicerContext) -> Any:
+        try:
+            tenant = self._intake.tenant_for(_token(context))
+        except PermissionError as exc:
+            self._intake.metrics.refused.labels(self._signal, "grpc", "unauthorized").inc()
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, str(exc))
+        try:
+            if self._raw:
+                result = self._intake.export(self._signal, None, "grpc", tenant, raw=request)
+            else:
+                result = self._intake.export(self._signal, decode(self._signal, request, PROTOBUF), "grpc", tenant)
+        except PayloadError as exc:
+            self._intake.metrics.refused.labels(self._signal, "grpc", "malformed").inc()
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except Busy as exc:
+            _unavailable(context, str(exc))
+        except DataRejected as exc:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"rows rejected by the store: {exc}")
+        except WriteFailed as exc:
+            _unavailable(context, f"store unavailable: {exc}")
+        return export_response(self._signal, result)
+
+
+class GrpcReceiver:
+    def __init__(self, intake: Intake, host: str, port: int, max_request_bytes: int, workers: int = 32) -> None:
+        self._server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="otlp-grpc"),
+            options=[("grpc.max_receive_message_length", max_request_bytes)],
+        )
+        # The generated registration parses each request in grpcio, which answers INTERNAL
+        # when it cannot: the bytes come to Export instead, decoded as HTTP's are (a
+        # malformed or too deeply nested request is INVALID_ARGUMENT), or handed to the
+        # engine unparsed.
+        for signal, (service, response) in _SERVICES.items():
+            export = grpc.unary_unary_rpc_method_handler(
+                _Export(intake, signal).Export, request_deserializer=None,
+                response_serializer=response.SerializeToString)
+            self._server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, {"Export": export}),))
+        self.port = self._server.add_insecure_port(f"{host}:{port}")
+        if self.port == 0:
+            raise OSError(f"cannot bind OTLP/gRPC on {host}:{port}")
+
+    def start(self) -> None:
+        self._server.start()
+
+    def shutdown(self, timeout: float = 5.0) -> None:
+        self._server.stop(grace=timeout).wait(timeout)

@@ -1,0 +1,55 @@
+"""The collector as one component: writer + intake + OTLP/HTTP and OTLP/gRPC receivers + scrapers."""
+
+from __future__ import annotations
+
+import logging
+
+from servelens.collector.receivers.grpc import GrpcReceiver
+from servelens.collector.receivers.http import HttpReceiver, OtlpHttpApp
+from servelens.collector.intake import Intake
+from servelens.collector.receivers.scrape import Scrapers
+from servelens.collector.pipeline.spool import Spool
+from servelens.collector.telemetry import SelfMetrics
+from servelens.collector.pipeline.writer import Writer, WriterSettings
+from servelens.core.config import Settings
+from servelens.core.store import Store
+
+log = logging.getLogger(__name__)
+
+
+class Collector:
+    def __init__(self, settings: Settings, store: Store) -> None:
+        c = settings.collector
+        self.metrics = SelfMetrics()
+        spool = Spool(settings.spool_dir, c.spool_max_bytes) if c.spool_max_bytes else None
+        self.writer = Writer(store, WriterSettings(
+            queue_size=c.queue_size, batch_size=c.batch_size,
+            flush_interval=c.flush_interval.total_seconds(), store_retry=c.store_retry.total_seconds(),
+            acknowledge=c.acknowledge, linger=c.spool_linger.total_seconds(),
+        ), self.metrics, spool)
+        self.intake = Intake(self.writer, self.metrics, tuple(settings.attributes.tenant), c.tokens,
+                             write_timeout=c.write_timeout.total_seconds(), trace_mapping=c.trace_mapping,
+                             retention_days=settings.store.retention_days)
+        app = OtlpHttpApp(self.intake, c.max_request_bytes,
+                          extra_routes={"/metrics": lambda: ("text/plain; version=0.0.4", self.metrics.exposition())})
+        self.http = HttpReceiver(app, settings.host, settings.otlp_http_port)
+        self.grpc = GrpcReceiver(self.intake, settings.host, settings.otlp_grpc_port, c.max_request_bytes)
+        self.scrapers = Scrapers(settings.scrape.targets, self.writer, self.metrics)
+
+    @property
+    def ports(self) -> dict[str, int]:
+        return {"otlp-grpc": self.grpc.port, "otlp-http": self.http.port}
+
+    def start(self) -> None:
+        self.writer.start()
+        self.http.start()
+        self.grpc.start()
+        self.scrapers.start()
+        log.info("collector listening: otlp-grpc=%d otlp-http=%d", self.grpc.port, self.http.port)
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        """Receivers first (in-flight requests finish), then the writer flushes what was accepted."""
+        self.scrapers.shutdown(timeout)
+        self.http.shutdown(timeout)
+        self.grpc.shutdown(timeout)
+        self.writer.shutdown(timeout)

@@ -1,0 +1,660 @@
+"""Typed configuration: servelens.yaml + SERVELENS_* env vars + CLI flags (SPEC 1a).
+
+Precedence, highest first: CLI flag > env var > file > default. pydantic-settings does
+the merging and validation; a bad key or value fails at start with its dotted name.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from datetime import date, datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, YamlConfigSettingsSource
+
+DEFAULT_CONFIG_FILE = "servelens.yaml"
+DEFAULT_DATA_DIR = ".servelens/data"
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)\s*$")
+BUDGET_STAGES = frozenset({"queue", "prefill", "decode", "retrieval", "tool", "embedding", "network", "postprocess", "other", "total"})
+_UNIT_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_duration(value: Any) -> timedelta:
+    """'200ms', '15s', '1h', '7d' (or a number of seconds) -> timedelta."""
+    if isinstance(value, timedelta):
+        return value
+    if isinstance(value, (int, float)):
+        return timedelta(seconds=value)
+    match = _DURATION.match(str(value))
+    if not match:
+        raise ValueError(f"not a duration: {value!r} (use e.g. 200ms, 15s, 5m, 1h, 7d)")
+    return timedelta(seconds=float(match.group(1)) * _UNIT_SECONDS[match.group(2)])
+
+
+class _Strict(BaseModel):
+    # Unknown keys are typos until proven otherwise: reject them by name.
+    model_config = ConfigDict(extra="forbid")
+
+
+class StoreConfig(_Strict):
+    clickhouse_url: str | None = None  # None: chdb://<data_dir>
+    database: str = "otel"
+    retention_days: int = Field(30, ge=1)
+    # A ClickHouse cluster (its name in the servers' remote_servers): the migrations create
+    # replicated tables and Distributed tables over them on it (servelens.cluster_ddl).
+    cluster: str | None = None
+
+    @field_validator("clickhouse_url")
+    @classmethod
+    def _scheme(cls, v: str | None) -> str | None:
+        if v is not None and not re.match(r"^(chdb|https?)://", v):
+            raise ValueError("must start with chdb://, http:// or https://")
+        return v
+
+    @field_validator("cluster")
+    @classmethod
+    def _cluster_name(cls, v: str | None) -> str | None:
+        # It is spliced into ON CLUSTER and Distributed(...) as it is.
+        if v is not None and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", v):
+            raise ValueError("must be a plain identifier (letters, digits, _), as remote_servers names it")
+        return v
+
+
+class CollectorConfig(_Strict):
+    max_request_bytes: int = Field(16 * 1024 * 1024, ge=1024)
+    tokens: dict[str, str] = {}
+    queue_size: int = Field(256, ge=1, description="batches waiting for the writer")
+    batch_size: int = Field(8192, ge=1, description="rows per insert")
+    # Group commit: a batch is whatever queued while the previous insert ran, plus what
+    # arrives within flush_interval; batch_size caps it.
+    flush_interval: timedelta = timedelta(milliseconds=5)
+    store_retry: timedelta = timedelta(seconds=2)  # retry the store this long, then spool
+    write_timeout: timedelta = timedelta(seconds=30)  # a request waits at most this long
+    spool_max_bytes: int = Field(1024**3, ge=0, description="0 disables the spool")
+    # When a request is answered 200: "stored" once its rows are committed in the store;
+    # "spooled" once they are fsynced in the spool, used as a write-ahead log and inserted
+    # from there in the background (export latency of a disk write, not of an insert).
+    acknowledge: Literal["stored", "spooled"] = "stored"
+    spool_linger: timedelta = timedelta(seconds=1)  # "spooled": logged rows wait this long to fill an insert
+    # Who maps spans to otel_traces rows: "python" (collector.spans), or "engine": ClickHouse
+    # parses the request's protobuf itself and a view maps it (collector.engine_spans).
+    trace_mapping: Literal["python", "engine"] = "python"
+
+    _dur = field_validator("flush_interval", "store_retry", "write_timeout", "spool_linger",
+                           mode="before")(parse_duration)
+
+    @model_validator(mode="after")
+    def _spool_for_wal(self) -> CollectorConfig:
+        if self.acknowledge == "spooled" and not self.spool_max_bytes:
+            raise ValueError('acknowledge "spooled" needs the spool: spool_max_bytes > 0')
+        return self
+
+
+class ScrapeTarget(_Strict):
+    url: str
+    interval: timedelta = timedelta(seconds=15)
+    job: str | None = None  # the series' service.name (default "prometheus")
+    _dur = field_validator("interval", mode="before")(parse_duration)
+
+
+class ScrapeConfig(_Strict):
+    targets: list[ScrapeTarget] = []
+
+
+class AttributesConfig(_Strict):
+    # The defaults cover the instrumentation libraries' own spellings (collector.dialects,
+    # which the llm_requests view is rendered from: a test keeps the two equal). A key is an
+    # attribute, or `<JSON attribute>.<key inside it>`; JSON-encoded string values are decoded.
+    tenant: list[str] = ["app.tenant", "tenant.id", "tenant", "traceloop.association.properties.tenant",
+                         "langfuse.trace.metadata.tenant", "metadata.tenant", "litellm.metadata.tenant"]
+    feature: list[str] = ["app.feature", "feature", "traceloop.association.properties.feature",
+                          "langfuse.trace.metadata.feature", "metadata.feature", "litellm.metadata.feature"]
+    team: list[str] = ["app.team", "team", "traceloop.association.properties.team", "langfuse.trace.metadata.team",
+                       "metadata.team", "litellm.metadata.team"]
+
+
+class ModelPrice(_Strict):
+    """USD per million tokens. Unset optional prices fall back: cached input and cache
+    writes to the input price, reasoning to the output price (analytics/pricing.py)."""
+
+    model: str
+    match: str | None = None
+    input_per_mtok: float = Field(ge=0)
+    output_per_mtok: float = Field(ge=0)
+    cached_input_per_mtok: float | None = Field(None, ge=0)
+    cache_write_per_mtok: float | None = Field(None, ge=0)
+    reasoning_per_mtok: float | None = Field(None, ge=0)
+    effective_from: datetime | None = None
+
+    @field_validator("match")
+    @classmethod
+    def _regex(cls, v: str | None) -> str | None:
+        if v is not None:
+            try:
+                re.compile(v)
+            except re.error as exc:
+                raise ValueError(f"invalid regex: {exc}") from exc
+        return v
+
+    @field_validator("effective_from", mode="before")
+    @classmethod
+    def _date(cls, v: Any) -> Any:
+        if isinstance(v, date) and not isinstance(v, datetime):
+            return datetime(v.year, v.month, v.day, tzinfo=timezone.utc)
+        return v
+
+    @field_validator("effective_from")
+    @classmethod
+    def _utc(cls, v: datetime | None) -> datetime | None:
+        if v is not None and v.tzinfo is None:
+            v = v.replace(tzinfo=timezone.utc)
+        return v
+
+
+class PricingConfig(_Strict):
+    models: list[ModelPrice] = []
+    # What prices the models `models` does not: the genai-prices package's data, or nothing.
+    catalog: Literal["genai-prices", "none"] = "genai-prices"
+
+
+class GpuSelector(_Strict):
+    hosts: list[str] | None = None
+    count: int | None = Field(None, ge=1)
+
+    @model_validator(mode="after")
+    def _one(self) -> GpuSelector:
+        if (self.hosts is None) == (self.count is None):
+            raise ValueError("give exactly one of hosts or count")
+        return self
+
+
+class CostWeights(_Strict):
+    input: float = Field(1.0, ge=0)
+    output: float = Field(1.0, ge=0)
+
+
+class DeploymentConfig(_Strict):
+    name: str
+    gpus: GpuSelector
+    gpu_hourly_usd: float = Field(ge=0)
+    primary_model: str | None = None
+    budgets: dict[str, timedelta] = {}
+    # Busy GPU cost is shared among the deployment's requests by weighted tokens.
+    cost_weights: CostWeights = CostWeights()
+
+    @field_validator("budgets", mode="before")
+    @classmethod
+    def _budgets(cls, v: Any) -> Any:
+        if not isinstance(v, dict):
+            return v
+        unknown = sorted(set(v) - BUDGET_STAGES)
+        if unknown:
+            raise ValueError(f"unknown budget stage(s) {unknown}; known: {sorted(BUDGET_STAGES)}")
+        return {k: parse_duration(d) for k, d in v.items()}
+
+
+class EvaluationConfig(_Strict):
+    pass_threshold: float = 0.5
+
+
+class QualityConfig(_Strict):
+    evaluations: dict[str, EvaluationConfig] = {}
+    length_classes: list[int] = [1000, 8000]
+    # A result is matched to its request among the requests of this long before the window
+    # (analytics/reports/quality.py): the match reads those days, not the whole table. A result that
+    # comes later than this counts in the totals, under no slice.
+    evaluation_delay: timedelta = timedelta(days=3)
+    _dur = field_validator("evaluation_delay", mode="before")(parse_duration)
+
+
+class TriggersConfig(_Strict):
+    """Re-evaluation triggers (SPEC 6). Each kind names its test's level, the smallest
+    change worth acting on, and its minimum samples: a test alone fires on trivial
+    differences in big samples, a threshold alone on noise in small ones. The defaults
+    keep a stable system quiet (diurnal swings and normal bursts included)."""
+
+    class QueueWaitGrowth(_Strict):
+        windows: int = Field(6, ge=4, description="consecutive windows in the trend")
+        # Each window is read as this many equal parts: a ten-minute burst then moves one
+        # point of the series, not a sixth of it, and the trend is seen on more points.
+        points: int = Field(3, ge=1, le=12, description="series points per window")
+        alpha: float = Field(0.01, gt=0, lt=1, description="Mann-Kendall, one-sided")
+        min_growth: float = Field(0.5, gt=0, description="last window's level / first window's - 1")
+        # The p95's rise in time, at least: a queue of a few milliseconds may double unseen.
+        min_increase: timedelta = timedelta(milliseconds=20)
+        critical_growth: float = Field(2.0, gt=0)
+        min_requests: int = Field(100, ge=1, description="requests with queue timings per window")
+        _dur = field_validator("min_increase", mode="before")(parse_duration)
+
+    class P99Drift(_Strict):
+        min_rise: float = Field(0.3, gt=0, description="p99 / baseline p99 - 1")
+        critical_rise: float = Field(1.0, gt=0)
+        p50_tolerance: float = Field(0.2, ge=0, description="p50 may rise this much and still be 'flat'")
+        alpha: float = Field(1e-3, gt=0, lt=1, description="exceedance test of the baseline p99")
+        min_requests: int = Field(200, ge=1)
+        min_baseline: int = Field(1000, ge=1)
+
+    class QualityRegression(_Strict):
+        # Pool the last `windows` evaluation windows: results are sparse, and a drop of 10
+        # points on 200 results per hour is too close to noise for one hour alone.
+        windows: int = Field(2, ge=1)
+        keys: list[Literal["task_type", "language", "length_class", "model", "deployment", "tenant"]] = [
+            "task_type", "language", "length_class", "model", "deployment", "tenant"]
+        pairs: bool = True  # also every pair of keys
+        min_drop: float = Field(0.05, gt=0, description="pass-rate points")
+        critical_drop: float = Field(0.15, gt=0)
+        # Benjamini-Hochberg across the slices of one window. Strict, because the test recurs:
+        # a week has 168 hourly windows, and at q the chance of a false alarm per window is
+        # <= q only for exact p-values; pooled windows and mix-standardized baselines make
+        # them a little optimistic (bench/detection.py measured 0.67 false alarms a week at 1e-3).
+        fdr: float = Field(1e-4, gt=0, lt=1, description="Benjamini-Hochberg across slices, per window")
+        min_evaluations: int = Field(100, ge=1)
+        min_baseline: int = Field(200, ge=1)
+
+    class NewWorkloadShape(_Strict):
+        dimensions: list[Literal["task_type", "language", "length_class", "batch_feature"]] = [
+            "task_type", "language", "length_class", "batch_feature"]
+        min_count: int = Field(30, ge=1)
+        min_share: float = Field(0.02, ge=0, le=1)
+        rare_share: float = Field(0.001, gt=0, lt=1, description="below this share in the baseline = new")
+        alpha: float = Field(1e-4, gt=0, lt=1)
+        min_baseline: int = Field(2000, ge=1, description="baseline requests before anything counts as new")
+        # A quiet service is pooled over windows until a category of this share of its
+        # traffic would hold min_count (300 requests by default).
+        pool_for_share: float = Field(0.1, gt=0, le=1, description="share a new category in the pooled span must reach")
+        shift_min_auc: float = Field(0.75, gt=0.5, le=1)
+        shift_alpha: float = Field(1e-3, gt=0, lt=1)
+        shift_margin: float = Field(0.05, ge=0, description="above the baseline days' own AUC against each other")
+        shift_min_minutes: int = Field(30, ge=5)
+        shift_min_baseline_minutes: int = Field(120, ge=5)
+
+    class RetryStorm(_Strict):
+        amplification: float = Field(1.5, gt=1)
+        critical_amplification: float = Field(2.0, gt=1)
+        min_originals: int = Field(50, ge=1)
+        min_retries: int = Field(20, ge=1)
+
+    class ErrorRateSpike(_Strict):
+        alpha: float = Field(1e-4, gt=0, lt=1, description="binomial test against the baseline rate")
+        min_ratio: float = Field(2.0, ge=1)
+        min_increase: float = Field(0.02, ge=0, description="error-rate points above baseline")
+        critical_rate: float = Field(0.2, gt=0, le=1)
+        min_requests: int = Field(100, ge=1)
+        min_errors: int = Field(10, ge=1)
+        min_baseline: int = Field(500, ge=1)
+        # A quiet service is pooled over windows until an error rate this high would hold
+        # min_errors (200 attempts by default): at 100 requests an hour one window could
+        # show nothing under 10 % (BENCHMARKS.md, "Detection floors").
+        pool_for_rate: float = Field(0.05, gt=0, le=1, description="error rate the pooled span must be able to show")
+
+    class FallbackOverBudget(_Strict):
+        alpha: float = Field(0.01, gt=0, lt=1, description="exceedance test of the budget")
+        critical_ratio: float = Field(2.0, gt=1, description="fallback p99 / budget")
+        min_fallbacks: int = Field(20, ge=1)
+
+    class CostAnomaly(_Strict):
+        z: float = Field(4.0, gt=0, description="robust z against the baseline windows")
+        min_change: float = Field(0.25, gt=0)
+        critical_change: float = Field(1.0, gt=0)
+        direction: Literal["up", "both"] = "up"  # "both": a drop in spend per request fires too
+        min_requests: int = Field(50, ge=1, description="per window")
+        min_baseline_windows: int = Field(5, ge=3)
+        recent_windows: int = Field(24, ge=3, description="band from these when like hours are too few")
+
+    class Budget(_Strict):
+        # No forecast before this share of the period has passed: a morning's spend says
+        # little about a month's.
+        forecast_after: float = Field(0.1, gt=0, lt=1, description="share of the period elapsed")
+        # The forecast extends the spend rate of this much of the period just past (a whole
+        # day: the daily rhythm averages out).
+        recent: timedelta = timedelta(days=1)
+        _dur = field_validator("recent", mode="before")(parse_duration)
+
+    class SloBurn(_Strict):
+        class Rule(_Strict):
+            """Fires when the burn rate over `long` and over `short` both reach `burn_rate`."""
+            long: timedelta
+            short: timedelta
+            burn_rate: float = Field(gt=0)
+            severity: Literal["warning", "critical"]
+            _dur = field_validator("long", "short", mode="before")(parse_duration)
+
+            @model_validator(mode="after")
+            def _short_inside_long(self) -> TriggersConfig.SloBurn.Rule:
+                if not timedelta(0) < self.short < self.long:
+                    raise ValueError("short must be positive and shorter than long")
+                return self
+
+        # The SRE workbook's multi-window, multi-burn-rate alert for a 30-day SLO: 2 % of
+        # the budget in 1 h or 5 % in 6 h (critical), 10 % in 1 d or 3 d (warning).
+        rules: list[Rule] = [
+            Rule(long=timedelta(hours=1), short=timedelta(minutes=5), burn_rate=14.4, severity="critical"),
+            Rule(long=timedelta(hours=6), short=timedelta(minutes=30), burn_rate=6.0, severity="critical"),
+            Rule(long=timedelta(days=1), short=timedelta(hours=2), burn_rate=3.0, severity="warning"),
+            Rule(long=timedelta(days=3), short=timedelta(hours=6), burn_rate=1.0, severity="warning"),
+        ]
+        min_requests: int = Field(50, ge=1, description="in a rule's short window before it can fire")
+
+    class ModelInconsistency(_Strict):
+        routes: list[Literal["region", "deployment"]] = ["region"]
+        # A region's task mix moves the shares of a service's models by a few points; a
+        # version rolled out to one region moves them by tens.
+        min_share: float = Field(0.2, gt=0, le=1, description="share points of one model, route vs the rest")
+        critical_share: float = Field(0.5, gt=0, le=1)
+        alpha: float = Field(1e-4, gt=0, lt=1, description="Fisher's exact test, Bonferroni across routes")
+        min_requests: int = Field(100, ge=1, description="answered requests in the route, and in the rest")
+
+    class QualityUnderLoad(_Strict):
+        lookback: timedelta = timedelta(hours=24)  # a whole day: its load swing gives both sides
+        bucket: timedelta = timedelta(minutes=15)  # load is arrivals per bucket
+        keys: list[Literal["task_type", "language", "length_class", "model", "deployment", "tenant"]] = [
+            "task_type", "language", "length_class", "model", "deployment", "tenant"]
+        pairs: bool = True
+        min_drop: float = Field(0.05, gt=0, description="pass-rate points, high load vs low")
+        critical_drop: float = Field(0.15, gt=0)
+        fdr: float = Field(1e-4, gt=0, lt=1, description="Benjamini-Hochberg across a deployment's slices")
+        min_evaluations: int = Field(200, ge=1, description="per side (high load, low load)")
+        min_load_ratio: float = Field(1.5, gt=1, description="mean arrivals per bucket, high / low")
+        p99_tolerance: float = Field(0.2, ge=0, description="high-load p99 may exceed low-load's by this")
+        _dur = field_validator("lookback", "bucket", mode="before")(parse_duration)
+
+        @model_validator(mode="after")
+        def _buckets(self) -> TriggersConfig.QualityUnderLoad:
+            # Buckets start on multiples of their length since midnight UTC (as the
+            # evaluation tables bucket results), and the lookback holds whole buckets.
+            b = int(self.bucket.total_seconds())
+            if b <= 0 or self.bucket.total_seconds() != b or 86400 % b or self.lookback.total_seconds() % b:
+                raise ValueError("bucket: whole seconds dividing a day, and the lookback a whole number of them")
+            if self.lookback < 6 * self.bucket:
+                raise ValueError("lookback: at least six buckets (two per load tercile)")
+            return self
+
+    window: timedelta = timedelta(hours=1)
+    baseline: timedelta = timedelta(days=7)
+    low_utilization: float = Field(0.30, ge=0, le=1)
+    low_utilization_critical: float = Field(0.10, ge=0, le=1)
+    low_utilization_min_samples: int = Field(20, ge=1)
+    resolve_after: int = Field(2, ge=1, description="clear windows before an episode resolves")
+    settle: timedelta = timedelta(minutes=2)  # late spans: evaluate a window this long after it ends
+    catch_up: int = Field(24, ge=1, description="most missed windows evaluated per scheduler tick")
+    # A subject short of its minimum in one window is judged over up to this many trailing
+    # windows together (analytics/triggers/pooling.py): small deployments are watched too.
+    pool_windows: int = Field(6, ge=1, le=48, description="most windows pooled to reach a test's minimum")
+    queue_wait_growth: QueueWaitGrowth = QueueWaitGrowth()
+    p99_drift: P99Drift = P99Drift()
+    quality_regression: QualityRegression = QualityRegression()
+    new_workload_shape: NewWorkloadShape = NewWorkloadShape()
+    retry_storm: RetryStorm = RetryStorm()
+    error_rate_spike: ErrorRateSpike = ErrorRateSpike()
+    fallback_over_budget: FallbackOverBudget = FallbackOverBudget()
+    cost_anomaly: CostAnomaly = CostAnomaly()
+    budget: Budget = Budget()
+    slo_burn: SloBurn = SloBurn()
+    model_inconsistency: ModelInconsistency = ModelInconsistency()
+    quality_under_load: QualityUnderLoad = QualityUnderLoad()
+    _dur = field_validator("window", "baseline", "settle", mode="before")(parse_duration)
+
+    @model_validator(mode="after")
+    def _window(self) -> TriggersConfig:
+        if self.window <= timedelta(0) or self.baseline < self.window:
+            raise ValueError("window must be positive and baseline at least one window")
+        return self
+
+
+SINK_TYPES = ("webhook", "slack", "alertmanager", "email")
+ALERT_SEVERITIES = ("warning", "critical")  # ascending: min_severity keeps this one and those after it
+
+
+class AlertSink(_Strict):
+    """One alert destination (SPEC 7). HTTP sinks need `url`; email needs `to` and `smtp_host`."""
+
+    type: str
+    name: str | None = None  # label in logs, metrics and `alerts test` (default: type:host)
+    url: str | None = None
+    to: list[str] = []  # email recipients; "a@x, b@y" is accepted too
+    min_severity: str = "warning"
+    headers: dict[str, str] = {}  # extra HTTP headers, e.g. Authorization
+    timeout: timedelta = timedelta(seconds=10)  # one attempt
+    max_attempts: int = Field(5, ge=1)
+    retry_deadline: timedelta = timedelta(minutes=2)  # one message gives up after this long
+    backoff: timedelta = timedelta(milliseconds=500)  # first retry delay, doubled each time (with jitter)
+    queue_size: int = Field(1000, ge=1)  # messages waiting for this sink; more are dropped (counted)
+    # Alertmanager forgets an alert at its endsAt, so active alerts are re-posted this often.
+    resend_interval: timedelta = timedelta(minutes=1)
+    smtp_host: str | None = None
+    smtp_port: int = Field(25, ge=1, le=65535)
+    smtp_from: str = "servelens@localhost"
+    smtp_username: str | None = None
+    smtp_password: str | None = None
+    smtp_starttls: bool | None = None  # None: when the server offers it; True: required; False: never
+
+    _dur = field_validator("timeout", "retry_deadline", "backoff", "resend_interval", mode="before")(parse_duration)
+
+    @field_validator("type")
+    @classmethod
+    def _type(cls, v: str) -> str:
+        if v not in SINK_TYPES:
+            raise ValueError(f"unknown sink type {v!r}; known: {', '.join(SINK_TYPES)}")
+        return v
+
+    @field_validator("min_severity")
+    @classmethod
+    def _severity(cls, v: str) -> str:
+        if v not in ALERT_SEVERITIES:
+            raise ValueError(f"unknown severity {v!r}; known: {', '.join(ALERT_SEVERITIES)}")
+        return v
+
+    @field_validator("to", mode="before")
+    @classmethod
+    def _recipients(cls, v: Any) -> Any:
+        return [a.strip() for a in v.split(",") if a.strip()] if isinstance(v, str) else v
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, v: str | None) -> str | None:
+        if v is not None and not re.match(r"^https?://[^/\s]+", v):
+            raise ValueError("must be an http:// or https:// URL")
+        return v
+
+    @model_validator(mode="after")
+    def _required(self) -> AlertSink:
+        if self.type == "email":
+            missing = [k for k, v in (("to", self.to), ("smtp_host", self.smtp_host)) if not v]
+            if missing:
+                raise ValueError(f"an email sink needs {' and '.join(missing)}")
+        elif not self.url:
+            raise ValueError(f"a {self.type} sink needs url")
+        return self
+
+
+class AlertsConfig(_Strict):
+    sinks: list[AlertSink] = []
+    # Base URL for links in alerts, as their readers reach it; public_url, when set, wins
+    # (default http://<host>:<ui-port>/, a wildcard host named by this machine's hostname).
+    dashboard_url: str | None = None
+
+
+class AnalyticsConfig(_Strict):
+    interval: timedelta = timedelta(seconds=60)
+    # Percentiles of windows with at most this many requests come exactly from raw rows;
+    # larger ones from the rollups' sketches, within 1 % (analytics/sources/rollups.py).
+    exact_quantiles_up_to: int = Field(200_000, ge=0)
+    use_rollups: bool = True  # false: every report reads raw rows (to compare, or to rule them out)
+    _dur = field_validator("interval", mode="before")(parse_duration)
+
+
+class DashboardConfig(_Strict):
+    # Whether `servelens dashboard` (no analytics role in its process) runs the report jobs
+    # and evaluates triggers on analytics.interval, so its Triggers page fills:
+    #   auto  while no `servelens analytics` (or `up`) on the same store is alive: it stands
+    #         by while one is, takes over when it stops (its heartbeat, analytics.leases)
+    #   on    always, as an analytics.leases of its own
+    #   off   never (a read-only dashboard)
+    # Either way each window is evaluated once per store (the lease in analytics_leases),
+    # so two processes never announce one transition twice. Give the dashboard the same
+    # alerts.sinks as the analytics process: the windows it evaluates alert from it.
+    evaluate_triggers: Literal["auto", "on", "off"] = "auto"
+
+
+class GpusConfig(_Strict):  # busy time; auto: DCGM_FI_PROF_GR_ENGINE_ACTIVE where reported, else DCGM_FI_DEV_GPU_UTIL
+    busy_metric: Literal["auto", "gr_engine_active", "gpu_util"] = "auto"
+
+
+class SpendBudget(_Strict):
+    """A spend ceiling per business unit and calendar period (UTC): trigger kind `budget`."""
+
+    by: Literal["tenant", "feature", "team"]
+    key: str | None = None  # None: every value of `by` seen in the period, each on its own
+    usd: float = Field(gt=0)
+    period: Literal["day", "week", "month"] = "month"  # a week starts on Monday
+
+
+class SloConfig(_Strict):
+    """A request SLO (trigger kind `slo_burn`, the `slo` report): the share of requests of
+    its service / deployment that succeed (and, with latency_under, finish within it)."""
+
+    name: str = Field(min_length=1)
+    service: str | None = None
+    deployment: str | None = None
+    objective: float = Field(gt=0, lt=1)
+    latency_under: timedelta | None = None
+    period: timedelta = timedelta(days=30)
+
+    @field_validator("latency_under", "period", mode="before")
+    @classmethod
+    def _duration(cls, v: Any) -> Any:
+        return None if v is None else parse_duration(v)
+
+    @model_validator(mode="after")
+    def _positive(self) -> SloConfig:
+        if self.period <= timedelta(0) or (self.latency_under is not None and self.latency_under <= timedelta(0)):
+            raise ValueError("period and latency_under must be positive")
+        return self
+
+
+class Settings(BaseSettings):
+    """The whole configuration. Top-level fields are the common CLI options."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="SERVELENS_",
+        env_nested_delimiter="__",
+        extra="forbid",
+        validate_default=True,
+    )
+
+    host: str = "127.0.0.1"
+    otlp_grpc_port: int = Field(4317, ge=0, le=65535)
+    otlp_http_port: int = Field(4318, ge=0, le=65535)
+    ui_port: int = Field(8050, ge=0, le=65535)
+    data_dir: Path = Path(DEFAULT_DATA_DIR)
+    clickhouse_url: str | None = None  # shorthand for store.clickhouse_url (--clickhouse-url)
+    # The dashboard's base URL as its readers reach it (proxy, --host 0.0.0.0): alert links
+    # and the printed URL. Wins over alerts.dashboard_url.
+    public_url: str | None = None
+
+    store: StoreConfig = StoreConfig()
+    collector: CollectorConfig = CollectorConfig()
+    scrape: ScrapeConfig = ScrapeConfig()
+    attributes: AttributesConfig = AttributesConfig()
+    pricing: PricingConfig = PricingConfig()
+    deployments: list[DeploymentConfig] = []
+    quality: QualityConfig = QualityConfig()
+    triggers: TriggersConfig = TriggersConfig()
+    alerts: AlertsConfig = AlertsConfig()
+    analytics: AnalyticsConfig = AnalyticsConfig()
+    dashboard: DashboardConfig = DashboardConfig()
+    gpus: GpusConfig = GpusConfig()
+    spend_budgets: list[SpendBudget] = []
+    slos: list[SloConfig] = []
+
+    # Set by load(); the YAML source reads it.
+    _yaml_file: str | None = None
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        yaml_file = os.environ.get("_SERVELENS_CONFIG_FILE")
+        if yaml_file:
+            sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=yaml_file))
+        return tuple(sources)
+
+    @field_validator("slos")
+    @classmethod
+    def _slo_names(cls, v: list[SloConfig]) -> list[SloConfig]:
+        names = [s.name for s in v]
+        repeated = sorted({n for n in names if names.count(n) > 1})
+        if repeated:  # a name is the SLO's identity: its episodes, its report row
+            raise ValueError(f"SLO names must be unique; repeated: {repeated}")
+        return v
+
+    @field_validator("public_url")
+    @classmethod
+    def _public_url(cls, v: str | None) -> str | None:
+        if v is not None and not re.match(r"^https?://[^/\s]+", v):
+            raise ValueError("must be an http:// or https:// URL")
+        return v
+
+    @property
+    def link_base(self) -> str | None:
+        """The configured dashboard URL: public_url, else alerts.dashboard_url (older configs)."""
+        return self.public_url or self.alerts.dashboard_url
+
+    @property
+    def store_url(self) -> str:
+        """The ClickHouse URL in force: --clickhouse-url, else store.clickhouse_url, else chdb://<data-dir>."""
+        return self.clickhouse_url or self.store.clickhouse_url or f"chdb://{self.data_dir}"
+
+    @property
+    def spool_dir(self) -> Path:
+        return self.data_dir / "spool"
+
+    def deployment(self, name: str) -> DeploymentConfig | None:
+        return next((d for d in self.deployments if d.name == name), None)
+
+
+class ConfigError(Exception):
+    """A configuration that cannot start; the message names every bad key."""
+
+
+def load(config_file: str | os.PathLike[str] | None = None, **overrides: Any) -> Settings:
+    """Build Settings from file (explicit, else ./servelens.yaml if present), env and overrides.
+
+    `overrides` are CLI flags; None values mean "not given" and are ignored.
+    """
+    path = Path(config_file) if config_file else Path(DEFAULT_CONFIG_FILE)
+    if config_file and not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    flags = {k: v for k, v in overrides.items() if v is not None}
+    previous = os.environ.get("_SERVELENS_CONFIG_FILE")
+    os.environ["_SERVELENS_CONFIG_FILE"] = str(path) if path.is_file() else ""
+    try:
+        return Settings(**flags)
+    except ValidationError as exc:
+        raise ConfigError(_describe(exc, path if path.is_file() else None)) from None
+    except Exception as exc:  # YAML syntax errors surface here
+        raise ConfigError(f"cannot read config {path}: {exc}") from None
+    finally:
+        if previous is None:
+            os.environ.pop("_SERVELENS_CONFIG_FILE", None)
+        else:
+            os.environ["_SERVELENS_CONFIG_FILE"] = previous
+
+
+def _describe(exc: ValidationError, path: Path | None) -> str:
+    where = f" in {path}" if path else ""
+    lines = [f"invalid configuration{where}:"]
+    for err in exc.errors():
+        key = ".".join(str(p) for p in err["loc"])
+        lines.append(f"  {key}: {err['msg']}")
+    return "\n".join(lines)

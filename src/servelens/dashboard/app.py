@@ -1,0 +1,237 @@
+"""The dashboard app factory: Dash Pages under dashboard/pages, the global filters in a top
+bar, and the JSON API on the same Flask server.
+
+Nothing is read from the store at import or build time: the layout is a function, and
+the filters' options and every number are fetched by callbacks.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+import dash
+import flask
+from dash import ALL, Input, Output, State, dcc, html
+
+from servelens.dashboard import api, data, timecharts
+from servelens.dashboard.components import pause_when_hidden
+from servelens.dashboard.guard import Guard
+from servelens.core.config import Settings
+
+log = logging.getLogger(__name__)
+
+PAGES_DIR = Path(__file__).parent / "pages"
+ASSETS_DIR = Path(__file__).parent / "assets"
+PRODUCT = "servelens"
+_OPTIONS_REFRESH_MS = 60_000  # new services/models appear without a reload
+# The navigation in SPEC 8's order, by page path; pages not listed follow in registry order.
+NAV_ORDER = ("/", "/latency", "/cost", "/gpus", "/quality", "/workload", "/reliability", "/triggers", "/traces",
+             "/slos", "/plan")
+_PLACEHOLDERS = {"service": "All services", "deployment": "All deployments",
+                 "model": "All models", "tenant": "All tenants"}
+
+
+def create_app(settings: Settings, store: Any,
+               collector_stats: Callable[[], dict[str, float]] | None = None,
+               guard: Guard | None = None,
+               evaluate_triggers: Callable[[], dict[str, Any]] | None = None) -> dash.Dash:
+    """A new Dash app bound to settings and store (tests build one per test).
+
+    `guard`: the deadline and pool every report call of the pages and the API runs under.
+    `evaluate_triggers`: what `POST /api/v1/analytics/run` evaluates the due trigger windows
+    with (dashboard.api.blueprint).
+    """
+    # name="servelens.dashboard" makes Dash import the pages as servelens.dashboard.pages.<name>.
+    app = dash.Dash("servelens.dashboard", use_pages=True, pages_folder=str(PAGES_DIR),
+                    assets_folder=str(ASSETS_DIR), title=PRODUCT, update_title=None)
+    guard = guard or Guard()
+    data.attach(app.server, data.DataSource(settings, store, guard))
+    app.server.register_blueprint(api.blueprint(settings, store, collector_stats, guard, evaluate_triggers))
+    app.layout = _layout
+    _register_callbacks(app)
+    # Page callbacks are registered on this app, not through dash.callback's global
+    # list, which the first app to serve a request would take for itself.
+    for page in dash.page_registry.values():
+        hook = getattr(sys.modules.get(page["module"]), "register_callbacks", None)
+        if hook is not None:
+            hook(app)
+    _secure(app)
+    return app
+
+
+# --- Response headers and the last-resort handler ------------------------------------------
+
+_PASS_THROUGH = (KeyboardInterrupt, SystemExit)
+BASE_HEADERS = {"X-Content-Type-Options": "nosniff", "X-Frame-Options": "DENY",
+                "Referrer-Policy": "same-origin"}
+
+
+def content_security_policy(inline_script_hashes: Iterable[str]) -> str:
+    """What the Dash renderer needs, nothing more (checked in a real Chromium): its own
+    scripts and the app's inline ones (the renderer bootstrap, clientside callbacks) by
+    hash, never 'unsafe-inline' or 'unsafe-eval' for scripts; inline styles, which React
+    and plotly.js set on elements and in <style> tags; data: images (plotly's)."""
+    return "; ".join((
+        "default-src 'self'",
+        "script-src 'self' " + " ".join(inline_script_hashes),
+        "style-src 'self' 'unsafe-inline'",
+        "img-src 'self' data:",
+        "font-src 'self' data:",
+        "connect-src 'self'",
+        "object-src 'none'",
+        "base-uri 'self'",
+        "form-action 'self'",
+        "frame-ancestors 'none'",
+    ))
+
+
+def _secure(app: dash.Dash) -> None:
+    """Every response of the app's server, dashboard and API alike, carries the security
+    headers; and an error no handler took (a BaseException such as a Polars panic skips
+    Flask's) still answers 500 instead of leaving the connection open forever."""
+    headers = dict(BASE_HEADERS)
+
+    @app.server.after_request
+    def add_headers(response: flask.Response) -> flask.Response:
+        # Hashed at the first answer, not at build time: Dash adds the pages' own
+        # clientside callback when it sets itself up, on the first request.
+        if "Content-Security-Policy" not in headers:
+            headers["Content-Security-Policy"] = content_security_policy(dict.fromkeys(app.csp_hashes()))
+        for name, value in headers.items():
+            response.headers.setdefault(name, value)
+        return response
+
+    app.server.wsgi_app = _last_resort(app.server.wsgi_app, BASE_HEADERS)  # type: ignore[method-assign]
+
+
+def _last_resort(wsgi_app: Callable[..., Any], headers: dict[str, str]) -> Callable[..., Any]:
+    body = json.dumps({"error": "internal error"}).encode()
+
+    def contained(environ: dict[str, Any], start_response: Callable[..., Any]) -> Any:
+        try:
+            return wsgi_app(environ, start_response)
+        except _PASS_THROUGH:
+            raise
+        except BaseException:  # noqa: BLE001 - see _secure
+            log.exception("unhandled error answering %s %s", environ.get("REQUEST_METHOD"), environ.get("PATH_INFO"))
+            # Raised before Flask answered (it calls start_response only with a response).
+            start_response("500 INTERNAL SERVER ERROR",
+                           [("Content-Type", "application/json"), ("Content-Length", str(len(body))),
+                            *headers.items()])
+            return [body]
+
+    return contained
+
+
+def _layout() -> html.Div:
+    return html.Div(className="app", children=[
+        html.Header(className="topbar", children=[
+            html.Div(className="topbar-row", children=[
+                html.Div(PRODUCT, className="brand"),
+                html.Nav(className="nav", children=[
+                    dcc.Link(page["name"], href=page["relative_path"], className="nav-link",
+                             id={"type": "nav-link", "path": page["relative_path"]})
+                    for page in _nav_pages()
+                ]),
+            ]),
+            html.Div(className="filters", children=[
+                dcc.RadioItems(
+                    id="filter-range", className="range-selector", inline=True,
+                    options=[{"label": data.RANGE_LABELS[k], "value": k} for k in (*data.RANGES, data.CUSTOM)],
+                    value=data.DEFAULT_RANGE, persistence=True, persistence_type="session"),
+                # custom range: typed here, or set by dragging across any chart
+                dcc.Input(id="filter-from", className="filter-time", type="text", debounce=True,
+                          placeholder="from (UTC)", persistence=True, persistence_type="session"),
+                dcc.Input(id="filter-to", className="filter-time", type="text", debounce=True,
+                          placeholder="to (UTC)", persistence=True, persistence_type="session"),
+                *(dcc.Dropdown(id=f"filter-{key}", className="filter-dropdown", options=[],
+                               placeholder=_PLACEHOLDERS[key], clearable=True,
+                               persistence=True, persistence_type="session")
+                  for key in data.FILTER_KEYS),
+            ]),
+        ]),
+        dcc.Location(id="url"),
+        dcc.Store(id=data.FILTERS_ID, storage_type="memory", data=data.Filters().to_store()),
+        # assets/visibility.js keeps this False while the tab is hidden: intervals pause then.
+        dcc.Store(id=data.VISIBLE_ID, storage_type="memory", data=True),
+        dcc.Interval(id="filter-options-refresh", interval=_OPTIONS_REFRESH_MS),
+        html.Main(dash.page_container, className="content"),
+    ])
+
+
+def _nav_pages() -> list[dict[str, Any]]:
+    pages = list(dash.page_registry.values())
+    rank = {path: i for i, path in enumerate(NAV_ORDER)}
+    return sorted(pages, key=lambda p: rank.get(p["path"], len(NAV_ORDER)))  # stable: registry order after
+
+
+def _register_callbacks(app: dash.Dash) -> None:
+    @app.callback(
+        Output(data.FILTERS_ID, "data"),
+        Input("filter-range", "value"),
+        Input("filter-from", "value"),
+        Input("filter-to", "value"),
+        *(Input(f"filter-{key}", "value") for key in data.FILTER_KEYS),
+    )
+    def keep_filters(range_key: Any, since: Any, until: Any, *values: Any) -> dict[str, Any]:
+        # Filters.from_store drops what is not a plain short string (a crafted request's value)
+        return data.Filters.from_store({"range": range_key, "since": since, "until": until,
+                                        **dict(zip(data.FILTER_KEYS, values))}).to_store()
+
+    # A click on a chart's point opens the requests of its bucket (timecharts._hrefs).
+    app.clientside_callback(
+        """function () {
+            const t = (window.dash_clientside.callback_context.triggered || [])[0];
+            const p = t && t.value && t.value.points && t.value.points[0];
+            return p && typeof p.customdata === "string" && p.customdata.indexOf("/traces?") === 0
+                ? p.customdata : window.dash_clientside.no_update;
+        }""",
+        Output("url", "href"),
+        Input({"type": timecharts.CHART_TYPE, "page": ALL, "name": ALL}, "clickData"),
+        prevent_initial_call=True,
+    )
+
+    @app.callback(
+        Output("filter-range", "value"),
+        Output("filter-from", "value"),
+        Output("filter-to", "value"),
+        Input({"type": timecharts.CHART_TYPE, "page": ALL, "name": ALL}, "relayoutData"),
+        prevent_initial_call=True,
+    )
+    def zoom(relayouts: Any) -> tuple[Any, ...]:
+        """A drag across a chart selects that range for every page (a custom range)."""
+        picked = timecharts.zoomed_range((dash.callback_context.triggered or [{}])[0].get("value"))
+        if picked is None:
+            return (dash.no_update,) * 3
+        since, until = picked
+        return data.CUSTOM, f"{since:%Y-%m-%d %H:%M:%S}", f"{until:%Y-%m-%d %H:%M:%S}"
+
+    @app.callback(
+        *(Output(f"filter-{key}", "options") for key in data.FILTER_KEYS),
+        Input("filter-range", "value"),
+        Input("filter-options-refresh", "n_intervals"),
+    )
+    def filter_options(range_key: Any, _tick: Any) -> tuple[Any, ...]:
+        source = data.current()
+        try:
+            options = source.guard.call("filter options", source.filter_options, data.Filters.from_store(
+                {"range": range_key}).range)
+        except Exception:  # noqa: BLE001 - keep the last options; the guard logged why
+            return (dash.no_update,) * len(data.FILTER_KEYS)
+        return tuple(options[key] for key in data.FILTER_KEYS)
+
+    pause_when_hidden(app, "filter-options-refresh")
+
+    # Highlight the current page's link in the browser; no round trip needed.
+    app.clientside_callback(
+        """function (path, ids) {
+            return ids.map(function (id) { return id.path === path ? "nav-link active" : "nav-link"; });
+        }""",
+        Output({"type": "nav-link", "path": ALL}, "className"),
+        Input("url", "pathname"),
+        State({"type": "nav-link", "path": ALL}, "id"),
+    )

@@ -1,0 +1,339 @@
+"""The dashboard's data access: page callbacks ask here, never ClickHouse directly.
+
+Reports come from analytics.reports and trigger episodes from analytics.triggers.engine
+(the same documents the JSON API serves); the filter dropdowns' options are one aggregate
+query. Values reach ClickHouse only as bound parameters ({name:Type}); the only SQL spliced
+in are identifiers from analytics.query's fixed key table.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from typing import Any, Mapping, Sequence
+
+import flask
+import polars as pl
+
+from servelens.analytics.reports import registry as reports
+from servelens.analytics.query import ReportQuery, key_expr
+from servelens.analytics.triggers import engine as triggers_engine
+from servelens.dashboard.guard import Guard
+from servelens.core.config import Settings
+
+# The time-range selector's choices, shortest first.
+RANGES: dict[str, timedelta] = {
+    "1h": timedelta(hours=1),
+    "6h": timedelta(hours=6),
+    "24h": timedelta(hours=24),
+    "7d": timedelta(days=7),
+    "30d": timedelta(days=30),
+}
+CUSTOM = "custom"  # from-to given (typed, or dragged on a chart)
+RANGE_LABELS = {"1h": "1 h", "6h": "6 h", "24h": "24 h", "7d": "7 d", "30d": "30 d", CUSTOM: "custom"}
+DEFAULT_RANGE = "24h"
+FILTER_KEYS = ("service", "deployment", "model", "tenant")
+# A dropdown past a few hundred entries is unusable; bound the query too.
+OPTION_LIMIT = 500
+_CONFIG_KEY = "SERVELENS_DATA"
+FILTERS_ID = "global-filters"  # the top bar's dcc.Store; pages take Input(FILTERS_ID, "data")
+VISIBLE_ID = "page-visible"  # whether the tab is visible (assets/visibility.js sets it)
+# A filter or control value longer than this is not one the UI sends: it is dropped.
+MAX_VALUE_CHARS = 512
+TOP_N = 25  # a table shows this many groups, the rest folded into one "other" row
+
+
+def clean(value: Any) -> str | None:
+    """A control's or filter's value as the UI sends it (a short string), else None.
+
+    Callback inputs come from the browser and can be anything JSON holds: a dict, a list,
+    a number, megabytes of text. Not the UI's: reset to the default rather than fail."""
+    if not isinstance(value, str) or len(value) > MAX_VALUE_CHARS:
+        return None
+    return value or None
+
+
+def parse_chart_time(value: str) -> datetime:
+    """A time as the range inputs and Plotly's date axes write it ("2026-12-01 10:23:45.1",
+    ISO-8601 with or without an offset); UTC when it has none. ValueError otherwise."""
+    text = value.strip().replace(" ", "T").replace("Z", "+00:00")
+    dt = datetime.fromisoformat(text)
+    dt = dt if dt.tzinfo else dt.replace(tzinfo=timezone.utc)
+    if not datetime(1970, 1, 1, tzinfo=timezone.utc) <= dt <= datetime(2200, 1, 1, tzinfo=timezone.utc):
+        raise ValueError(f"out of range: {value}")
+    return dt
+
+
+def _custom(since: Any, until: Any) -> tuple[str, str] | None:
+    since, until = clean(since), clean(until)
+    if since is None or until is None:
+        return None
+    try:
+        a, b = parse_chart_time(since), parse_chart_time(until)
+    except ValueError:
+        return None
+    return (a.isoformat(), b.isoformat()) if a < b else None
+
+
+@dataclass(frozen=True)
+class Filters:
+    """The global filters as the top bar keeps them in its dcc.Store. With range
+    "custom", `since` and `until` (ISO-8601) bound the window; other ranges end now."""
+
+    range: str = DEFAULT_RANGE
+    service: str | None = None
+    deployment: str | None = None
+    model: str | None = None
+    tenant: str | None = None
+    since: str | None = None
+    until: str | None = None
+
+    @classmethod
+    def from_store(cls, data: Any) -> Filters:
+        """The filters in `data`; whatever is not a valid value of its field is dropped
+        (a custom range without a valid from-to falls back to the default range)."""
+        data = data if isinstance(data, Mapping) else {}
+        range_key = clean(data.get("range"))
+        units = (clean(data.get(k)) for k in FILTER_KEYS)
+        if range_key == CUSTOM:
+            bounds = _custom(data.get("since"), data.get("until"))
+            if bounds:
+                return cls(CUSTOM, *units, *bounds)
+            range_key = None
+        return cls(range_key if range_key in RANGES else DEFAULT_RANGE, *units)
+
+    def to_store(self) -> dict[str, Any]:
+        return {"range": self.range, **{k: getattr(self, k) for k in FILTER_KEYS},
+                "since": self.since, "until": self.until}
+
+    @property
+    def range_label(self) -> str:
+        """The range in a sentence's words: "24 h", or "window" for a custom one."""
+        return "window" if self.range == CUSTOM else RANGE_LABELS[self.range]
+
+    def describe(self) -> str:
+        if self.range != CUSTOM:
+            return f"Last {RANGE_LABELS[self.range]}"
+        since, until = self.window()
+        return f"{since:%Y-%m-%d %H:%M} – {until:%Y-%m-%d %H:%M} UTC"
+
+    def window(self, now: datetime | None = None) -> tuple[datetime, datetime]:
+        if self.range == CUSTOM and self.since and self.until:
+            return datetime.fromisoformat(self.since), datetime.fromisoformat(self.until)
+        until = now or datetime.now(timezone.utc)
+        return until - RANGES[self.range], until
+
+    def params(self, now: datetime | None = None) -> dict[str, Any]:
+        """Report parameters: a preset range ends now, so every refresh slides it forward."""
+        since, until = self.window(now)
+        params: dict[str, Any] = {"since": since, "until": until}
+        params.update({k: getattr(self, k) for k in FILTER_KEYS if getattr(self, k)})
+        return params
+
+
+class DataSource:
+    """What pages read, bound to one Settings and Store."""
+
+    def __init__(self, settings: Settings, store: Any, guard: Guard | None = None) -> None:
+        self.settings = settings
+        self.store = store
+        self.guard = guard or Guard()
+
+    def report(self, name: str, filters: Filters, **extra: Any) -> dict[str, Any]:
+        """analytics.reports.run for the filters' window (extra: e.g. by="model")."""
+        return reports.run(name, self.store, self.settings, {**filters.params(), **extra})
+
+    def computed(self, fn: Any, filters: Filters, **extra: Any) -> list[dict[str, Any]]:
+        """The rows of fn(store, settings, query) (a part of a report) as reports.run gives them."""
+        q = ReportQuery.from_params({**filters.params(), **extra})
+        return reports.to_records(fn(self.store, self.settings, q))
+
+    def value(self, fn: Any, filters: Filters, **extra: Any) -> Any:
+        """fn(store, settings, query): one value of a report, computed on its own."""
+        return fn(self.store, self.settings, ReportQuery.from_params({**filters.params(), **extra}))
+
+    def scheduled_rows(self, name: str, filters: Filters, now: datetime | None = None) -> tuple[list, datetime] | None:
+        """The rows the analytics scheduler stored for report `name` over the last 24 h
+        (analytics.scheduler: every analytics.interval, the window ending at its last
+        boundary), when the filters ask for exactly that and the result is at most two
+        intervals old; with its window's end. None otherwise: compute it live."""
+        if not self.range_is_default_window(filters):
+            return None
+        now = now or datetime.now(timezone.utc)
+        fresh = now - 2 * self.settings.analytics.interval
+        row = self.store.client().query(
+            "SELECT until, argMax(rows, computed_at) FROM analytics_results WHERE report = {report:String} "
+            "AND until >= {fresh:DateTime64(3)} AND dateDiff('second', since, until) = 86400 "
+            "GROUP BY since, until ORDER BY until DESC LIMIT 1",
+            parameters={"report": name, "fresh": fresh}).first_row
+        if not row:
+            return None
+        until = row[0] if row[0].tzinfo else row[0].replace(tzinfo=timezone.utc)
+        return json.loads(row[1]), until
+
+    @staticmethod
+    def range_is_default_window(filters: Filters) -> bool:
+        return filters.range == "24h" and not any(getattr(filters, k) for k in FILTER_KEYS)
+
+    def rows(self, name: str, filters: Filters, **extra: Any) -> list[dict[str, Any]]:
+        """Just the rows of report(...)."""
+        return self.report(name, filters, **extra)["rows"]
+
+    def frame(self, name: str, filters: Filters, **extra: Any) -> pl.DataFrame:
+        """The report's frame itself: a page cuts it before any row becomes a Python dict."""
+        q = ReportQuery.from_params({**filters.params(), **extra}, default_by=reports.REPORTS[name][1])
+        return reports.compute(name, self.store, self.settings, q)
+
+    def top(self, name: str, filters: Filters, key: str, measure: str | Sequence[str], search: str | None = None,
+            n: int = TOP_N, **extra: Any) -> Top:
+        """top(...) of the report `name` grouped by `key`, its rest added up as
+        REPORT_TOTALS says (extra: e.g. view="busy")."""
+        return top(self.frame(name, filters, by=key, **extra), key, measure, REPORT_TOTALS.get(name, {}), search, n)
+
+    @staticmethod
+    def has_report(name: str) -> bool:
+        """Whether this build serves report `name` (pages degrade to a note without it)."""
+        return name in reports.REPORTS
+
+    def triggers(self, filters: Filters, state: str = "all") -> list[dict[str, Any]]:
+        """SPEC 5's trigger objects of the episodes overlapping the filters' window, newest first."""
+        params = filters.params()
+        return triggers_engine.list_triggers(self.store, params["since"], params["until"], state)
+
+    def trigger(self, episode_id: str) -> dict[str, Any] | None:
+        """The episode with this id whenever it ran: an alert's link outlives any time range."""
+        return triggers_engine.get_trigger(self.store, episode_id)
+
+    def filter_options(self, range_key: str, now: datetime | None = None) -> dict[str, list[str]]:
+        """Distinct non-empty values of each filter key over the window, sorted."""
+        until = now or datetime.now(timezone.utc)
+        q = ReportQuery(until - RANGES.get(range_key, RANGES["30d"] if range_key == CUSTOM else RANGES[DEFAULT_RANGE]),
+                        until)
+        where, params = q.where(self.settings.attributes)
+        columns = []
+        for key in FILTER_KEYS:
+            expr, extra = key_expr(key, self.settings.attributes)
+            params.update(extra)
+            # toValidUTF8: a value that is not UTF-8 reads as the tables show it (U+FFFD)
+            columns.append(f"arraySort(groupUniqArrayIf({OPTION_LIMIT})(toValidUTF8({expr}), {expr} != '')) AS {key}")
+        sql = f"SELECT {', '.join(columns)} FROM llm_requests WHERE {where}"
+        row = self.store.client().query(sql, parameters=params).first_row
+        return {key: list(values) for key, values in zip(FILTER_KEYS, row)}
+
+
+# --- Top N ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Top:
+    """A report's groups cut to the first n by a measure: `rows` (report rows), `other` the
+    rest's totals as one row (None when nothing is left over), `groups` how many matched
+    the search, `not_summed` the columns `other` leaves missing (not summable), and `total`
+    the totals over every group, search or not (what a page's headline cards add up)."""
+
+    rows: list[dict[str, Any]]
+    other: dict[str, Any] | None
+    groups: int
+    not_summed: tuple[str, ...] = ()
+    total: dict[str, Any] | None = None
+    search: str | None = None
+
+    @property
+    def hidden(self) -> int:
+        return self.groups - len(self.rows)
+
+    def with_other(self) -> list[dict[str, Any]]:
+        return [*self.rows, *([self.other] if self.other else [])]
+
+
+def summed(column: str) -> pl.Expr:
+    """The rest's total of an additive column; null (unknown) when every value is null."""
+    return pl.when(pl.col(column).is_not_null().any()).then(pl.col(column).sum())
+
+
+def weighted(column: str, weight: str | pl.Expr) -> pl.Expr:
+    """The rest's value of a per-unit column (a rate per request, a cost per request): the
+    mean weighted by its denominator, which is exact; null when no weight is left."""
+    w = pl.col(weight) if isinstance(weight, str) else weight
+    w = pl.when(pl.col(column).is_not_null()).then(w)
+    total = w.sum()
+    return pl.when(total > 0).then((pl.col(column) * w).sum() / total)
+
+
+# How the rows of each report add up past a top-N cut: sums for counts and money, exact
+# weighted means for per-request and per-dollar shares. Percentiles, peaks and ratios of
+# quantities a row does not carry are absent: the "other" row shows them as missing.
+_COST_SUMS = ("requests", "input_tokens", "output_tokens", "cost_usd", "retry_cost_usd", "error_cost_usd",
+              "unpriced_requests", "outcomes")
+REPORT_TOTALS: dict[str, dict[str, pl.Expr]] = {
+    "latency": {"requests": summed("requests")},
+    "cost": {
+        **{c: summed(c) for c in _COST_SUMS},
+        "cost_per_request_usd": weighted("cost_per_request_usd", pl.col("requests") - pl.col("unpriced_requests")),
+        "wasted_share": weighted("wasted_share", "cost_usd"),
+        "cost_per_outcome_usd": weighted("cost_per_outcome_usd", "outcomes"),
+    },
+    "workload": {
+        "requests": summed("requests"), "arrival_rps_mean": summed("arrival_rps_mean"),
+        "prefix_reuse_rate": weighted("prefix_reuse_rate", "requests"),
+        "batch_share": weighted("batch_share", "requests"),
+    },
+    "reliability": {
+        "requests": summed("requests"),
+        **{c: weighted(c, "requests") for c in ("error_rate", "retry_rate", "fallback_rate", "rate_limited")},
+        # attempts / originals, from each row's originals = attempts / amplification
+        "amplification": weighted("amplification", pl.col("requests") / pl.col("amplification")),
+    },
+    "utilization": {c: summed(c) for c in ("gpus", "provisioned_cost_usd", "busy_cost_usd", "idle_cost_usd")},
+    "quality": {
+        **{c: summed(c) for c in ("evaluations", "passed", "baseline_evaluations")},
+        "regressed": pl.col("regressed").sum(),  # how many slices regressed
+        "pass_rate": weighted("pass_rate", "evaluations"), "mean_score": weighted("mean_score", "evaluations"),
+        "baseline_pass_rate": weighted("baseline_pass_rate", "baseline_evaluations"),
+    },
+}
+
+
+def matching(frame: pl.DataFrame, key: str, search: str | None) -> pl.DataFrame:
+    """The groups whose key holds `search` (case-insensitive, as typed: not a pattern)."""
+    search = (search or "").strip()
+    if not search:
+        return frame
+    return frame.filter(pl.col(key).cast(pl.String).fill_null("").str.to_lowercase()
+                        .str.contains(search.lower(), literal=True))
+
+
+def _totals(frame: pl.DataFrame, totals: Mapping[str, pl.Expr]) -> dict[str, Any]:
+    row = {column: None for column in frame.columns}
+    if totals and frame.height:
+        row.update(reports.to_records(frame.select(**totals))[0])
+    return row
+
+
+def top(frame: pl.DataFrame, key: str, measure: str | Sequence[str], totals: Mapping[str, pl.Expr],
+        search: str | None = None, n: int = TOP_N) -> Top:
+    """The first n groups of `frame` by `measure` (largest first, unknown last; ties by key)
+    and the rest folded into one row: its `key` is "other (K more)", each column in
+    `totals` is that expression over the rest, and every other column is missing.
+    Only those n + 1 rows become Python objects, whatever the number of groups."""
+    measures = [measure] if isinstance(measure, str) else list(measure)
+    totals = {c: e for c, e in totals.items() if c in frame.columns}  # e.g. outcomes: only by outcome
+    matched = matching(frame, key, search)
+    ranked = matched.sort([*measures, key], descending=[*([True] * len(measures)), False], nulls_last=True)
+    rest = ranked.slice(n)
+    other = None
+    if rest.height:
+        other = {**_totals(rest, totals), key: f"other ({rest.height:,} more)", "_other": True}
+    not_summed = tuple(c for c in frame.columns if c != key and c not in totals) if rest.height else ()
+    return Top(reports.to_records(ranked.head(n)), other, matched.height, not_summed, _totals(frame, totals), search)
+
+
+def attach(server: flask.Flask, source: DataSource) -> None:
+    """Make `source` what current() returns inside this app's requests (no globals)."""
+    server.config[_CONFIG_KEY] = source
+
+
+def current() -> DataSource:
+    """The DataSource of the app serving the current request (callbacks run in one)."""
+    return flask.current_app.config[_CONFIG_KEY]

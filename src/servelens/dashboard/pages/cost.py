@@ -1,0 +1,211 @@
+"""Cost: spend by business unit (busy or fully loaded), what retries and errors waste, cost
+per outcome, and what changed since the previous window."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import dash
+import plotly.graph_objects as go
+from dash import dcc, html
+
+from servelens.dashboard import data, traces_links
+from servelens.dashboard import timecharts
+from servelens.dashboard.timecharts import CONTROL, Chart, Line
+from servelens.dashboard.components import CHART_GROUPS, FONT, LOADING, NO_REQUESTS, NULL, card, chart_layout, empty, graph, integer, label, page, pct, plain, register_refresh, search_box, top_table, updated_line, usd
+
+dash.register_page(__name__, path="/cost", name="Cost", title="Cost · servelens")
+
+CHANGE_REPORT = "cost-change"
+BY_OPTIONS = {"tenant": "Tenant", "feature": "Feature", "team": "Team", "model": "Model",
+              "deployment": "Deployment", "outcome": "Outcome"}
+VIEWS = {"busy": "Busy", "fully_loaded": "Fully loaded"}
+DRIVER_LABELS = {"volume": "Volume", "retries": "Retries", "model_mix": "Model<br>mix",
+                 "input_length": "Input<br>length", "output_length": "Output<br>length", "errors": "Errors",
+                 "price": "Price"}
+USEFUL_COLOR, WASTED_COLOR, UP_COLOR, DOWN_COLOR, TOTAL_COLOR = "#2f6fed", "#e8a09a", "#c0392b", "#2d9a5b", "#6b7385"
+CHART_HEIGHT = 320
+PRICES_NOTE = ("Priced by: config (pricing.models) first, then the genai-prices catalog for the models the config "
+               "does not name; gpu: a self-hosted deployment's GPU cost. Price since: when the newest price "
+               "applied took effect, where known. servelens prices --models … shows how a model resolves.")
+
+
+def day(value: str) -> str:
+    """An ISO timestamp's date (prices change on days; config times are kept in the API)."""
+    return value[:10]
+
+
+def _columns(by: str) -> tuple:
+    columns = (
+        (by, BY_OPTIONS[by], str), ("requests", "Requests", integer),
+        ("input_tokens", "Input tok", integer), ("output_tokens", "Output tok", integer),
+        ("cost_usd", "Cost", usd), ("cost_per_request_usd", "Per request", usd),
+        ("retry_cost_usd", "Retries", usd), ("error_cost_usd", "Errors", usd),
+        ("wasted_share", "Wasted", pct), ("unpriced_requests", "Unpriced", integer),
+        ("price_source", "Priced by", plain), ("price_updated", "Price since", day),
+    )
+    if by == "outcome":
+        columns += (("outcomes", "Outcomes", integer), ("cost_per_outcome_usd", "Per outcome", usd))
+    return columns
+
+
+def summary_cards(rows: list[dict[str, Any]], by: str) -> list[html.Div]:
+    spend = sum(r.get("cost_usd") or 0.0 for r in rows)
+    wasted = sum((r.get("cost_usd") or 0.0) * (r.get("wasted_share") or 0.0) for r in rows)
+    requests = sum(r.get("requests") or 0 for r in rows)
+    priced = requests - sum(r.get("unpriced_requests") or 0 for r in rows)
+    priced_any = any(r.get("cost_usd") is not None for r in rows)
+    cards = [
+        card("cost-total", "Spend", usd(spend) if priced_any else NULL, "priced requests"),
+        card("cost-per-request", "Cost / request", usd(spend / priced) if priced and priced_any else NULL,
+             "priced requests"),
+        card("cost-wasted", "Wasted share", pct(wasted / spend) if spend else NULL,
+             f"{usd(wasted)} on retries and errors" if spend else "retries and errors"),
+        card("cost-unpriced", "Unpriced", integer(requests - priced), "requests without a price", "card-secondary"),
+    ]
+    if by == "outcome":
+        outcomes = sum(r.get("outcomes") or 0 for r in rows)
+        cards.insert(2, card("cost-per-outcome", "Cost / outcome", usd(spend / outcomes) if outcomes else NULL,
+                             f"{integer(outcomes)} completed outcomes"))
+    return cards
+
+
+def _wasted(row: dict[str, Any]) -> float:
+    return row["cost_usd"] * (row.get("wasted_share") or 0.0)
+
+
+def chart_rows(top: data.Top) -> list[dict[str, Any]]:
+    """The priced groups the chart draws: the first CHART_GROUPS, then one bar for all the
+    others (the table's "other" row included); cost and waste add up, so it is exact."""
+    priced = [r for r in top.with_other() if r.get("cost_usd") is not None]
+    shown, rest = priced[:CHART_GROUPS], priced[CHART_GROUPS:]
+    if not rest:
+        return shown
+    hidden = top.groups - len(shown)
+    cost = sum(r["cost_usd"] for r in rest)
+    return [*shown, {"_label": f"other ({hidden:,} more)", "cost_usd": cost,
+                     "wasted_share": sum(_wasted(r) for r in rest) / cost if cost else 0.0}]
+
+
+def cost_figure(rows: list[dict[str, Any]], by: str) -> go.Figure:
+    """Spend per unit as horizontal bars, the part wasted on retries and errors stacked on
+    (rows: chart_rows)."""
+    rows = [r for r in rows if r.get("cost_usd") is not None]
+    keys = [r["_label"] if "_label" in r else label(r.get(by)) for r in rows]
+    wasted = [_wasted(r) for r in rows]
+    fig = go.Figure([
+        go.Bar(name="useful", y=keys, x=[r["cost_usd"] - w for r, w in zip(rows, wasted)], orientation="h",
+               marker_color=USEFUL_COLOR, hovertemplate="%{y} useful: $%{x:,.4f}<extra></extra>"),
+        go.Bar(name="retries + errors", y=keys, x=wasted, orientation="h", marker_color=WASTED_COLOR,
+               hovertemplate="%{y} wasted: $%{x:,.4f}<extra></extra>"),
+    ])
+    fig.update_layout(**chart_layout(max(CHART_HEIGHT, 80 + 30 * len(rows)), barmode="stack", bargap=0.45))
+    fig.update_yaxes(autorange="reversed")
+    fig.update_xaxes(title_text="USD", rangemode="tozero", tickprefix="$")
+    return fig
+
+
+def _signed(value: float) -> str:
+    return ("+" if value > 0 else "−" if value < 0 else "") + usd(abs(value))
+
+
+def change_figure(rows: list[dict[str, Any]], range_label: str) -> go.Figure:
+    previous, current = rows[0]["previous_cost_usd"], rows[0]["current_cost_usd"]
+    labels = [f"Previous<br>{range_label}", *(DRIVER_LABELS.get(r["driver"], label(r["driver"])) for r in rows),
+              f"Last<br>{range_label}"]
+    fig = go.Figure(go.Waterfall(
+        x=labels, y=[previous, *(r["delta_usd"] for r in rows), current],
+        measure=["absolute", *(["relative"] * len(rows)), "total"],
+        text=[usd(previous), *(_signed(r["delta_usd"]) for r in rows), usd(current)], textposition="outside",
+        textfont=dict(size=11, color=FONT["color"]),
+        increasing=dict(marker_color=UP_COLOR), decreasing=dict(marker_color=DOWN_COLOR),
+        totals=dict(marker_color=TOTAL_COLOR), connector=dict(line=dict(color="#c9ced8", width=1)),
+        hovertemplate="%{x}: %{text}<extra></extra>"))
+    fig.update_layout(**chart_layout(CHART_HEIGHT, showlegend=False))
+    fig.update_yaxes(tickprefix="$", rangemode="tozero")
+    fig.update_xaxes(tickangle=0)
+    return fig
+
+
+def change_panel(rows: list[dict[str, Any]] | None, range_label: str) -> html.Div | list:
+    if rows is None:
+        return html.Div(f"Not available: this servelens build has no {CHANGE_REPORT} report yet.", className="empty",
+                        id="cost-change-unavailable")
+    if not rows or not (rows[0]["previous_cost_usd"] or rows[0]["current_cost_usd"]):
+        return empty("No priced requests in this window or the one before it.")
+    total = rows[0]["total_delta_usd"]
+    previous = rows[0]["previous_cost_usd"]
+    relative = f" ({total / previous:+.1%})" if previous else ""
+    return [
+        html.Div(className="muted", id="cost-change-total", children=(
+            f"Previous {range_label}: {usd(previous)} → last {range_label}: {usd(rows[0]['current_cost_usd'])}, "
+            f"{_signed(total)}{relative}. Drivers sum to the change.")),
+        graph(change_figure(rows, range_label)),
+    ]
+
+
+CHARTS = (
+    Chart("spend", "Spend over time", (Line("cost_usd", "spend", CONTROL),), unit="$", stacked=True, control="by"),
+    Chart("per-request", "Cost per request over time", (Line("cost_per_request_usd", "per request"),), unit="$"),
+)
+
+
+def layout(**_query: str) -> html.Div:
+    return page(
+        "cost", "Cost",
+        html.Div(className="toolbar", children=[
+            html.Span("Group by", className="muted"),
+            dcc.Dropdown(id="cost-by", className="filter-dropdown", clearable=False, searchable=False, value="tenant",
+                         options=[{"label": v, "value": k} for k, v in BY_OPTIONS.items()],
+                         persistence=True, persistence_type="session"),
+            html.Span("GPU cost", className="muted toolbar-group"),
+            dcc.RadioItems(id="cost-view", inline=True, value="busy",
+                           options=[{"label": v, "value": k} for k, v in VIEWS.items()],
+                           persistence=True, persistence_type="session"),
+            search_box("cost-search", "groups"),
+        ]),
+        html.Div(id="cost-cards", className="cards"),
+        timecharts.charts_row("cost", CHARTS),
+        html.Div(className="panels", children=[
+            html.Section(className="panel", children=[html.H2(id="cost-title", children="Spend"),
+                                                      html.Div(id="cost-chart")]),
+            html.Section(className="panel", children=[html.H2("What changed"), html.Div(id="cost-change-alert"),
+                                                      html.Div(id="cost-change", children=LOADING)]),
+        ]),
+        html.Section(className="panel gap-above", children=[html.Div(id="cost-table", children=LOADING),
+                                                            html.Div(PRICES_NOTE, className="muted table-note",
+                                                                     id="cost-prices-note")]),
+    )
+
+
+def fetch(source: data.DataSource, filters: data.Filters, by: str | None, view: str | None,
+          search: str | None) -> tuple:
+    by = by if by in BY_OPTIONS else "tenant"
+    view = view if view in VIEWS else "busy"
+    return by, view, source.top("cost", filters, by, "cost_usd", search, view=view)
+
+
+def render(fetched: tuple, filters: data.Filters) -> tuple:
+    by, view, top = fetched
+    title = f"Spend by {BY_OPTIONS[by].lower()} ({VIEWS[view].lower()})"
+    rows = chart_rows(top)
+    chart = graph(cost_figure(rows, by)) if rows else empty("No priced requests in this window.")
+    # The cards add up every group, whatever the table's filter shows.
+    return (summary_cards([top.total], by), title, chart,
+            traces_links.link_keys(top_table(top, _columns(by), NO_REQUESTS, f"{BY_OPTIONS[by].lower()}s", "cost"),
+                                   top.with_other(), by, lambda row: traces_links.costliest(filters, by, row[by])),
+            updated_line(filters, VIEWS[view].lower()))
+
+
+def fetch_change(source: data.DataSource, filters: data.Filters) -> list[dict[str, Any]] | None:
+    return source.rows(CHANGE_REPORT, filters) if source.has_report(CHANGE_REPORT) else None
+
+
+def register_callbacks(app: dash.Dash) -> None:
+    register_refresh(app, "cost", ("cards", "title", "chart", "table", "updated"), fetch, render,
+                     controls=("by", "view", "search"))
+    timecharts.register(app, "cost", CHARTS)
+    # Its own refresh: the change's decomposition can take far longer than the spend itself.
+    register_refresh(app, "cost", ("change",), fetch_change,
+                     lambda rows, filters: (change_panel(rows, filters.range_label),),
+                     alert_name="change-alert")

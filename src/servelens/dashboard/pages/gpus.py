@@ -1,0 +1,108 @@
+"""GPUs: utilization per deployment and what its idle part costs, then every GPU."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import dash
+from dash import html
+
+from servelens.dashboard import data
+from servelens.dashboard import timecharts
+from servelens.dashboard.timecharts import Chart, Line
+from servelens.dashboard.components import LOADING, NULL, card, empty, integer, page, panel, pct, register_refresh, search_box, show, top_table, updated_line, usd
+
+dash.register_page(__name__, path="/gpus", name="GPUs", title="GPUs · servelens")
+
+
+def _ratio(value: float) -> str:
+    return f"{value:.2f}×"
+
+
+# What each utilization was measured by (analytics.sources.gpus): the graphics engine's
+# active time where a GPU reports it, DCGM_FI_DEV_GPU_UTIL otherwise (gpus.busy_metric).
+BUSY_METRICS = {"gr_engine_active": "DCGM_FI_PROF_GR_ENGINE_ACTIVE", "gpu_util": "DCGM_FI_DEV_GPU_UTIL"}
+
+
+def busy_note(metric: str | None) -> str:
+    """The utilization card's note: which metric the mean is of ("mixed": its GPUs differ)."""
+    if metric == "mixed":
+        return "mean over samples; metric per GPU below"
+    return f"mean of {BUSY_METRICS.get(metric, metric)}" if metric else "mean over samples"
+
+
+GPU_COLUMNS = (
+    ("deployment", "Deployment", str), ("host", "Host", str), ("gpu", "GPU", str), ("model_name", "Model", str),
+    ("busy_metric", "Busy metric", str),
+    ("gpu_util_mean", "Util mean", pct), ("gpu_util_p95", "Util p95", pct), ("peak_to_average", "Peak/avg", _ratio),
+    ("provisioned_cost_usd", "Provisioned", usd), ("busy_cost_usd", "Busy", usd), ("idle_cost_usd", "Idle", usd),
+)
+
+
+def deployment_panel(index: int, row: dict[str, Any]) -> html.Section:
+    """One deployment: its GPUs, utilization and cost split, idle cost in red."""
+    name = row.get("deployment") or "(none)"
+    provisioned, idle = row.get("provisioned_cost_usd"), row.get("idle_cost_usd")
+    idle_hint = f"{idle / provisioned:.0%} of provisioned" if idle is not None and provisioned else "not utilized"
+    key = f"gpus-d{index}"  # by position: deployment names may hold characters ids cannot
+    return html.Section(className="panel gap-below", children=[
+        html.H2(name, id=f"{key}-name"),
+        html.Div(className="cards", children=[
+            card(f"{key}-gpus", "GPUs", show(row.get("gpus"), integer), "seen or configured"),
+            card(f"{key}-util-mean", "Utilization", show(row.get("gpu_util_mean"), pct),
+                 busy_note(row.get("busy_metric"))),
+            card(f"{key}-util-p95", "Utilization p95", show(row.get("gpu_util_p95"), pct),
+                 f"peak/avg {show(row.get('peak_to_average'), _ratio)}"),
+            card(f"{key}-provisioned", "Provisioned", show(provisioned, usd), "GPU-hours × hourly rate"),
+            card(f"{key}-busy", "Busy cost", show(row.get("busy_cost_usd"), usd), "provisioned × utilization"),
+            card(f"{key}-idle", "Idle cost", show(idle, usd), idle_hint, "card-idle" if idle else ""),
+        ]),
+    ])
+
+
+def deployment_panels(rows: list[dict[str, Any]]) -> list[html.Section] | html.Div:
+    if not rows:
+        return empty("No deployments configured: add them under `deployments:` to see GPU cost.")
+    return [deployment_panel(i, row) for i, row in enumerate(rows)]
+
+
+def totals(rows: list[dict[str, Any]]) -> str:
+    idle = [r["idle_cost_usd"] for r in rows if r.get("idle_cost_usd") is not None]
+    provisioned = [r["provisioned_cost_usd"] for r in rows if r.get("provisioned_cost_usd") is not None]
+    if not provisioned:
+        return ""
+    return f"Idle GPU cost {usd(sum(idle)) if idle else NULL} of {usd(sum(provisioned))} provisioned"
+
+
+CHARTS = (
+    Chart("util", "Utilization over time", (Line("gpu_utilization", "utilization", "deployment"),), unit="%"),
+    Chart("idle", "Idle cost over time", (Line("idle_cost_usd", "idle", "deployment"),), unit="$", stacked=True),
+)
+
+
+def layout(**_query: str) -> html.Div:
+    return page(
+        "gpus", "GPUs",
+        html.Div(id="gpus-total", className="page-summary"),
+        timecharts.charts_row("gpus", CHARTS),
+        html.Div(id="gpus-deployments", children=LOADING),
+        panel("Per GPU", search_box("gpus-search", "GPUs"), html.Div(id="gpus-table", children=LOADING)),
+    )
+
+
+def fetch(source: data.DataSource, filters: data.Filters, search: str | None) -> tuple:
+    # deployments are the configured ones (a bounded list); GPUs are whatever reports samples
+    return (source.rows("utilization", filters, by="deployment"),
+            source.top("utilization", filters, "gpu", "idle_cost_usd", search))
+
+
+def render(fetched: tuple, filters: data.Filters) -> tuple:
+    deployments, gpus = fetched
+    return (deployment_panels(deployments),
+            top_table(gpus, GPU_COLUMNS, "No GPU samples in this window.", "GPUs", "idle cost"),
+            totals(deployments), updated_line(filters))
+
+
+def register_callbacks(app: dash.Dash) -> None:
+    register_refresh(app, "gpus", ("deployments", "table", "total", "updated"), fetch, render, controls=("search",))
+    timecharts.register(app, "gpus", CHARTS)

@@ -1,0 +1,177 @@
+"""Latency & stages: percentiles by model/service/deployment, and each deployment's stage
+p99s against their ceilings with the binding stage marked."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import dash
+import plotly.graph_objects as go
+from dash import dcc, html
+
+from servelens.dashboard import data, traces_links
+from servelens.dashboard import timecharts
+from servelens.dashboard.timecharts import CONTROL, Chart, Line
+from servelens.dashboard.components import CHART_GROUPS, LOADING, NO_REQUESTS, badge, chart_layout, empty, graph, integer, labels, ms, page, panel, register_refresh, search_box, table, top_table, updated_line
+
+dash.register_page(__name__, path="/latency", name="Latency & stages", title="Latency & stages · servelens")
+
+BY_OPTIONS = {"model": "Model", "service": "Service", "deployment": "Deployment"}
+# Pipeline order; unknown stages follow alphabetically, the end-to-end total last.
+STAGE_ORDER = ("queue", "retrieval", "embedding", "tool", "prefill", "decode", "network", "postprocess", "other")
+PERCENTILE_COLORS = (("latency_p50_ms", "p50", "#a9c1f5"), ("latency_p95_ms", "p95", "#6d97f0"),
+                     ("latency_p99_ms", "p99", "#2f6fed"))
+STAGE_COLOR, BINDING_COLOR, OVER_COLOR, HEADROOM_COLOR = "#b8c4da", "#2f6fed", "#c0392b", "#dcefe3"
+
+
+def _headroom(value: float) -> str:
+    return ms(value) if value >= 0 else f"{ms(-value)} over"
+
+
+def _flags(row: dict[str, Any]) -> list[html.Span]:
+    return [badge(kind) for kind, field in (("binding", "binding"), ("over", "over_budget")) if row.get(field)]
+
+
+def _latency_columns(by: str) -> tuple:
+    return (
+        (by, BY_OPTIONS[by], str), ("requests", "Requests", integer),
+        ("ttft_p50_ms", "TTFT p50", ms), ("ttft_p95_ms", "TTFT p95", ms), ("ttft_p99_ms", "TTFT p99", ms),
+        ("latency_p50_ms", "Latency p50", ms), ("latency_p95_ms", "p95", ms), ("latency_p99_ms", "p99", ms),
+        ("tpot_p50_ms", "TPOT p50", ms),
+    )
+
+
+STAGE_COLUMNS = (
+    ("stage", "Stage", str), ("p50_ms", "p50", ms), ("p99_ms", "p99", ms), ("ceiling_ms", "Ceiling", ms),
+    ("headroom_ms", "Headroom", _headroom), ("flags", "", lambda flags: flags),
+)
+
+
+def latency_figure(rows: list[dict[str, Any]], by: str) -> go.Figure:
+    """The first CHART_GROUPS groups' percentiles (the rest have none of their own to draw)."""
+    rows = rows[:CHART_GROUPS]
+    keys = labels(rows, by)
+    fig = go.Figure([go.Bar(name=name, x=keys, y=[row.get(key) for row in rows], marker_color=color,
+                            hovertemplate=f"%{{x}} {name}: %{{y:,.0f}} ms<extra></extra>")
+                     for key, name, color in PERCENTILE_COLORS])
+    fig.update_layout(**chart_layout(260, barmode="group", bargap=0.3))
+    fig.update_yaxes(title_text="end-to-end latency (ms)", rangemode="tozero")
+    return fig
+
+
+def _stage_key(stage: str) -> tuple[int, str]:
+    if stage == "total":
+        return (len(STAGE_ORDER) + 1, stage)
+    return (STAGE_ORDER.index(stage) if stage in STAGE_ORDER else len(STAGE_ORDER), stage)
+
+
+def stages_figure(rows: list[dict[str, Any]]) -> go.Figure:
+    """Horizontal p99 bars (binding in the accent, over budget in red), the headroom up to
+    each ceiling as a pale segment, and the ceiling itself as a tick."""
+    stages = labels(rows, "stage")  # app.stage names come from the spans
+    colors = [OVER_COLOR if r.get("over_budget") else BINDING_COLOR if r.get("binding") else STAGE_COLOR
+              for r in rows]
+    headroom = [max(r.get("headroom_ms") or 0.0, 0.0) for r in rows]
+    fig = go.Figure([
+        go.Bar(name="p99", y=stages, x=[r.get("p99_ms") for r in rows], orientation="h", marker_color=colors,
+               hovertemplate="%{y} p99: %{x:,.0f} ms<extra></extra>"),
+        go.Bar(name="headroom", y=stages, x=headroom, orientation="h", marker_color=HEADROOM_COLOR,
+               text=[ms(h) if h else "" for h in headroom], textposition="inside", insidetextanchor="middle",
+               textfont=dict(color="#2d7a4b", size=11), hovertemplate="%{y} headroom: %{x:,.0f} ms<extra></extra>"),
+        go.Scatter(name="ceiling (p99 budget)", y=stages, x=[r.get("ceiling_ms") for r in rows], mode="markers",
+                   marker=dict(symbol="line-ns", size=22, line=dict(width=3, color="#1d2330")),
+                   hovertemplate="%{y} ceiling: %{x:,.0f} ms<extra></extra>"),
+    ])
+    fig.update_layout(**chart_layout(70 + 34 * len(rows), barmode="stack", bargap=0.35,
+                                     uniformtext=dict(minsize=10, mode="hide")))
+    fig.update_yaxes(autorange="reversed", ticklabelstandoff=6)
+    fig.update_xaxes(title_text="ms", rangemode="tozero")
+    return fig
+
+
+def _traces(stages: list[dict[str, Any]]) -> int:
+    return max((r.get("traces") or 0 for r in stages), default=0)
+
+
+def stages_panels(rows: list[dict[str, Any]]) -> list[Any] | html.Div:
+    """One panel per deployment, the busiest CHART_GROUPS (by traces) and a note for the
+    rest; each lists its first data.TOP_N stages in pipeline order (app.stage names are
+    free text, so a deployment may have many)."""
+    if not rows:
+        return empty("No requests with stage timings in this window.")
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        groups.setdefault(row.get("deployment") or "(none)", []).append(row)
+    busiest = sorted(groups.items(), key=lambda item: (-_traces(item[1]), item[0]))
+    panels: list[Any] = []
+    for deployment, stages in busiest[:CHART_GROUPS]:
+        stages = sorted(stages, key=lambda r: _stage_key(r["stage"]))[:data.TOP_N]
+        binding = next((r for r in stages if r.get("binding")), None)
+        summary = (f"binding: {binding['stage']}" if binding else "no budgets configured: nothing binds")
+        panels.append(panel([deployment, html.Span(f" · {summary}", className="muted")],
+                            graph(stages_figure(stages)),
+                            table([{**r, "flags": _flags(r)} for r in stages], STAGE_COLUMNS, "")))
+    if len(busiest) > CHART_GROUPS:
+        panels.append(html.Div(f"{integer(len(busiest) - CHART_GROUPS)} more deployments with fewer traces: "
+                               "filter by deployment to see one.", className="muted table-note"))
+    return panels
+
+
+def queue_ceilings(source: data.DataSource, filters: data.Filters) -> list[dict[str, Any]]:
+    """The configured queue budgets (p99 ceilings), as lines on the queue chart."""
+    return [{"y": d.budgets["queue"].total_seconds() * 1000, "text": f"{d.name} queue ceiling"}
+            for d in source.settings.deployments if "queue" in d.budgets
+            and filters.deployment in (None, d.name)][:4]
+
+
+CHARTS = (
+    Chart("p99", "Latency p99 over time", (Line("latency_p99_ms", "p99", CONTROL),), unit="ms", control="by"),
+    Chart("ttft", "TTFT p99 over time", (Line("ttft_p99_ms", "TTFT p99", CONTROL),), unit="ms", control="by"),
+    Chart("drift", "p50 against p99 (all requests)", (Line("latency_p50_ms", "p50", dash="dot"),
+                                                      Line("latency_p95_ms", "p95", dash="dash"),
+                                                      Line("latency_p99_ms", "p99")), unit="ms"),
+    Chart("queue", "Queue wait (vLLM) against its ceiling", (Line("queue_p95_ms", "p95", "deployment", dash="dot"),
+                                                            Line("queue_p99_ms", "p99", "deployment")),
+          unit="ms", marks=queue_ceilings),
+)
+
+
+def layout(**_query: str) -> html.Div:
+    return page(
+        "lat", "Latency & stages",
+        html.Section(className="panel gap-below", children=[
+            html.Div(className="panel-toolbar", children=[
+                html.H2("Latency percentiles by"),
+                dcc.Dropdown(id="lat-by", className="filter-dropdown", clearable=False, searchable=False,
+                             options=[{"label": v, "value": k} for k, v in BY_OPTIONS.items()], value="model",
+                             persistence=True, persistence_type="session"),
+            ]),
+            search_box("lat-search", "groups"),
+            html.Div(id="lat-chart"),
+            html.Div(id="lat-table", children=LOADING),
+        ]),
+        timecharts.charts_row("lat", CHARTS),
+        html.H2("Stages against their p99 ceilings, per deployment", className="section-title"),
+        html.Div(id="lat-stages", className="panels", children=LOADING),
+    )
+
+
+def fetch(source: data.DataSource, filters: data.Filters, by: str | None, search: str | None) -> tuple:
+    by = by if by in BY_OPTIONS else "model"
+    return (by, source.top("latency", filters, by, "requests", search),
+            source.rows("stages", filters, by="deployment"))
+
+
+def render(fetched: tuple, filters: data.Filters) -> tuple:
+    by, latency, stages = fetched
+    chart = graph(latency_figure(latency.rows, by)) if latency.rows else None
+    what = f"{BY_OPTIONS[by].lower()}s"
+    listed = traces_links.link_keys(  # each group's key: its requests at or above its p99
+        top_table(latency, _latency_columns(by), NO_REQUESTS, what, "requests"), latency.with_other(), by,
+        lambda row: traces_links.slowest(filters, by, row[by], row.get("latency_p99_ms")))
+    return chart, listed, stages_panels(stages), updated_line(filters)
+
+
+def register_callbacks(app: dash.Dash) -> None:
+    register_refresh(app, "lat", ("chart", "table", "stages", "updated"), fetch, render, controls=("by", "search"))
+    timecharts.register(app, "lat", CHARTS)

@@ -1,0 +1,193 @@
+"""Charts over time, one module for every page: a panel, its refresh, and its figure.
+
+A chart is a list of series (analytics/reports/series.py, the same documents as
+`GET /api/v1/series/<metric>`) drawn as lines sharing the time axis of the global range.
+Every chart's graph carries the id {"type": CHART_TYPE, ...}: dragging across any of them
+sets the global range to what was selected (dashboard/app.py listens to them all).
+Where a page has a ceiling or band to show (a stage budget, a baseline), `marks` adds it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any, Callable, Sequence
+
+import dash
+import plotly.graph_objects as go
+from dash import dcc, html
+
+from servelens.analytics import memo
+from servelens.analytics.reports import series
+from servelens.dashboard import data, traces_links
+from servelens.dashboard.components import LOADING, SERIES_COLORS, chart_layout, empty, label, panel, register_refresh
+
+CHART_TYPE = "timechart"
+NO_DATA = "Nothing in this range yet."
+CONTROL = "$control"  # a Line's `by` that follows the chart's control (a page's "group by")
+
+
+@dataclass(frozen=True)
+class Line:
+    """One metric of a chart; `by` splits it into a line per key (the heaviest first)."""
+    metric: str
+    name: str
+    by: str | None = None
+    dash: str = "solid"
+
+
+@dataclass(frozen=True)
+class Chart:
+    name: str  # unique on its page: the panel's ids are {prefix}-ts-{name}
+    title: str
+    lines: tuple[Line, ...]
+    unit: str = ""  # "ms", "%", "$" or "" (a count)
+    stacked: bool = False
+    height: int = 220
+    control: str | None = None  # the page control (`{prefix}-{control}`) whose value is CONTROL
+    marks: Callable[[data.DataSource, data.Filters], list[dict[str, Any]]] | None = field(default=None, compare=False)
+
+
+def chart_panel(prefix: str, chart: Chart, extra_class: str = "") -> html.Section:
+    return panel(chart.title, html.Div(id=f"{prefix}-ts-{chart.name}", children=LOADING, className="timechart"),
+                 extra_class=f"panel-chart {extra_class}".strip())
+
+
+def charts_row(prefix: str, charts: Sequence[Chart]) -> html.Div:
+    return html.Div([html.Div(id=f"{prefix}-ts-alert"),
+                     html.Div(className="panels charts gap-below", children=[chart_panel(prefix, c) for c in charts])])
+
+
+def _controls(charts: Sequence[Chart]) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(c.control for c in charts if c.control))
+
+
+def fetch(source: data.DataSource, filters: data.Filters, chart: Chart,
+          control: str | None = None) -> tuple[list[tuple[Line, dict]], list]:
+    params = filters.params()
+    docs = _docs(source, chart, params, control)
+    marks = chart.marks(source, filters) if chart.marks else []
+    return docs, marks
+
+
+def _docs(source: data.DataSource, chart: Chart, params: dict[str, Any], control: str | None) -> list:
+    docs = []
+    for line in chart.lines:
+        if line.by == CONTROL:
+            line = Line(line.metric, line.name, control, line.dash)
+        docs.append((line, series.run(line.metric, source.store, source.settings,
+                                      {**params, **({"by": line.by} if line.by else {})})))
+    return docs
+
+
+_SCALE = {"%": 100.0}
+_HOVER = {"ms": "%{y:,.0f} ms", "%": "%{y:.2f} %", "$": "$%{y:,.4f}", "": "%{y:,.4g}"}
+
+
+def _drill(metric: str) -> dict[str, str]:
+    """How a bucket's requests are listed when a point is clicked: the ones the metric
+    is about, in the order that explains it."""
+    if metric.startswith(("latency", "tpot", "queue")):
+        return {"sort": "latency"}
+    if metric.startswith("ttft"):
+        return {"sort": "ttft"}
+    if metric.startswith("cost"):
+        return {"sort": "cost"}
+    if metric in ("errors", "error_rate", "rate_limited"):
+        return {"error": "true"}
+    return {}
+
+
+def _hrefs(line: Line, key: Any, points: Sequence[Sequence[Any]], bucket: str, filters: data.Filters) -> list[str]:
+    """Per point: the Traces page for that bucket's requests (and the line's key)."""
+    step = timedelta(seconds=series.BUCKETS[bucket])
+    narrowed = {line.by: key} if line.by in traces_links.FILTER_KEYS and key is not None else {}
+    out = []
+    for t, _ in points:
+        start = datetime.fromisoformat(t.replace("Z", "+00:00"))
+        out.append(traces_links.href(filters, since=start, until=start + step, **narrowed, **_drill(line.metric)))
+    return out
+
+
+def figure(chart: Chart, docs: Sequence[tuple[Line, dict]], marks: Sequence[dict[str, Any]],
+           filters: data.Filters) -> go.Figure:
+    traces = []
+    scale = _SCALE.get(chart.unit, 1.0)
+    colors = iter(SERIES_COLORS * 4)
+    for line, doc in docs:
+        for s in doc["series"]:
+            key = next(iter(s["key"].values()), None) if s["key"] else None
+            name = line.name if key is None else f"{label(key)} · {line.name}" if len(chart.lines) > 1 else label(key)
+            xs = [p[0] for p in s["points"]]
+            ys = [None if p[1] is None else p[1] * scale for p in s["points"]]
+            traces.append(go.Scatter(
+                x=xs, y=ys, name=name, mode="lines", line=dict(width=1.6, dash=line.dash, color=next(colors)),
+                stackgroup="one" if chart.stacked else None, connectgaps=False,
+                customdata=_hrefs(line, key, s["points"], doc["bucket"], filters),
+                hovertemplate=f"%{{fullData.name}}<br>%{{x}}: {_HOVER.get(chart.unit, _HOVER[''])}<extra></extra>"))
+    fig = go.Figure(traces)
+    since, until = filters.window()
+    fig.update_layout(**chart_layout(chart.height, dragmode="zoom", hovermode="x unified",
+                                     showlegend=len(traces) > 1))
+    fig.update_xaxes(range=[since.isoformat(), until.isoformat()], type="date")
+    fig.update_yaxes(rangemode="tozero", fixedrange=True,
+                     ticksuffix={"ms": " ms", "%": " %"}.get(chart.unit, ""),
+                     tickprefix="$" if chart.unit == "$" else "")
+    for mark in marks:
+        if "y" in mark:  # a ceiling
+            fig.add_hline(y=mark["y"] * scale, line_dash="dot", line_color=mark.get("color", "#c0392b"),
+                          annotation_text=label(mark.get("text", "")), annotation_position="top left")
+        else:  # an episode: a shaded span
+            fig.add_vrect(x0=mark["x0"], x1=mark["x1"], fillcolor=mark.get("color", "#c0392b"), opacity=0.12,
+                          line_width=0, annotation_text=label(mark.get("text", "")), annotation_position="top left")
+    return fig
+
+
+def render(chart: Chart, prefix: str, fetched: tuple[list[tuple[Line, dict]], list], filters: data.Filters) -> tuple:
+    docs, marks = fetched
+    if not any(doc["series"] for _, doc in docs):
+        return (empty(NO_DATA),)
+    omitted = sum(doc.get("omitted", 0) for _, doc in docs)
+    note = html.Div(f"{omitted} smaller series not drawn", className="muted") if omitted else None
+    return (html.Div([graph_of(prefix, chart, docs, marks, filters), note]),)
+
+
+def graph_of(prefix: str, chart: Chart, docs: Sequence[tuple[Line, dict]], marks: Sequence[dict[str, Any]],
+             filters: data.Filters) -> dcc.Graph:
+    return dcc.Graph(id={"type": CHART_TYPE, "page": prefix, "name": chart.name},
+                     figure=figure(chart, docs, marks, filters),
+                     config={"displayModeBar": False, "scrollZoom": False})
+
+
+def register(app: dash.Dash, prefix: str, charts: Sequence[Chart]) -> None:
+    """One refresh for a page's charts: they share their queries (the request stats of one
+    grouping and bucket are read once, analytics/reports/series.py), and a page's refreshes stay
+    within what the server runs at once (dashboard.guard)."""
+    controls = _controls(charts)
+
+    def fetch_all(source: data.DataSource, filters: data.Filters, *values: str | None) -> list:
+        chosen = dict(zip(controls, values))
+        with memo.run():
+            return [fetch(source, filters, c, chosen.get(c.control) if c.control else None) for c in charts]
+
+    def render_all(fetched: list, filters: data.Filters) -> tuple:
+        return tuple(render(c, prefix, f, filters)[0] for c, f in zip(charts, fetched))
+
+    register_refresh(app, prefix, tuple(f"ts-{c.name}" for c in charts), fetch_all, render_all,
+                     controls=controls, alert_name="ts-alert")
+
+
+def zoomed_range(relayout: Any) -> tuple[datetime, datetime] | None:
+    """The time range a drag selected on a chart (its relayoutData), else None."""
+    if not isinstance(relayout, dict):
+        return None
+    lo, hi = relayout.get("xaxis.range[0]"), relayout.get("xaxis.range[1]")
+    if lo is None and isinstance(relayout.get("xaxis.range"), list) and len(relayout["xaxis.range"]) == 2:
+        lo, hi = relayout["xaxis.range"]
+    if not isinstance(lo, str) or not isinstance(hi, str):
+        return None
+    try:
+        since, until = (data.parse_chart_time(v) for v in (lo, hi))
+    except ValueError:
+        return None
+    return (since, until) if since < until else None

@@ -1,0 +1,1 @@
+"""Demo traffic: a simulated fleet that sends real OTLP spans and DCGM metrics."""

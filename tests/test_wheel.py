@@ -1,0 +1,111 @@
+"""The wheel as a user installs it (`pip install .`, not editable): built from a copy of the
+sources, installed into a fresh virtual environment, and `servelens up` run from a directory
+outside the checkout, so nothing of the source tree can stand in for the package's own files
+(migrations, the .proto schema, the dashboard's assets, the entry point).
+
+The fresh environment takes its third-party dependencies from the test environment's
+site-packages (a plain path line, so that environment's editable servelens is not loaded):
+installing them again would test PyPI, not the wheel.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import sysconfig
+import time
+import urllib.request
+import zipfile
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _wheel(tmp_path: Path) -> Path:
+    source = tmp_path / "source"
+    shutil.copytree(ROOT / "src", source / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, source / name)
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
+                    "--wheel-dir", str(tmp_path / "dist"), str(source)], check=True, timeout=300)
+    (wheel,) = (tmp_path / "dist").glob("servelens-*.whl")
+    return wheel
+
+
+def _fresh_venv(tmp_path: Path, wheel: Path) -> Path:
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    python = venv / "bin" / "python"
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "--quiet", "--no-deps",
+                    str(wheel)], check=True, timeout=300)
+    site = Path(subprocess.check_output([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                                        text=True).strip())
+    (site / "test-dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    return venv
+
+
+def test_the_wheel_holds_the_package_data_and_runs_up(tmp_path: Path) -> None:
+    wheel = _wheel(tmp_path)
+    names = set(zipfile.ZipFile(wheel).namelist())
+    assert "servelens/core/migrations/0001_otel_traces.sql" in names
+    assert "servelens/collector/mapping/schemas/otlp_traces.proto" in names
+    assert "servelens/dashboard/assets/servelens.css" in names
+    assert not any(n.split("/")[0] in ("collector", "analytics", "dashboard", "migrations") for n in names)
+
+    venv = _fresh_venv(tmp_path, wheel)
+    where = subprocess.check_output([str(venv / "bin" / "python"), "-c", "import servelens; print(servelens.__file__)"],
+                                    cwd=tmp_path, text=True).strip()
+    assert Path(where).is_relative_to(venv), where  # the installed copy, not the checkout
+
+    proc = subprocess.Popen(
+        [str(venv / "bin" / "servelens"), "up", "--data-dir", str(tmp_path / "data"), "--otlp-http-port", "0",
+         "--otlp-grpc-port", "0", "--ui-port", "0", "--log-level", "WARNING"],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        ports: dict[str, str] = {}
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and "ui" not in ports:
+            line = proc.stdout.readline()
+            if not line and proc.poll() is not None:
+                break
+            if line.startswith("otlp-grpc="):
+                ports = dict(part.split("=") for part in line.split())
+        assert set(ports) == {"otlp-grpc", "otlp-http", "ui"}, "no ports line"
+        base = f"http://127.0.0.1:{ports['ui']}"
+        with urllib.request.urlopen(f"{base}/api/v1/health", timeout=30) as resp:
+            health = json.loads(resp.read())
+        assert health["status"] == "ok"
+        # A span through the installed receiver and the engine's parse (the .proto schema).
+        body = _one_span()
+        request = urllib.request.Request(f"http://127.0.0.1:{ports['otlp-http']}/v1/traces", data=body,
+                                         headers={"Content-Type": "application/x-protobuf"})
+        with urllib.request.urlopen(request, timeout=30) as resp:
+            assert resp.status == 200
+        with urllib.request.urlopen(f"{base}/assets/servelens.css", timeout=30) as resp:
+            assert resp.status == 200 and resp.read()
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            out, _ = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise
+    assert proc.returncode == 0, out[-2000:]
+
+
+def _one_span() -> bytes:
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    request = ExportTraceServiceRequest()
+    span = request.resource_spans.add().scope_spans.add().spans.add()
+    span.trace_id, span.span_id, span.name = b"\x01" * 16, b"\x02" * 8, "chat gpt-4o"
+    span.start_time_unix_nano = time.time_ns() - 1_000_000
+    span.end_time_unix_nano = time.time_ns()
+    return request.SerializeToString()
