@@ -174,7 +174,7 @@ def test_servelens_dashboard_alone_evaluates_the_triggers(tmp_path) -> None:
     assert took_over in text and "analytics run failed" not in text, text
     # chDB opens one data directory per process, and this one has the tests' own open.
     probe = (
-        "import json, sys; from servelens.store import Store; from servelens.config import StoreConfig; "
+        "import json, sys; from servelens.core.store import Store; from servelens.core.config import StoreConfig; "
         "s = Store(sys.argv[1], StoreConfig().database); c = s.client(); "
         "print(json.dumps([dict(c.query('SELECT report, count() FROM analytics_results GROUP BY report').result_rows), "
         f"c.command(\"SELECT count() FROM analytics_leases WHERE report = '{leases.HEARTBEAT}'\")]))")
