@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib
 import shutil
+import time
 from typing import Any
 
 import pytest
@@ -77,4 +78,35 @@ def test_more_traffic_changes_the_answers_in_the_browser(browser, dashboard, sto
     assert use[1] == pytest.approx(3 * use[0], rel=0.01)  # three times the traffic, three times the slot use
     _wait(browser, _plots("#plan-chart"))
     assert "Plan" in [a.text for a in browser.find_elements(By.CSS_SELECTOR, ".nav-link")]
+    _finish(browser, "plan", tmp_path)
+
+
+def test_the_replay_runs_as_a_job_and_shows_its_backtest(page, store, settings, history) -> None:
+    source = data.DataSource(settings, store)
+    filters = data.Filters(range="custom", since=SINCE.isoformat(), until=UNTIL.isoformat())
+    job, shown = page.start_replay(source, filters, "llama-prod", "on")
+    assert job is not None and "Replaying" in texts(shown)[0]
+    # One replay at a time: a second start while it runs is refused, said on the page.
+    second, refused = page.start_replay(source, filters, "llama-prod", "off")
+    assert (second is None and "running" in texts(refused)[0]) or source.jobs.get(job).state != "running"
+    for _ in range(600):  # bounded: 120 s
+        progress, result, stop = page.poll_replay(source, job)
+        if stop:
+            break
+        assert 0 <= float(progress) <= 1
+        time.sleep(0.2)
+    assert stop and progress == "1", texts(result)
+    shown = " ".join(texts(result))
+    assert "Backtest:" in shown and "With autoscaling" in shown
+    assert page.poll_replay(source, "unknown")[2] is True  # a job the server forgot: polling stops
+
+
+@pytest.mark.browser
+@pytest.mark.skipif(not (shutil.which(CHROMIUM) and shutil.which(CHROMEDRIVER)),
+                    reason="needs Debian's chromium and chromium-driver")
+def test_the_replay_button_shows_progress_then_the_backtest(browser, dashboard, store, history, tmp_path) -> None:
+    _open(browser, f"{dashboard.url}/plan", lambda d: "replicas" in _text(d, "plan-needed"))
+    browser.find_element(By.ID, "plan-replay-start").click()
+    _wait(browser, lambda d: "Backtest:" in _text(d, "plan-replay-verdict"), timeout=120)
+    assert browser.find_element(By.ID, "plan-replay-progress").get_attribute("value") == "1"
     _finish(browser, "plan", tmp_path)

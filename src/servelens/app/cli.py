@@ -90,6 +90,17 @@ def build_parser() -> argparse.ArgumentParser:
     cap.add_argument("--until", help="ISO-8601 end (default: now)")
     cap.add_argument("--format", choices=("table", "json"), default="table")
     _common(cap)
+    rep = plan_sub.add_parser("replay", help="Tier B: replay the stored trace through a batching model, with its "
+                                             "backtest and a what-if (replicas, autoscaling, traffic)")
+    rep.add_argument("--deployment", required=True)
+    for name in ("replicas", "traffic_x", "gpu_hourly_usd", "queue_budget_ms"):
+        rep.add_argument(f"--{name.replace('_', '-')}", dest=name, help=f"what-if: {name}")
+    rep.add_argument("--autoscaling", help="on, or name=value,... of the policy (min_replicas, max_replicas, "
+                                           "target_utilization, scale_up_lag_s, cold_start_s, ...)")
+    rep.add_argument("--since", help="ISO-8601 start of the replayed window (default: until - 7d)")
+    rep.add_argument("--until", help="ISO-8601 end (default: now)")
+    rep.add_argument("--format", choices=("table", "json"), default="table")
+    _common(rep)
     spool = sub.add_parser("spool", help="batches the collector set aside (quarantine): list, show, release")
     spool_sub = spool.add_subparsers(dest="spool_command", required=True, metavar="ACTION")
     listing = spool_sub.add_parser("list", help="what waits in the spool and what was quarantined, with why")
@@ -207,6 +218,9 @@ def _plan(args: argparse.Namespace, settings: Settings) -> int:
     """`servelens plan capacity`: analytics.plan.capacity, as the API answers it."""
     from servelens.analytics.plan import capacity
 
+    if args.plan_command == "replay":
+        return _plan_replay(args, settings)
+
     params = {k: getattr(args, k) for k in ("deployment", "target", "traffic_x", "input_x", "output_x",
                                             "gpu_hourly_usd", "replicas", "since", "until")}
     document = _on_store(settings, lambda store: capacity.plan(store, settings, params))
@@ -225,6 +239,66 @@ def _plan(args: argparse.Namespace, settings: Settings) -> int:
     for note in document["notes"]:
         print(f"note: {note}")
     return 0
+
+
+def _plan_replay(args: argparse.Namespace, settings: Settings) -> int:
+    """`servelens plan replay`: analytics.plan.replay with a progress bar on stderr."""
+    from servelens.analytics.plan import replay
+
+    params = {k: getattr(args, k) for k in ("deployment", "replicas", "traffic_x", "gpu_hourly_usd",
+                                            "queue_budget_ms", "autoscaling", "since", "until")}
+    bar = _ProgressBar(sys.stderr)
+    document = _on_store(settings, lambda store: replay.replay(store, settings, params, progress=bar))
+    bar.close()
+    if document is None:
+        return 2
+    if args.format == "json":
+        print(json.dumps(document, indent=2))
+        return 0
+    b, fit = document["backtest"], document["server"]
+    print(f"{document['deployment']}: {document['requests']:,} requests {document['since']} .. {document['until']}, "
+          f"{document['measured']['replicas']} replicas")
+    print(f"step time = {_cell(fit['a_s'])} s + {_cell(fit['b_s_per_token'])} s/prefill token + "
+          f"{_cell(fit['c_s_per_sequence'])} s/decode sequence (R² {_cell(fit['r2'])}, {fit['n']:,} observations)")
+    rows = [{"p99": name.removesuffix("_p99_s"), "observed_s": b["observed"][name], "replayed_s": b["simulated"][name],
+             "error": b["errors"][name]} for name in b["observed"]]
+    print("\n".join(_table(rows)))
+    print(f"backtest: {b['verdict']}")
+    if "result" in document:
+        r, m = document["result"], document["at_measured"]
+        print(f"what-if {document['whatif']}:")
+        print("\n".join(_table([{"run": "measured", **_replay_row(m)}, {"run": "what-if", **_replay_row(r)}])))
+    for note in document["notes"]:
+        print(f"note: {note}")
+    return 0
+
+
+def _replay_row(r: dict[str, Any]) -> dict[str, Any]:
+    return {"queue_p99_s": r["queue_wait_p99_s"], "ttft_p99_s": r["ttft_p99_s"], "latency_p99_s": r["latency_p99_s"],
+            "gpu_hours": r["gpu_hours_provisioned"], "busy_share": r["busy_share"], "cost_usd": r["cost_usd"],
+            "idle_cost_usd": r["idle_cost_usd"], "over_budget": r["queued_over_budget"]}
+
+
+class _ProgressBar:
+    """A one-line bar redrawn in place on a terminal; on a pipe, a line per tenth."""
+
+    def __init__(self, stream: Any, width: int = 30) -> None:
+        self._stream, self._width, self._shown = stream, width, -1
+        self._tty = hasattr(stream, "isatty") and stream.isatty()
+
+    def __call__(self, fraction: float) -> None:
+        step = int(fraction * (100 if self._tty else 10))
+        if step == self._shown:
+            return
+        self._shown = step
+        done = int(fraction * self._width)
+        line = f"replay [{'#' * done}{'.' * (self._width - done)}] {fraction:4.0%}"
+        self._stream.write(f"\r{line}" if self._tty else f"{line}\n")
+        self._stream.flush()
+
+    def close(self) -> None:
+        if self._tty and self._shown >= 0:
+            self._stream.write("\n")
 
 
 def format_replay(document: dict[str, Any]) -> str:

@@ -18,7 +18,7 @@ from servelens.analytics import evaluations, scheduler
 from servelens.analytics.reports import registry as reports, series, traces_search
 from servelens.analytics.query import QueryError, ReportQuery
 from servelens.collector.pipeline.spool import quarantine_summary
-from servelens.analytics.plan import capacity
+from servelens.analytics.plan import capacity, jobs, replay
 from servelens.analytics.triggers import engine as triggers_engine
 from servelens.analytics.triggers import replay as replays
 from servelens.dashboard.guard import Guard, Refused
@@ -69,7 +69,8 @@ def _guarded(guard: Guard, what: str, fn: Callable[..., Any], *args: Any) -> Res
 
 def blueprint(settings: Settings, store: Any, collector_stats: Callable[[], dict[str, float]] | None = None,
               guard: Guard | None = None,
-              evaluate_triggers: Callable[[], dict[str, Any]] | None = None) -> Blueprint:
+              evaluate_triggers: Callable[[], dict[str, Any]] | None = None,
+              plan_jobs: jobs.Jobs | None = None) -> Blueprint:
     """A fresh blueprint bound to settings and store (one per app, so tests build many).
 
     `collector_stats`: the in-process collector's counters (all-in-one mode), shown on health.
@@ -77,6 +78,7 @@ def blueprint(settings: Settings, store: Any, collector_stats: Callable[[], dict
     `evaluate_triggers`: evaluates the trigger windows due, announcing through the process's
     alert dispatcher (analytics.triggers.engine.catch_up); None where this process has no
     trigger role (dashboard.evaluate_triggers: off), and analytics/run then says so.
+    `plan_jobs`: where replays run (the app's, shared with the Plan page: one at a time).
     """
     guard = guard or Guard()
     api = Blueprint("servelens_api", __name__, url_prefix="/api")
@@ -118,6 +120,28 @@ def blueprint(settings: Settings, store: Any, collector_stats: Callable[[], dict
     @api.get("/v1/plan/capacity")
     def plan_capacity() -> Any:
         return _guarded(guard, "plan capacity", capacity.plan, store, settings, request.args.to_dict())
+
+    plan_jobs = plan_jobs or jobs.Jobs()
+
+    @api.route("/v1/plan/replay", methods=["GET", "POST"])
+    def plan_replay() -> Any:
+        """Starts Tier B on the deployment's stored trace: {"job": id}, polled at plan/jobs/<id>."""
+        params = request.args.to_dict()
+        try:
+            replay.check(params)
+            job = plan_jobs.start("replay", params, lambda progress: replay.replay(store, settings, params,
+                                                                                   progress=progress))
+        except QueryError as exc:
+            return _error(400, str(exc))
+        except jobs.Busy as exc:
+            return _error(429, str(exc), {"Retry-After": "10"})
+        return _json({"job": job.id, "status_url": f"/api/v1/plan/jobs/{job.id}"}, 202)
+
+    @api.get("/v1/plan/jobs/<job_id>")
+    def plan_job(job_id: str) -> Any:
+        job = plan_jobs.get(job_id)
+        return _json(job.as_dict()) if job is not None else _error(404, f"no job {job_id!r} (finished jobs are "
+                                                                         "kept for a while, not across restarts)")
 
     @api.get("/v1/reports/<name>")
     def report(name: str) -> Any:

@@ -49,8 +49,10 @@ def create_app(settings: Settings, store: Any,
     app = dash.Dash("servelens.dashboard", use_pages=True, pages_folder=str(PAGES_DIR),
                     assets_folder=str(ASSETS_DIR), title=PRODUCT, update_title=None)
     guard = guard or Guard()
-    data.attach(app.server, data.DataSource(settings, store, guard))
-    app.server.register_blueprint(api.blueprint(settings, store, collector_stats, guard, evaluate_triggers))
+    source = data.DataSource(settings, store, guard)
+    data.attach(app.server, source)
+    app.server.register_blueprint(api.blueprint(settings, store, collector_stats, guard, evaluate_triggers,
+                                                plan_jobs=source.jobs))
     app.layout = _layout
     _register_callbacks(app)
     # Page callbacks are registered on this app, not through dash.callback's global

@@ -17,6 +17,7 @@ import flask
 import polars as pl
 
 from servelens.analytics.reports import registry as reports
+from servelens.analytics.plan import jobs
 from servelens.analytics.query import ReportQuery, key_expr
 from servelens.analytics.triggers import engine as triggers_engine
 from servelens.dashboard.guard import Guard
@@ -139,6 +140,7 @@ class DataSource:
         self.settings = settings
         self.store = store
         self.guard = guard or Guard()
+        self.jobs = jobs.Jobs()  # the replays the Plan page and the API start, one at a time
 
     def report(self, name: str, filters: Filters, **extra: Any) -> dict[str, Any]:
         """analytics.reports.run for the filters' window (extra: e.g. by="model")."""

@@ -40,7 +40,10 @@ def fit_step_time(observations: Mapping[str, Sequence[float] | np.ndarray]) -> S
       beside it, e.g. `vllm:num_requests_running`); a prefill that fits one step is one step,
       so these give a and b (and c with concurrency);
     * per request, decode: `tpot_s` (time per output token) with `concurrency` (the decode
-      batch it ran in): each decode step is a + c * concurrency, giving a and c.
+      batch it ran in): each decode step is a + c * concurrency, giving a and c; with
+      `decode_prefill_tokens`, the prefill tokens other requests' prompts put into each of
+      its steps (arrival rate of computed prompt tokens × tpot), since a decode step that
+      also carries a prefill chunk is that much longer.
 
     Rows from every source are stacked into one fit. A coefficient whose column never varies
     apart from the intercept cannot be identified: it is None with a reason (R² still
@@ -66,7 +69,7 @@ def fit_step_time(observations: Mapping[str, Sequence[float] | np.ndarray]) -> S
     if "prefill_s" in observations:
         take("prefill", "prefill_s", "prefill_tokens_computed", "prefill_concurrency")
     if "tpot_s" in observations:
-        take("decode", "tpot_s", None, "concurrency")
+        take("decode", "tpot_s", "decode_prefill_tokens", "concurrency")
     if not rows:
         raise ValueError("fit_step_time: give step_s, prefill_s or tpot_s observations")
     X, y = np.vstack(rows), np.concatenate(ys)

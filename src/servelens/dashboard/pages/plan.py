@@ -2,6 +2,9 @@
 (analytics/plan/capacity.py, Tier A): the replicas a p99 target needs, p99 and idle cost at
 each replica count (over-provisioning for the tail is paid in idle GPUs), what-ifs on traffic,
 prompt and output length, and how far the model was off on the measured hour (backtest).
+Below it, Tier B on demand (analytics/plan/replay.py): the range's stored trace replayed through
+a batching model fitted from it, at the measured capacity (its backtest) and, if asked, under an
+autoscaling policy; it runs as a job with a progress bar, one at a time per process.
 
 The what-ifs are stepped choices (×0.5 … ×3) rather than free sliders: every value is a
 short string the page sends, as every control of the dashboard is (dashboard.data.clean)."""
@@ -12,9 +15,9 @@ from typing import Any
 
 import dash
 import plotly.graph_objects as go
-from dash import dcc, html
+from dash import Input, Output, State, dcc, html
 
-from servelens.analytics.plan import capacity
+from servelens.analytics.plan import capacity, jobs, replay
 from servelens.analytics.query import QueryError
 from servelens.dashboard import data
 from servelens.dashboard.components import LOADING, empty, integer, ms, page, panel, pct, plain, register_refresh, table, usd
@@ -23,6 +26,9 @@ from servelens.dashboard.components import updated_line
 dash.register_page(__name__, path="/plan", name="Plan", title="Plan · servelens")
 
 STEPS = ("0.5", "1", "1.5", "2", "3")
+AUTOSCALE_ON = "metric=busy,min_replicas=1,max_replicas=16"
+REPLAY_COLUMNS = (("p99", "p99", plain), ("observed_ms", "Observed", ms), ("replayed_ms", "Replayed", ms),
+                  ("error", "Error", plain))
 TARGETS = {"p99_ttft_ms": "p99 TTFT", "p99_latency_ms": "p99 latency", "p99_queue_ms": "p99 queue wait"}
 NO_DEPLOYMENT = ("No self-hosted deployment is configured. Add one under deployments: in servelens.yaml "
                  "(name, gpus, gpu_hourly_usd) to plan its capacity.")
@@ -61,7 +67,20 @@ def layout(**_query: str) -> html.Div:
         panel("What if", controls, html.Div(id="plan-answer", children=LOADING), extra_class="gap-below"),
         panel("p99 and idle cost by replicas", html.Div(id="plan-table", children=LOADING),
               html.Div(id="plan-chart", className="timechart"), extra_class="gap-below"),
-        panel("Measured workload (busiest hour) and backtest", html.Div(id="plan-measured", children=LOADING)),
+        panel("Measured workload (busiest hour) and backtest", html.Div(id="plan-measured", children=LOADING),
+              extra_class="gap-below"),
+        panel("Replay the range (Tier B)", html.Div(className="controls", children=[
+            html.Div(className="control", children=[
+                html.Label("Autoscaling", htmlFor="plan-replay-autoscaling"),
+                dcc.RadioItems(id="plan-replay-autoscaling", inline=True, className="steps", value="off",
+                               options=[{"label": "off (measured replicas)", "value": "off"},
+                                        {"label": "on (HPA on busy share)", "value": AUTOSCALE_ON}])]),
+            html.Button("Replay", id="plan-replay-start", n_clicks=0, className="button")]),
+            html.Progress(id="plan-replay-progress", max="1", value="0", className="progress"),
+            html.Div(id="plan-replay-result", children=html.P(
+                "Replays every stored request of the range; a week of busy traffic takes minutes.", className="muted")),
+            dcc.Store(id="plan-replay-job"),
+            dcc.Interval(id="plan-replay-poll", interval=1000, disabled=True)),
     )
 
 
@@ -159,6 +178,87 @@ def render(doc: Any, filters: data.Filters) -> tuple:
             updated_line(filters, "the range's busiest hour"))
 
 
+def _ms_or_none(seconds: float | None) -> float | None:
+    return None if seconds is None else seconds * 1000
+
+
+def _ms_text(seconds: float | None) -> str:
+    return "—" if seconds is None else ms(seconds * 1000)
+
+
+def replay_result(doc: dict[str, Any]) -> html.Div:
+    b = doc["backtest"]
+    rows = [{"p99": name.removesuffix("_p99_s").replace("_", " "), "observed_ms": _ms_or_none(b["observed"][name]),
+             "replayed_ms": _ms_or_none(b["simulated"][name]),
+             "error": "—" if b["errors"][name] is None else f"{b['errors'][name]:+.0%}"} for name in b["observed"]]
+    fit = doc["server"]
+    parts = [html.P(f"{doc['requests']:,} requests replayed at {doc['measured']['replicas']} replicas; step time "
+                    f"{_num(fit['a_s'] * 1000)} ms + {_num((fit['b_s_per_token'] or 0) * 1e6)} µs per prompt token + "
+                    f"{_num((fit['c_s_per_sequence'] or 0) * 1000)} ms per decode sequence"
+                    + ("" if fit["c_s_per_sequence"] is not None else " (not identified)") + "."),
+             table(rows, REPLAY_COLUMNS, "No timings."),
+             html.P(f"Backtest: {b['verdict']}.", id="plan-replay-verdict")]
+    if "result" in doc:
+        r, m = doc["result"], doc["at_measured"]
+        peak = max((x["provisioned"] for x in r["replicas"]), default=None)
+        parts.append(html.P(
+            id="plan-replay-whatif",
+            children=f"With autoscaling: p99 queue {_ms_text(r['queue_wait_p99_s'])} (measured "
+                     f"{_ms_text(m['queue_wait_p99_s'])}), up to {peak} replicas, "
+                     f"{_num(r['gpu_hours_provisioned'])} GPU-hours (measured {_num(m['gpu_hours_provisioned'])})"
+                     + (f", idle {usd(r['idle_cost_usd'])} (measured {usd(m['idle_cost_usd'])})"
+                        if r["idle_cost_usd"] is not None else "") + "."))
+    parts += [html.P(n, className="muted") for n in doc["notes"]]
+    return html.Div(parts)
+
+
+def start_replay(source: data.DataSource, filters: data.Filters, deployment: str | None,
+                 autoscaling: str | None) -> tuple[str | None, Any]:
+    """(job id, what to show): the replay started, or why not."""
+    if not source.settings.deployments:
+        return None, empty(NO_DEPLOYMENT)
+    params = {**filters.params(), "deployment": deployment or source.settings.deployments[0].name}
+    if autoscaling and autoscaling != "off":
+        params["autoscaling"] = AUTOSCALE_ON
+    try:
+        replay.check(params)
+        job = source.jobs.start("replay", params, lambda progress: replay.replay(source.store, source.settings, params,
+                                                                                 progress=progress))
+    except (QueryError, jobs.Busy) as exc:
+        return None, empty(str(exc))
+    return job.id, html.P("Replaying…", className="muted")
+
+
+def poll_replay(source: data.DataSource, job_id: str | None) -> tuple[str, Any, bool]:
+    """(progress 0..1, what to show, whether polling stops)."""
+    job = source.jobs.get(job_id) if job_id else None
+    if job is None:
+        return "0", empty("The replay is no longer known (the server restarted): start it again."), True
+    if job.state == "running":
+        return f"{job.progress:.3f}", html.P(f"Replaying… {job.progress:.0%}", className="muted"), False
+    if job.state == "failed":
+        return "0", empty(job.error or "the replay failed"), True
+    return "1", replay_result(job.result), True
+
+
 def register_callbacks(app: dash.Dash) -> None:
     register_refresh(app, "plan", ("answer", "table", "chart", "measured", "updated"), fetch, render,
                      controls=("deployment", "metric", "target", "traffic", "input", "output"))
+
+    @app.callback(Output("plan-replay-job", "data"), Output("plan-replay-result", "children"),
+                  Output("plan-replay-poll", "disabled"), Output("plan-replay-progress", "value"),
+                  Input("plan-replay-start", "n_clicks"), State(data.FILTERS_ID, "data"),
+                  State("plan-deployment", "value"), State("plan-replay-autoscaling", "value"),
+                  prevent_initial_call=True)
+    def start(_clicks: Any, filters_data: Any, deployment: Any, autoscaling: Any) -> tuple:
+        job, shown = start_replay(data.current(), data.Filters.from_store(filters_data), data.clean(deployment),
+                                  data.clean(autoscaling))
+        return job, shown, job is None, "0"
+
+    @app.callback(Output("plan-replay-progress", "value", allow_duplicate=True),
+                  Output("plan-replay-result", "children", allow_duplicate=True),
+                  Output("plan-replay-poll", "disabled", allow_duplicate=True),
+                  Input("plan-replay-poll", "n_intervals"), State("plan-replay-job", "data"),
+                  prevent_initial_call=True)
+    def poll(_tick: Any, job_id: Any) -> tuple:
+        return poll_replay(data.current(), data.clean(job_id))
