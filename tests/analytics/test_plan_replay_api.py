@@ -128,3 +128,43 @@ def test_bad_parameters_answer_400_and_unknown_jobs_404(store, make_settings) ->
     failed = _finish(client, client.get("/api/v1/plan/replay", query_string={"deployment": "nope"})
                      .get_json()["job"])
     assert failed["state"] == "failed" and "no requests" in failed["error"]
+
+
+def test_the_trace_exports_as_csv_for_vidur_and_in_full(store, make_settings, tmp_path, capsys) -> None:
+    import csv
+    import io
+
+    import yaml
+
+    from servelens.app import cli
+
+    settings = make_settings(deployments=[DEPLOYMENT])
+    truth = _ground_truth(store, rate=0.5)
+    client = _client(settings, store)
+    window = {"deployment": "vllm-prod", "since": SINCE.isoformat(), "until": UNTIL.isoformat()}
+    answer = client.get("/api/v1/plan/export", query_string={**window, "format": "vidur"})
+    assert answer.status_code == 200 and answer.mimetype == "text/csv"
+    assert "attachment" in answer.headers["Content-Disposition"]
+    rows = list(csv.DictReader(io.StringIO(answer.get_data(as_text=True))))
+    assert len(rows) == truth["requests"] and list(rows[0]) == ["Date", "Time", "PromptTokenCount",
+                                                              "CompletionTokenCount"]
+    times = [float(r["Time"]) for r in rows]
+    assert times[0] == 0 and times == sorted(times) and times[-1] < 7200
+    assert all(int(r["PromptTokenCount"]) >= 16 and int(r["CompletionTokenCount"]) >= 2 for r in rows)
+    assert client.get("/api/v1/plan/export", query_string={**window, "format": "blis"}).status_code == 400
+    # The command line writes the full format; a missing timing stays empty, never 0.
+    config = tmp_path / "servelens.yaml"
+    config.write_text(yaml.safe_dump({"store": {"clickhouse_url": settings.store_url,
+                                                "database": settings.store.database}, "deployments": [DEPLOYMENT]}))
+    out = tmp_path / "trace.csv"
+    assert cli.main(["plan", "export", "--deployment", "vllm-prod", "--since", SINCE.isoformat(), "--until",
+                     UNTIL.isoformat(), "-o", str(out), "--config", str(config)]) == 0
+    full = list(csv.DictReader(out.open()))
+    assert len(full) == truth["requests"] and {"input_tokens", "cached_input_tokens", "output_tokens", "queue_s",
+                                               "ttft_s", "latency_s", "tenant"} <= set(full[0])
+    assert all(r["tenant"] == "acme" and float(r["latency_s"]) > 0 for r in full)
+    # And the replay from the command line: its backtest table and verdict.
+    assert cli.main(["plan", "replay", "--deployment", "vllm-prod", "--since", SINCE.isoformat(), "--until",
+                     UNTIL.isoformat(), "--config", str(config)]) == 0
+    printed = capsys.readouterr()
+    assert "backtest:" in printed.out and "step time" in printed.out and "replay [" in printed.err

@@ -9,6 +9,7 @@ import json
 import logging
 import sys
 from datetime import datetime
+from pathlib import Path
 from typing import Any, Sequence
 
 from servelens import __version__
@@ -101,6 +102,13 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--until", help="ISO-8601 end (default: now)")
     rep.add_argument("--format", choices=("table", "json"), default="table")
     _common(rep)
+    exp = plan_sub.add_parser("export", help="the measured trace as CSV (servelens, or Vidur's trace-replay format)")
+    exp.add_argument("--deployment", required=True)
+    exp.add_argument("--format", choices=("servelens", "vidur"), default="servelens")
+    exp.add_argument("--since", help="ISO-8601 start (default: until - 7d)")
+    exp.add_argument("--until", help="ISO-8601 end (default: now)")
+    exp.add_argument("--output", "-o", help="file to write (default: stdout)")
+    _common(exp)
     spool = sub.add_parser("spool", help="batches the collector set aside (quarantine): list, show, release")
     spool_sub = spool.add_subparsers(dest="spool_command", required=True, metavar="ACTION")
     listing = spool_sub.add_parser("list", help="what waits in the spool and what was quarantined, with why")
@@ -220,6 +228,18 @@ def _plan(args: argparse.Namespace, settings: Settings) -> int:
 
     if args.plan_command == "replay":
         return _plan_replay(args, settings)
+    if args.plan_command == "export":
+        from servelens.analytics.plan import export
+
+        params = {"deployment": args.deployment, "format": args.format, "since": args.since, "until": args.until}
+        found = _on_store(settings, lambda store: export.export(store, params))
+        if found is None:
+            return 2
+        if args.output:
+            Path(args.output).write_text(found[1])
+        else:
+            sys.stdout.write(found[1])
+        return 0
 
     params = {k: getattr(args, k) for k in ("deployment", "target", "traffic_x", "input_x", "output_x",
                                             "gpu_hourly_usd", "replicas", "since", "until")}
@@ -259,7 +279,8 @@ def _plan_replay(args: argparse.Namespace, settings: Settings) -> int:
     print(f"{document['deployment']}: {document['requests']:,} requests {document['since']} .. {document['until']}, "
           f"{document['measured']['replicas']} replicas")
     print(f"step time = {_cell(fit['a_s'])} s + {_cell(fit['b_s_per_token'])} s/prefill token + "
-          f"{_cell(fit['c_s_per_sequence'])} s/decode sequence (R² {_cell(fit['r2'])}, {fit['n']:,} observations)")
+          f"{_cell(fit['c_s_per_sequence'])} s/decode sequence (R² prefill {_cell(fit['r2_prefill'])}, decode "
+          f"{_cell(fit['r2_decode'])}; {fit['n']:,} observations)")
     rows = [{"p99": name.removesuffix("_p99_s"), "observed_s": b["observed"][name], "replayed_s": b["simulated"][name],
              "error": b["errors"][name]} for name in b["observed"]]
     print("\n".join(_table(rows)))

@@ -18,7 +18,7 @@ from servelens.analytics import evaluations, scheduler
 from servelens.analytics.reports import registry as reports, series, traces_search
 from servelens.analytics.query import QueryError, ReportQuery
 from servelens.collector.pipeline.spool import quarantine_summary
-from servelens.analytics.plan import capacity, jobs, replay
+from servelens.analytics.plan import capacity, export, jobs, replay
 from servelens.analytics.triggers import engine as triggers_engine
 from servelens.analytics.triggers import replay as replays
 from servelens.dashboard.guard import Guard, Refused
@@ -136,6 +136,17 @@ def blueprint(settings: Settings, store: Any, collector_stats: Callable[[], dict
         except jobs.Busy as exc:
             return _error(429, str(exc), {"Retry-After": "10"})
         return _json({"job": job.id, "status_url": f"/api/v1/plan/jobs/{job.id}"}, 202)
+
+    @api.get("/v1/plan/export")
+    def plan_export() -> Any:
+        """The deployment's measured trace as CSV (format=servelens|vidur), a download."""
+        try:
+            name, text = guard.call("plan export", export.export, store, request.args.to_dict())
+        except QueryError as exc:
+            return _error(400, str(exc))
+        except Refused as exc:
+            return _error(exc.status, exc.message)
+        return Response(text, mimetype="text/csv", headers={"Content-Disposition": f'attachment; filename="{name}"'})
 
     @api.get("/v1/plan/jobs/<job_id>")
     def plan_job(job_id: str) -> Any:

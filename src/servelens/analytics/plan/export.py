@@ -1,0 +1,51 @@
+"""The measured trace for a study elsewhere (SPEC 5 `GET /api/v1/plan/export`): one row per
+stored request of a deployment in [since, until), as CSV.
+
+Formats:
+* `vidur`: what Vidur's trace-replay request generator reads (microsoft/vidur,
+  `TraceReplayRequestGenerator`): `Date` (UTC day), `Time` (seconds from the trace's start),
+  `PromptTokenCount`, `CompletionTokenCount`;
+* `servelens` (default): the same arrivals with everything the replay here uses — timestamp,
+  seconds from the start, input, cached and output tokens, prefix hash, tenant, and the observed
+  queue wait, TTFT and latency (empty where not measured, never 0).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any, Mapping
+
+import polars as pl
+
+from servelens.analytics.plan.replay import DEFAULT_WINDOW, load
+from servelens.analytics.query import QueryError, parse_time
+
+FORMATS = ("servelens", "vidur")
+
+
+def export(store: Any, params: Mapping[str, Any], now: datetime | None = None) -> tuple[str, str]:
+    """(file name, CSV text) for `params` (deployment, since, until, format)."""
+    deployment = params.get("deployment")
+    if not deployment:
+        raise QueryError("deployment: required")
+    fmt = params.get("format") or "servelens"
+    if fmt not in FORMATS:
+        raise QueryError(f"format: one of {', '.join(FORMATS)}")
+    until = parse_time(params.get("until"), "until") or now or datetime.now(timezone.utc)
+    since = parse_time(params.get("since"), "since") or until - DEFAULT_WINDOW
+    if since >= until:
+        raise QueryError("since must be before until")
+    r = load(store, deployment, since, until).requests
+    start_ns = r.get_column("t_ns")[0]
+    seconds = ((pl.col("t_ns") - start_ns) / 1e9).alias("arrived_at_s")
+    if fmt == "vidur":
+        out = r.select(pl.from_epoch("t_ns", time_unit="ns").dt.strftime("%Y-%m-%d").alias("Date"),
+                       seconds.alias("Time"), pl.col("input").alias("PromptTokenCount"),
+                       pl.col("output").alias("CompletionTokenCount"))
+    else:
+        out = r.select(pl.from_epoch("t_ns", time_unit="ns").dt.strftime("%Y-%m-%dT%H:%M:%S%.6fZ").alias("timestamp"),
+                       seconds, pl.col("input").alias("input_tokens"), pl.col("cached").alias("cached_input_tokens"),
+                       pl.col("output").alias("output_tokens"), pl.col("prefix").alias("prefix_hash"),
+                       pl.col("tenant"), pl.col("error"), pl.col("queue_s"), pl.col("ttft_s"), pl.col("latency_s"))
+    name = f"{deployment}-{since:%Y%m%dT%H%M}-{until:%Y%m%dT%H%M}-{fmt}.csv".replace("/", "_")
+    return name, out.write_csv()
