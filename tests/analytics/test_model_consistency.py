@@ -15,10 +15,10 @@ import pytest
 from servelens.analytics.triggers import engine
 from servelens.analytics.triggers.detect_models import judge, model_inconsistency
 from bench.history import HOUR, Traffic, insert
-from servelens.core.config import TriggersConfig
+from servelens.analytics.triggers.detect_models import ModelInconsistency
 from tests.analytics.test_triggers import T0, Recorder, assert_one_episode, run_windows
 
-CFG = TriggersConfig.ModelInconsistency()
+CFG = ModelInconsistency()
 OLD, NEW = "gpt-4o-2024-08-06", "gpt-4o-2024-11-20"
 REGIONS = ("ap-south", "eu-west", "us-east")
 

@@ -18,7 +18,7 @@ import pytest
 from servelens.analytics.triggers import engine
 from servelens.analytics.triggers.detect_quality_load import latency_check, load_sides, quality_under_load, span
 from bench.history import HOUR, Traffic, insert
-from servelens.core.config import TriggersConfig
+from servelens.analytics.triggers.detect_quality_load import QualityUnderLoad
 from tests.analytics.test_triggers import T0, Recorder, assert_one_episode
 
 DAY0 = T0.replace(hour=0)  # the swing follows the time of day: histories start at midnight
@@ -53,12 +53,12 @@ def test_latency_check() -> None:
 
 
 def test_the_lookback_ends_on_a_bucket_boundary() -> None:
-    cfg = TriggersConfig.QualityUnderLoad(lookback="6h", bucket="30m")
+    cfg = QualityUnderLoad(lookback="6h", bucket="30m")
     since, until = span(datetime(2026, 3, 2, 10, 40, tzinfo=timezone.utc), cfg)
     assert (since, until) == (datetime(2026, 3, 2, 4, 30, tzinfo=timezone.utc),
                               datetime(2026, 3, 2, 10, 30, tzinfo=timezone.utc))
     with pytest.raises(ValueError):
-        TriggersConfig.QualityUnderLoad(lookback="2h", bucket="25m")
+        QualityUnderLoad(lookback="2h", bucket="25m")
 
 
 # --- histories in the store ---------------------------------------------------------------------

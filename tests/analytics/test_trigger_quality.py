@@ -7,10 +7,10 @@ import polars as pl
 import pytest
 
 from servelens.analytics.triggers.detect_quality import regressions
-from servelens.core.config import TriggersConfig
+from servelens.analytics.triggers.detect_quality import QualityRegression
 
 KEYS = ["task_type", "language"]
-CFG = TriggersConfig.QualityRegression(keys=KEYS, min_evaluations=100, min_baseline=200, fdr=0.001)
+CFG = QualityRegression(keys=KEYS, min_evaluations=100, min_baseline=200, fdr=0.001)
 
 
 def table(cells: dict[tuple[str, str], tuple[int, float]]) -> pl.DataFrame:

@@ -15,10 +15,10 @@ import pytest
 
 from servelens.analytics.triggers.detect_reliability import most_specific
 from bench.history import HOUR, Traffic, insert
-from servelens.core.config import TriggersConfig
+from servelens.analytics.triggers.detect_reliability import ErrorRateSpike
 from tests.analytics.test_triggers import T0, Recorder, all_triggers, run_windows
 
-CFG = TriggersConfig.ErrorRateSpike()
+CFG = ErrorRateSpike()
 
 
 def counts(n: int, rate: float, base_rate: float = 0.005, base_n: int = 20_000, **key: str) -> dict:

@@ -11,7 +11,9 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, timezone
 from typing import Any, Mapping
 
+from servelens.analytics.sql import Fragment, business_unit, window
 from servelens.core.config import AttributesConfig
+from servelens.core.keys import UNITS
 
 DEFAULT_WINDOW = timedelta(hours=24)
 
@@ -27,10 +29,8 @@ COLUMN_KEYS = {
     "language": "Language",
     "mode": "Mode",
 }
-# Business units: resolved from the keys configured under `attributes:`.
-UNIT_KEYS = ("tenant", "feature", "team")
-_UNIT_COLUMNS = {"tenant": "Tenant", "feature": "Feature", "team": "Team"}
-_UNIT_DEFAULTS = AttributesConfig()
+# Business units (core.keys): resolved from the keys configured under `attributes:`.
+UNIT_KEYS = UNITS
 FILTER_KEYS = ("service", "deployment", "model", "tenant", "feature")
 VIEWS = frozenset({"busy", "fully_loaded"})
 
@@ -82,27 +82,17 @@ def iso(dt: datetime) -> str:
     return dt.astimezone(timezone.utc).isoformat().replace("+00:00", "Z")
 
 
-def unit_expr(unit: str, attributes: AttributesConfig) -> tuple[str, dict[str, Any]]:
-    """SQL for a business unit: the typed column when the keys are the defaults, else the
-    first configured key present in the request's Labels."""
-    keys = list(getattr(attributes, unit))
-    if keys == list(getattr(_UNIT_DEFAULTS, unit)):
-        return _UNIT_COLUMNS[unit], {}
-    name = f"{unit}_keys"
-    return (f"arrayFirst(v -> v != '', arrayMap(k -> Labels[k], {{{name}:Array(String)}}))", {name: keys})
-
-
-def key_expr(key: str, attributes: AttributesConfig) -> tuple[str, dict[str, Any]]:
+def key_expr(key: str, attributes: AttributesConfig) -> Fragment:
     """SQL over llm_requests for a group/filter key, with its parameters. The model is the
     one that served the request (analytics.model_names: a refused request's alias maps to
     it), which needs the window's {since_ns}/{until_ns} (ReportQuery.where binds them)."""
     if key == "model":
         from servelens.analytics.model_names import served_model_sql
-        return served_model_sql(), {}
+        return Fragment(served_model_sql(), {})
     if key in COLUMN_KEYS:
-        return COLUMN_KEYS[key], {}
+        return Fragment(COLUMN_KEYS[key], {})
     if key in UNIT_KEYS:
-        return unit_expr(key, attributes)
+        return business_unit(key, getattr(attributes, key))
     raise QueryError(f"unknown key {key!r}; use one of {sorted([*COLUMN_KEYS, *UNIT_KEYS])}")
 
 
@@ -136,8 +126,7 @@ class ReportQuery:
 
     def where(self, attributes: AttributesConfig, time_column: str = "Timestamp") -> tuple[str, dict[str, Any]]:
         """WHERE clause (window + filters) for llm_requests, with its parameters."""
-        clauses = [f"{time_column} >= fromUnixTimestamp64Nano({{since_ns:Int64}})",
-                   f"{time_column} < fromUnixTimestamp64Nano({{until_ns:Int64}})"]
+        clauses = [window(column=time_column).sql]
         params: dict[str, Any] = self.bounds()
         for key, value in sorted(self.filters.items()):
             expr, extra = key_expr(key, attributes)

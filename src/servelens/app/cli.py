@@ -123,6 +123,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Commands that evaluate triggers: their settings are validated with every kind's section.
+TRIGGER_COMMANDS = ("up", "analytics", "dashboard", "triggers")
+
+
 def settings_from(args: argparse.Namespace) -> Settings:
     return load(args.config, clickhouse_url=args.clickhouse_url, data_dir=args.data_dir, host=args.host,
                 otlp_grpc_port=args.otlp_grpc_port, otlp_http_port=args.otlp_http_port, ui_port=args.ui_port,
@@ -133,6 +137,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
+        if args.command in TRIGGER_COMMANDS:
+            # Every trigger kind registered first, so a bad key under triggers: fails now, naming it.
+            from servelens.analytics.triggers import detectors  # noqa: F401
         settings = settings_from(args)
         if args.command == "report":
             return _report(args, settings)
@@ -215,7 +222,8 @@ def _triggers(args: argparse.Namespace, settings: Settings) -> int:
         until = parse_time(args.until, "until") or datetime.now(since.tzinfo)
         return replays.replay(store, settings, since, until, args.kind, progress=progress)
 
-    document = _on_store(settings, compute, migrate_schema=args.triggers_command == "replay")
+    # replay writes; a listing on a fresh store is empty, not an error
+    document = _on_store(settings, compute, migrate_schema=True)
     if document is None:
         return 2
     print(json.dumps(document, indent=2) if args.format == "json" else format_replay(document))

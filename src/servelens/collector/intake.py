@@ -1,7 +1,8 @@
 """What both receivers share once a request is decoded: map, submit, wait, count.
 
-Transport-neutral: returns an ExportResult or raises Busy / WriteFailed, which each
-receiver maps to its own status (HTTP 503 + Retry-After, gRPC UNAVAILABLE + RetryInfo).
+Transport-neutral: returns an ExportResult (and its Export*ServiceResponse) or raises
+Busy / WriteFailed / DataRejected, which the receivers answer through the one table in
+collector.errors (HTTP 503 + Retry-After, gRPC UNAVAILABLE + RetryInfo, ...).
 """
 
 from __future__ import annotations
@@ -10,15 +11,20 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from google.protobuf.message import Message
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceResponse
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceResponse
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
+
+from servelens.collector.errors import Busy, DataRejected, QueueFull, Unauthenticated, WriteFailed
 from servelens.collector.mapping.attributes import TimeWindow
 from servelens.collector.mapping.engine_spans import spans_to_request
 from servelens.collector.mapping.logs import logs_to_rows
 from servelens.collector.mapping.metrics import metrics_to_rows
 from servelens.collector.mapping.spans import Batch, spans_to_rows
 from servelens.collector.telemetry import SelfMetrics
-from servelens.collector.pipeline.writer import DataRejected, QueueFull, WriteFailed, Writer
+from servelens.collector.pipeline.writer import Writer
 
-RETRY_AFTER_SECONDS = 1
 # A token bound to this "tenant" is the operator's: not scoped to a tenant (its spans keep
 # their own tenant attributes; its GPU and engine metrics count as the fleet's).
 OPERATOR_TENANT = "*"
@@ -28,15 +34,30 @@ OPERATOR_TENANT = "*"
 WRITER_TENANT_ATTRIBUTE = "servelens.tenant"
 
 
-class Busy(Exception):
-    """The write queue is full or the store is slow: retry after RETRY_AFTER_SECONDS."""
-
-
 @dataclass(frozen=True)
 class ExportResult:
     accepted: int
     rejected: int
     message: str = ""
+
+
+def export_response(signal: str, result: ExportResult) -> Message:
+    """The Export*ServiceResponse, with partial_success set when items were rejected."""
+    if signal == "traces":
+        response: Message = ExportTraceServiceResponse()
+        if result.rejected:
+            response.partial_success.rejected_spans = result.rejected
+    elif signal == "metrics":
+        response = ExportMetricsServiceResponse()
+        if result.rejected:
+            response.partial_success.rejected_data_points = result.rejected
+    else:
+        response = ExportLogsServiceResponse()
+        if result.rejected:
+            response.partial_success.rejected_log_records = result.rejected
+    if result.rejected:
+        response.partial_success.error_message = result.message
+    return response
 
 
 class Intake:
@@ -51,16 +72,12 @@ class Intake:
         self.tokens = dict(tokens or {})
         self.write_timeout = write_timeout
 
-    @property
-    def auth_required(self) -> bool:
-        return bool(self.tokens)
-
     def tenant_for(self, token: str | None) -> str | None:
-        """The token's tenant; raises PermissionError when auth is on and the token is unknown."""
+        """The token's tenant; raises Unauthenticated when auth is on and the token is unknown."""
         if not self.tokens:
             return None
         if token is None or token not in self.tokens:
-            raise PermissionError("missing or invalid bearer token")
+            raise Unauthenticated("missing or invalid bearer token")
         tenant = self.tokens[token]
         return None if tenant == OPERATOR_TENANT else tenant
 

@@ -6,14 +6,18 @@ the merging and validation; a bad key or value fails at start with its dotted na
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from datetime import date, datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, YamlConfigSettingsSource
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator, model_validator
+from pydantic_settings import (BaseSettings, EnvSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict,
+                               YamlConfigSettingsSource)
+
+from servelens.core import keys
 
 DEFAULT_CONFIG_FILE = "servelens.yaml"
 DEFAULT_DATA_DIR = ".servelens/data"
@@ -106,15 +110,10 @@ class ScrapeConfig(_Strict):
 
 
 class AttributesConfig(_Strict):
-    # The defaults cover the instrumentation libraries' own spellings (collector.dialects,
-    # which the llm_requests view is rendered from: a test keeps the two equal). A key is an
-    # attribute, or `<JSON attribute>.<key inside it>`; JSON-encoded string values are decoded.
-    tenant: list[str] = ["app.tenant", "tenant.id", "tenant", "traceloop.association.properties.tenant",
-                         "langfuse.trace.metadata.tenant", "metadata.tenant", "litellm.metadata.tenant"]
-    feature: list[str] = ["app.feature", "feature", "traceloop.association.properties.feature",
-                          "langfuse.trace.metadata.feature", "metadata.feature", "litellm.metadata.feature"]
-    team: list[str] = ["app.team", "team", "traceloop.association.properties.team", "langfuse.trace.metadata.team",
-                       "metadata.team", "litellm.metadata.team"]
+    # The defaults are the semantic keys (core.keys), which the llm_requests view is rendered from.
+    tenant: list[str] = list(keys.UNIT_KEYS["tenant"])
+    feature: list[str] = list(keys.UNIT_KEYS["feature"])
+    team: list[str] = list(keys.UNIT_KEYS["team"])
 
 
 class ModelPrice(_Strict):
@@ -212,100 +211,18 @@ class QualityConfig(_Strict):
 
 
 class TriggersConfig(_Strict):
-    """Re-evaluation triggers (SPEC 6). Each kind names its test's level, the smallest
-    change worth acting on, and its minimum samples: a test alone fires on trivial
-    differences in big samples, a threshold alone on noise in small ones. The defaults
-    keep a stable system quiet (diurnal swings and normal bursts included)."""
+    """Re-evaluation triggers (SPEC 6): the settings every kind shares, and one section per
+    kind (`triggers.<kind>.<field>`), validated by the config model its detector registers
+    in TRIGGER_KINDS. Each kind names its test's level, the smallest change worth acting on,
+    and its minimum samples: a test alone fires on trivial differences in big samples, a
+    threshold alone on noise in small ones. The defaults keep a stable system quiet
+    (diurnal swings and normal bursts included)."""
 
-    class QueueWaitGrowth(_Strict):
-        windows: int = Field(6, ge=4, description="consecutive windows in the trend")
-        # Each window is read as this many equal parts: a ten-minute burst then moves one
-        # point of the series, not a sixth of it, and the trend is seen on more points.
-        points: int = Field(3, ge=1, le=12, description="series points per window")
-        alpha: float = Field(0.01, gt=0, lt=1, description="Mann-Kendall, one-sided")
-        min_growth: float = Field(0.5, gt=0, description="last window's level / first window's - 1")
-        # The p95's rise in time, at least: a queue of a few milliseconds may double unseen.
-        min_increase: timedelta = timedelta(milliseconds=20)
-        critical_growth: float = Field(2.0, gt=0)
-        min_requests: int = Field(100, ge=1, description="requests with queue timings per window")
-        _dur = field_validator("min_increase", mode="before")(parse_duration)
-
-    class P99Drift(_Strict):
-        min_rise: float = Field(0.3, gt=0, description="p99 / baseline p99 - 1")
-        critical_rise: float = Field(1.0, gt=0)
-        p50_tolerance: float = Field(0.2, ge=0, description="p50 may rise this much and still be 'flat'")
-        alpha: float = Field(1e-3, gt=0, lt=1, description="exceedance test of the baseline p99")
-        min_requests: int = Field(200, ge=1)
-        min_baseline: int = Field(1000, ge=1)
-
-    class QualityRegression(_Strict):
-        # Pool the last `windows` evaluation windows: results are sparse, and a drop of 10
-        # points on 200 results per hour is too close to noise for one hour alone.
-        windows: int = Field(2, ge=1)
-        keys: list[Literal["task_type", "language", "length_class", "model", "deployment", "tenant"]] = [
-            "task_type", "language", "length_class", "model", "deployment", "tenant"]
-        pairs: bool = True  # also every pair of keys
-        min_drop: float = Field(0.05, gt=0, description="pass-rate points")
-        critical_drop: float = Field(0.15, gt=0)
-        # Benjamini-Hochberg across the slices of one window. Strict, because the test recurs:
-        # a week has 168 hourly windows, and at q the chance of a false alarm per window is
-        # <= q only for exact p-values; pooled windows and mix-standardized baselines make
-        # them a little optimistic (bench/detection.py measured 0.67 false alarms a week at 1e-3).
-        fdr: float = Field(1e-4, gt=0, lt=1, description="Benjamini-Hochberg across slices, per window")
-        min_evaluations: int = Field(100, ge=1)
-        min_baseline: int = Field(200, ge=1)
-
-    class NewWorkloadShape(_Strict):
-        dimensions: list[Literal["task_type", "language", "length_class", "batch_feature"]] = [
-            "task_type", "language", "length_class", "batch_feature"]
-        min_count: int = Field(30, ge=1)
-        min_share: float = Field(0.02, ge=0, le=1)
-        rare_share: float = Field(0.001, gt=0, lt=1, description="below this share in the baseline = new")
-        alpha: float = Field(1e-4, gt=0, lt=1)
-        min_baseline: int = Field(2000, ge=1, description="baseline requests before anything counts as new")
-        # A quiet service is pooled over windows until a category of this share of its
-        # traffic would hold min_count (300 requests by default).
-        pool_for_share: float = Field(0.1, gt=0, le=1, description="share a new category in the pooled span must reach")
-        shift_min_auc: float = Field(0.75, gt=0.5, le=1)
-        shift_alpha: float = Field(1e-3, gt=0, lt=1)
-        shift_margin: float = Field(0.05, ge=0, description="above the baseline days' own AUC against each other")
-        shift_min_minutes: int = Field(30, ge=5)
-        shift_min_baseline_minutes: int = Field(120, ge=5)
-
-    class RetryStorm(_Strict):
-        amplification: float = Field(1.5, gt=1)
-        critical_amplification: float = Field(2.0, gt=1)
-        min_originals: int = Field(50, ge=1)
-        min_retries: int = Field(20, ge=1)
-
-    class ErrorRateSpike(_Strict):
-        alpha: float = Field(1e-4, gt=0, lt=1, description="binomial test against the baseline rate")
-        min_ratio: float = Field(2.0, ge=1)
-        min_increase: float = Field(0.02, ge=0, description="error-rate points above baseline")
-        critical_rate: float = Field(0.2, gt=0, le=1)
-        min_requests: int = Field(100, ge=1)
-        min_errors: int = Field(10, ge=1)
-        min_baseline: int = Field(500, ge=1)
-        # A quiet service is pooled over windows until an error rate this high would hold
-        # min_errors (200 attempts by default): at 100 requests an hour one window could
-        # show nothing under 10 % (BENCHMARKS.md, "Detection floors").
-        pool_for_rate: float = Field(0.05, gt=0, le=1, description="error rate the pooled span must be able to show")
-
-    class FallbackOverBudget(_Strict):
-        alpha: float = Field(0.01, gt=0, lt=1, description="exceedance test of the budget")
-        critical_ratio: float = Field(2.0, gt=1, description="fallback p99 / budget")
-        min_fallbacks: int = Field(20, ge=1)
-
-    class CostAnomaly(_Strict):
-        z: float = Field(4.0, gt=0, description="robust z against the baseline windows")
-        min_change: float = Field(0.25, gt=0)
-        critical_change: float = Field(1.0, gt=0)
-        direction: Literal["up", "both"] = "up"  # "both": a drop in spend per request fires too
-        min_requests: int = Field(50, ge=1, description="per window")
-        min_baseline_windows: int = Field(5, ge=3)
-        recent_windows: int = Field(24, ge=3, description="band from these when like hours are too few")
+    model_config = ConfigDict(extra="allow")  # the kinds' sections: see _kinds
 
     class Budget(_Strict):
+        """Kind `budget`'s forecast: the spend_budgets report reads it too, so it is shared."""
+
         # No forecast before this share of the period has passed: a morning's spend says
         # little about a month's.
         forecast_after: float = Field(0.1, gt=0, lt=1, description="share of the period elapsed")
@@ -314,67 +231,10 @@ class TriggersConfig(_Strict):
         recent: timedelta = timedelta(days=1)
         _dur = field_validator("recent", mode="before")(parse_duration)
 
-    class SloBurn(_Strict):
-        class Rule(_Strict):
-            """Fires when the burn rate over `long` and over `short` both reach `burn_rate`."""
-            long: timedelta
-            short: timedelta
-            burn_rate: float = Field(gt=0)
-            severity: Literal["warning", "critical"]
-            _dur = field_validator("long", "short", mode="before")(parse_duration)
-
-            @model_validator(mode="after")
-            def _short_inside_long(self) -> TriggersConfig.SloBurn.Rule:
-                if not timedelta(0) < self.short < self.long:
-                    raise ValueError("short must be positive and shorter than long")
-                return self
-
-        # The SRE workbook's multi-window, multi-burn-rate alert for a 30-day SLO: 2 % of
-        # the budget in 1 h or 5 % in 6 h (critical), 10 % in 1 d or 3 d (warning).
-        rules: list[Rule] = [
-            Rule(long=timedelta(hours=1), short=timedelta(minutes=5), burn_rate=14.4, severity="critical"),
-            Rule(long=timedelta(hours=6), short=timedelta(minutes=30), burn_rate=6.0, severity="critical"),
-            Rule(long=timedelta(days=1), short=timedelta(hours=2), burn_rate=3.0, severity="warning"),
-            Rule(long=timedelta(days=3), short=timedelta(hours=6), burn_rate=1.0, severity="warning"),
-        ]
-        min_requests: int = Field(50, ge=1, description="in a rule's short window before it can fire")
-
-    class ModelInconsistency(_Strict):
-        routes: list[Literal["region", "deployment"]] = ["region"]
-        # A region's task mix moves the shares of a service's models by a few points; a
-        # version rolled out to one region moves them by tens.
-        min_share: float = Field(0.2, gt=0, le=1, description="share points of one model, route vs the rest")
-        critical_share: float = Field(0.5, gt=0, le=1)
-        alpha: float = Field(1e-4, gt=0, lt=1, description="Fisher's exact test, Bonferroni across routes")
-        min_requests: int = Field(100, ge=1, description="answered requests in the route, and in the rest")
-
-    class QualityUnderLoad(_Strict):
-        lookback: timedelta = timedelta(hours=24)  # a whole day: its load swing gives both sides
-        bucket: timedelta = timedelta(minutes=15)  # load is arrivals per bucket
-        keys: list[Literal["task_type", "language", "length_class", "model", "deployment", "tenant"]] = [
-            "task_type", "language", "length_class", "model", "deployment", "tenant"]
-        pairs: bool = True
-        min_drop: float = Field(0.05, gt=0, description="pass-rate points, high load vs low")
-        critical_drop: float = Field(0.15, gt=0)
-        fdr: float = Field(1e-4, gt=0, lt=1, description="Benjamini-Hochberg across a deployment's slices")
-        min_evaluations: int = Field(200, ge=1, description="per side (high load, low load)")
-        min_load_ratio: float = Field(1.5, gt=1, description="mean arrivals per bucket, high / low")
-        p99_tolerance: float = Field(0.2, ge=0, description="high-load p99 may exceed low-load's by this")
-        _dur = field_validator("lookback", "bucket", mode="before")(parse_duration)
-
-        @model_validator(mode="after")
-        def _buckets(self) -> TriggersConfig.QualityUnderLoad:
-            # Buckets start on multiples of their length since midnight UTC (as the
-            # evaluation tables bucket results), and the lookback holds whole buckets.
-            b = int(self.bucket.total_seconds())
-            if b <= 0 or self.bucket.total_seconds() != b or 86400 % b or self.lookback.total_seconds() % b:
-                raise ValueError("bucket: whole seconds dividing a day, and the lookback a whole number of them")
-            if self.lookback < 6 * self.bucket:
-                raise ValueError("lookback: at least six buckets (two per load tercile)")
-            return self
-
     window: timedelta = timedelta(hours=1)
     baseline: timedelta = timedelta(days=7)
+    # low_utilization's thresholds are flat keys (`triggers.low_utilization: 0.3`), as they
+    # always were.
     low_utilization: float = Field(0.30, ge=0, le=1)
     low_utilization_critical: float = Field(0.10, ge=0, le=1)
     low_utilization_min_samples: int = Field(20, ge=1)
@@ -384,18 +244,7 @@ class TriggersConfig(_Strict):
     # A subject short of its minimum in one window is judged over up to this many trailing
     # windows together (analytics/triggers/pooling.py): small deployments are watched too.
     pool_windows: int = Field(6, ge=1, le=48, description="most windows pooled to reach a test's minimum")
-    queue_wait_growth: QueueWaitGrowth = QueueWaitGrowth()
-    p99_drift: P99Drift = P99Drift()
-    quality_regression: QualityRegression = QualityRegression()
-    new_workload_shape: NewWorkloadShape = NewWorkloadShape()
-    retry_storm: RetryStorm = RetryStorm()
-    error_rate_spike: ErrorRateSpike = ErrorRateSpike()
-    fallback_over_budget: FallbackOverBudget = FallbackOverBudget()
-    cost_anomaly: CostAnomaly = CostAnomaly()
     budget: Budget = Budget()
-    slo_burn: SloBurn = SloBurn()
-    model_inconsistency: ModelInconsistency = ModelInconsistency()
-    quality_under_load: QualityUnderLoad = QualityUnderLoad()
     _dur = field_validator("window", "baseline", "settle", mode="before")(parse_duration)
 
     @model_validator(mode="after")
@@ -403,6 +252,92 @@ class TriggersConfig(_Strict):
         if self.window <= timedelta(0) or self.baseline < self.window:
             raise ValueError("window must be positive and baseline at least one window")
         return self
+
+    @model_validator(mode="after")
+    def _kinds(self) -> TriggersConfig:
+        # Every registered kind's section is validated (its defaults where none is given);
+        # once the set is complete, a key that is no kind fails too. Sections of kinds not
+        # registered yet are kept as given.
+        extra = self.__pydantic_extra__  # a dict: extra is allowed
+        kinds = TRIGGER_KINDS.assembled().model_validate(
+            {k: TRIGGER_KINDS.decoded(k, v) for k, v in extra.items() if TRIGGER_KINDS.complete or k in TRIGGER_KINDS.models})
+        extra.update({k: getattr(kinds, k) for k in TRIGGER_KINDS.models})
+        return self
+
+    def __getattr__(self, name: str) -> Any:
+        model = TRIGGER_KINDS.models.get(name) if not name.startswith("_") else None
+        if model is None:
+            return super().__getattr__(name)  # type: ignore[misc]
+        if not isinstance(self.model_extra.get(name), model):
+            # Registered after these settings were built: the command line reads its config
+            # before it imports the detectors.
+            self.check()
+        return self.model_extra[name]
+
+    def check(self) -> None:
+        """Validate the kinds' sections against the kinds registered now (what the engine
+        does before it evaluates): ConfigError names every bad key, triggers.<kind>.<field>."""
+        try:
+            self._kinds()
+        except ValidationError as exc:
+            raise ConfigError(_describe(exc, None, ("triggers",))) from None
+
+
+class TriggerKinds:
+    """The trigger kinds' own config models, by kind: what `triggers.<kind>` holds.
+
+    Each detector module registers its kind's model when it is imported
+    (analytics.triggers.base.detector), and analytics.triggers.detectors marks the set
+    complete once it has imported them all. Core cannot import analytics, so the section is
+    assembled the other way round: TriggersConfig keeps what it was given for a kind and
+    validates it with the model registered for it, at once if the kind is registered when
+    the settings are built, else on first read.
+    """
+
+    def __init__(self) -> None:
+        self.models: dict[str, type[BaseModel]] = {}
+        self.complete = False
+        self._assembled: tuple[tuple[Any, ...], type[BaseModel]] | None = None
+
+    def register(self, kind: str, model: type[BaseModel]) -> None:
+        if kind in TriggersConfig.model_fields:
+            raise ValueError(f"trigger kind {kind!r}: triggers.{kind} is a shared setting")
+        if self.models.get(kind, model) is not model:
+            raise ValueError(f"trigger kind {kind!r} already has a config model")
+        self.models[kind] = model
+
+    def decoded(self, kind: str, section: Any) -> Any:
+        """`section` with its JSON-encoded list and mapping values decoded: what an env var
+        gives (SERVELENS_TRIGGERS__<KIND>__KEYS='["model"]'). The settings source decodes
+        those for fields it knows, and a kind's fields are not known to it."""
+        model = self.models.get(kind)
+        if model is None or not isinstance(section, dict):
+            return section
+        out = dict(section)
+        for name, value in section.items():
+            field = model.model_fields.get(name)
+            if field is not None and isinstance(value, str) and get_origin(field.annotation) in (list, dict):
+                try:
+                    out[name] = json.loads(value)
+                except ValueError:
+                    pass  # left as given: validation names it
+        return out
+
+    def assembled(self) -> type[BaseModel]:
+        """One model with a field per kind, defaulting to the kind's defaults: a bad key is
+        then named by its whole path. Built again when the kinds change."""
+        key = tuple(self.models.items())
+        if self._assembled is None or self._assembled[0] != key:
+            fields: dict[str, Any] = {k: (m, Field(default_factory=m)) for k, m in key}
+            self._assembled = key, create_model("TriggerKindsConfig", __base__=_Strict, **fields)
+        return self._assembled[1]
+
+
+TRIGGER_KINDS = TriggerKinds()
+
+
+class TriggerKindConfig(_Strict):
+    """What a trigger kind's own config model derives from: unknown keys fail by name."""
 
 
 SINK_TYPES = ("webhook", "slack", "alertmanager", "email")
@@ -563,16 +498,13 @@ class Settings(BaseSettings):
     pricing: PricingConfig = PricingConfig()
     deployments: list[DeploymentConfig] = []
     quality: QualityConfig = QualityConfig()
-    triggers: TriggersConfig = TriggersConfig()
+    triggers: TriggersConfig = Field(default_factory=TriggersConfig)  # per instance: kinds fill it
     alerts: AlertsConfig = AlertsConfig()
     analytics: AnalyticsConfig = AnalyticsConfig()
     dashboard: DashboardConfig = DashboardConfig()
     gpus: GpusConfig = GpusConfig()
     spend_budgets: list[SpendBudget] = []
     slos: list[SloConfig] = []
-
-    # Set by load(); the YAML source reads it.
-    _yaml_file: str | None = None
 
     @classmethod
     def settings_customise_sources(
@@ -583,11 +515,7 @@ class Settings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
-        yaml_file = os.environ.get("_SERVELENS_CONFIG_FILE")
-        if yaml_file:
-            sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=yaml_file))
-        return tuple(sources)
+        return init_settings, env_settings  # the file comes in through load()
 
     @field_validator("slos")
     @classmethod
@@ -636,25 +564,29 @@ def load(config_file: str | os.PathLike[str] | None = None, **overrides: Any) ->
     if config_file and not path.is_file():
         raise ConfigError(f"config file not found: {path}")
     flags = {k: v for k, v in overrides.items() if v is not None}
-    previous = os.environ.get("_SERVELENS_CONFIG_FILE")
-    os.environ["_SERVELENS_CONFIG_FILE"] = str(path) if path.is_file() else ""
     try:
-        return Settings(**flags)
+        values = YamlConfigSettingsSource(Settings, yaml_file=path)() if path.is_file() else {}
+        # Precedence in one place: flags over env over file (Settings reads env again, under
+        # its arguments: the same values).
+        return Settings(**_merged(_merged(values, EnvSettingsSource(Settings)()), flags))
     except ValidationError as exc:
         raise ConfigError(_describe(exc, path if path.is_file() else None)) from None
     except Exception as exc:  # YAML syntax errors surface here
         raise ConfigError(f"cannot read config {path}: {exc}") from None
-    finally:
-        if previous is None:
-            os.environ.pop("_SERVELENS_CONFIG_FILE", None)
-        else:
-            os.environ["_SERVELENS_CONFIG_FILE"] = previous
 
 
-def _describe(exc: ValidationError, path: Path | None) -> str:
+def _merged(low: dict[str, Any], high: dict[str, Any]) -> dict[str, Any]:
+    """`high` over `low`, mappings merged key by key (a file's section plus one env var)."""
+    out = dict(low)
+    for key, value in high.items():
+        out[key] = _merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def _describe(exc: ValidationError, path: Path | None, within: tuple[str, ...] = ()) -> str:
     where = f" in {path}" if path else ""
     lines = [f"invalid configuration{where}:"]
     for err in exc.errors():
-        key = ".".join(str(p) for p in err["loc"])
+        key = ".".join(str(p) for p in (*within, *err["loc"]))
         lines.append(f"  {key}: {err['msg']}")
     return "\n".join(lines)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
+from typing import Protocol
 from urllib.parse import urlparse
 
 import clickhouse_connect
@@ -41,6 +42,15 @@ def connect(url: str, database: str | None = None) -> Client:
         bootstrap.command(f"CREATE DATABASE IF NOT EXISTS `{database}`")
         bootstrap.close()
     return clickhouse_connect.get_client(dsn=url, database=database or (parsed.path.strip("/") or None))
+
+
+class StoreLike(Protocol):
+    """What the layers above need of a store (Store is the one implementation): a client
+    for the calling thread, and the URL it is on."""
+
+    url: str
+
+    def client(self) -> Client: ...
 
 
 class Store:

@@ -44,6 +44,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
+from servelens.core import keys
 from servelens.demo.gpus import HOSTS as GPU_HOSTS, GpuFleet
 
 log = logging.getLogger(__name__)
@@ -358,7 +359,7 @@ class _Planner:
         return [root, *calls]
 
 
-_UNITS = ("app.tenant", "app.feature", "app.team")
+_UNITS = tuple(keys.UNIT_KEYS[unit][0] for unit in keys.UNITS)  # app.tenant, app.feature, app.team
 
 
 def _semconv_parts(span: _Span) -> tuple[dict[str, Any], dict[str, Any]]:

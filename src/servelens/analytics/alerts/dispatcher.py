@@ -12,12 +12,10 @@ from __future__ import annotations
 import copy
 import logging
 import queue
-import random
 import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -25,11 +23,11 @@ from prometheus_client import CollectorRegistry, Counter
 
 from servelens.analytics.alerts.sinks import TRANSITIONS, Alert, DeliveryError, Sink, build_sinks, iso
 from servelens.core.config import ALERT_SEVERITIES, AlertSink, Settings
+from servelens.core.retry import RetryPolicy
 
 log = logging.getLogger(__name__)
 
 RESULTS = ("sent", "retried", "failed", "dropped", "filtered", "resent")
-MAX_BACKOFF_SECONDS = 30.0
 IDLE_POLL_SECONDS = 1.0  # how often an idle worker checks for keepalives and shutdown
 _WAKE = object()  # queued by shutdown so an idle worker notices at once
 
@@ -39,19 +37,9 @@ def severity_rank(severity: Any) -> int:
     return ALERT_SEVERITIES.index(severity) if severity in ALERT_SEVERITIES else len(ALERT_SEVERITIES)
 
 
-@dataclass(frozen=True)
-class RetryPolicy:
-    max_attempts: int
-    deadline: float  # seconds one message may spend, attempts and waits together
-    backoff: float  # first delay; doubles per retry up to MAX_BACKOFF_SECONDS
-
-    @classmethod
-    def of(cls, config: AlertSink) -> RetryPolicy:
-        return cls(config.max_attempts, config.retry_deadline.total_seconds(), config.backoff.total_seconds())
-
-    def delay(self, attempt: int) -> float:
-        base = min(MAX_BACKOFF_SECONDS, self.backoff * 2 ** (attempt - 1))
-        return base / 2 + random.uniform(0, base / 2)  # equal jitter: spread out, still growing
+def retry_policy(config: AlertSink) -> RetryPolicy:
+    """One message's retries (the backoff policy the writer shares: core.retry)."""
+    return RetryPolicy(config.max_attempts, config.retry_deadline.total_seconds(), config.backoff.total_seconds())
 
 
 class AlertStats:
@@ -80,7 +68,7 @@ class SinkWorker:
     def __init__(self, sink: Sink, stats: AlertStats) -> None:
         self.sink = sink
         self._stats = stats
-        self._policy = RetryPolicy.of(sink.config)
+        self._policy = retry_policy(sink.config)
         self._timeout = sink.config.timeout.total_seconds()
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=sink.config.queue_size)
         self._closing = threading.Event()

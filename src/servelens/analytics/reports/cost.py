@@ -25,6 +25,7 @@ from typing import Any
 
 import polars as pl
 
+from servelens.analytics import gpu_cost
 from servelens.analytics.pricing import SOURCE_CONFIG, SOURCE_GENAI, Catalog, epoch_ns, from_epoch_ns
 from servelens.analytics.query import ReportQuery
 from servelens.analytics.sources import requests as loader
@@ -44,8 +45,6 @@ _PRICE_SCHEMA = {"model": pl.String, "provider": pl.String, "period": pl.Int64, 
 # Columns older token groups may lack (a caller without providers, times of day or tiers).
 _GROUP_DEFAULTS = {"provider": pl.lit(""), "daypart": pl.lit(0), "tier": pl.lit(0),
                    "cache_write_tokens": pl.lit(0), "reasoning_tokens": pl.lit(0)}
-_GPU_SCHEMA = {"deployment": pl.String, "gpu_cost": pl.Float64, "w_in": pl.Float64, "w_out": pl.Float64,
-               "weighted_total": pl.Float64}
 
 
 def _key_types(frame: pl.DataFrame) -> pl.DataFrame:
@@ -111,9 +110,7 @@ def priced(groups: pl.LazyFrame, prices: pl.LazyFrame, gpu: pl.LazyFrame) -> pl.
               + pl.col("requests") * pl.col("request_price"))
     api_out = ((pl.col("output_tokens") - pl.col("reasoning_tokens")) * pl.col("out_price")
                + pl.col("reasoning_tokens") * pl.col("reasoning_price")) / 1e6
-    share = pl.when(pl.col("weighted_total") > 0).then(pl.col("gpu_cost") / pl.col("weighted_total"))
-    gpu_in = share * pl.col("w_in") * pl.col("input_tokens")
-    gpu_out = share * pl.col("w_out") * pl.col("output_tokens")
+    gpu_in, gpu_out = gpu_cost.input_cost(), gpu_cost.output_cost()
     self_hosted = pl.col("gpu_cost").is_not_null() | pl.col("w_in").is_not_null()
     unpriced = pl.col("cost_usd").is_null()
     return (
@@ -139,30 +136,17 @@ def priced(groups: pl.LazyFrame, prices: pl.LazyFrame, gpu: pl.LazyFrame) -> pl.
 
 def gpu_allocation(store: Any, settings: Settings, q: ReportQuery) -> pl.DataFrame:
     """Per self-hosted deployment: the cost to share (busy, or provisioned when fully
-    loaded), the token weights, and the weighted token total of the whole window."""
+    loaded), the token weights, and the weighted token total of the whole window
+    (analytics.gpu_cost.allocation)."""
     if not settings.deployments:
-        return pl.DataFrame(schema=_GPU_SCHEMA)
+        return pl.DataFrame(schema=gpu_cost.SCHEMA)
     from servelens.analytics.reports.utilization import deployment_costs  # utilization -> cost, not the reverse
 
     window = ReportQuery(q.since, q.until)
     costs = deployment_costs(store, settings, window)
-    # Busy cost is unknown without GPU samples (a `count` deployment): share the
-    # provisioned cost then, rather than leave the deployment's requests unpriced.
-    to_share = (pl.col("provisioned_cost_usd") if q.view == "fully_loaded"
-                else pl.coalesce("busy_cost_usd", "provisioned_cost_usd"))
-    weights = pl.DataFrame(
-        {"deployment": [d.name for d in settings.deployments],
-         "w_in": [d.cost_weights.input for d in settings.deployments],
-         "w_out": [d.cost_weights.output for d in settings.deployments]},
-        schema={"deployment": pl.String, "w_in": pl.Float64, "w_out": pl.Float64})
     tokens = loader.deployment_tokens(store, window, [d.name for d in settings.deployments])
-    return (
-        weights.join(costs.select("deployment", to_share.alias("gpu_cost")), on="deployment", how="left")
-        .join(tokens, on="deployment", how="left")
-        .select("deployment", "gpu_cost", "w_in", "w_out",
-                (pl.col("w_in") * pl.col("all_input") + pl.col("w_out") * pl.col("all_output"))
-                .cast(pl.Float64).alias("weighted_total"))
-    )
+    return gpu_cost.allocation(gpu_cost.weights(settings.deployments),
+                               costs.select("deployment", gpu_cost.to_share(q.view == "fully_loaded")), tokens)
 
 
 def costed_groups(store: Any, settings: Settings, q: ReportQuery) -> pl.LazyFrame:
@@ -250,11 +234,7 @@ def request_costs(store: Any, settings: Settings, q: ReportQuery, requests: list
 
     def cost(r: dict[str, Any]) -> float | None:
         if r["deployment"] in self_hosted:
-            g = shares.get(r["deployment"])
-            if g is None or g["gpu_cost"] is None or not (g["weighted_total"] or 0) > 0:
-                return None
-            return g["gpu_cost"] / g["weighted_total"] * (g["w_in"] * r["input_tokens"]
-                                                          + g["w_out"] * r["output_tokens"])
+            return gpu_cost.request_cost(shares.get(r["deployment"]), r["input_tokens"], r["output_tokens"])
         price = catalog.price(r["model"], r["timestamp"], r["provider"], r["input_tokens"])
         return None if price is None else price.cost(r["input_tokens"], r["output_tokens"], r["cached_tokens"],
                                                      r["cache_write_tokens"], r["reasoning_tokens"])

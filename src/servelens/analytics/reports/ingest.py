@@ -18,6 +18,7 @@ import polars as pl
 from servelens.analytics.pricing import Catalog
 from servelens.analytics.query import ReportQuery
 from servelens.analytics.sources import frame
+from servelens.analytics.sql import window
 from servelens.collector.mapping.dialects import sql_is_request
 from servelens.core.config import Settings
 
@@ -27,8 +28,7 @@ MAX_KEYS = 10  # unrecognized keys shown per service
 
 
 def report(store: Any, settings: Settings, q: ReportQuery) -> pl.DataFrame:
-    window = ("Timestamp >= fromUnixTimestamp64Nano({since_ns:Int64}) "
-              "AND Timestamp < fromUnixTimestamp64Nano({until_ns:Int64})")
+    in_window = window().sql
     params: dict[str, Any] = q.bounds()
     service = ""
     if q.filters.get("service"):
@@ -40,18 +40,18 @@ def report(store: Any, settings: Settings, q: ReportQuery) -> pl.DataFrame:
                countIf(Model = '') AS without_model,
                countIf(Streaming = 1 AND TtftSeconds IS NULL) AS streams_without_ttft,
                any(TraceId) AS example_trace_id
-        FROM llm_requests WHERE {window}{service}
+        FROM llm_requests WHERE {in_window}{service}
         GROUP BY service, dialect, model""", params)
     spans = frame(store, f"""
         SELECT ServiceName AS service, count() AS spans_seen
-        FROM otel_traces WHERE {window}{service} GROUP BY service""", params)
+        FROM otel_traces WHERE {in_window}{service} GROUP BY service""", params)
     unknown = frame(store, f"""
         SELECT service, groupArray({MAX_KEYS})(key) AS unrecognized_keys,
                groupArray({MAX_KEYS})(example) AS unrecognized_examples,
                sum(n) AS unrecognized_spans
         FROM (
             SELECT ServiceName AS service, key, count() AS n, any(TraceId) AS example
-            FROM (SELECT ServiceName, TraceId, SpanAttributes AS a FROM otel_traces WHERE {window}{service})
+            FROM (SELECT ServiceName, TraceId, SpanAttributes AS a FROM otel_traces WHERE {in_window}{service})
             ARRAY JOIN arrayFilter(k -> match(k, {{genai_looking:String}}), mapKeys(a)) AS key
             WHERE NOT ({sql_is_request()})
             GROUP BY service, key ORDER BY n DESC)

@@ -20,6 +20,7 @@ import polars as pl
 
 from servelens.analytics.query import MIN_TIME, QueryError, ReportQuery, _ns, key_expr
 from servelens.analytics.sources import frame
+from servelens.analytics.sql import length_class, window
 from servelens.core.config import EvaluationConfig, Settings
 
 SLICE_KEYS = ("task_type", "language", "length_class", "model", "deployment", "tenant")
@@ -28,6 +29,7 @@ PASS_LABELS = ["pass", "correct", "good"]
 DEFAULT_THRESHOLD = EvaluationConfig().pass_threshold
 ALPHA = 0.05
 MIN_EVALUATIONS = 30  # each side: below this the test's normal approximation is unsafe
+SKEW_NS = 3600 * 10**9  # clock skew allowed between a result and its request
 
 
 def parse_keys(by: str | None) -> list[str]:
@@ -41,9 +43,7 @@ def parse_keys(by: str | None) -> list[str]:
 def _key_sql(key: str, settings: Settings) -> tuple[str, dict[str, Any]]:
     """SQL over llm_requests for a slice or filter key (always a String)."""
     if key == "length_class":
-        short, long_ = settings.quality.length_classes[:2]
-        return ("multiIf(InputTokens < {lc_short:UInt64}, 'short', InputTokens < {lc_long:UInt64}, 'medium', 'long')",
-                {"lc_short": short, "lc_long": long_})
+        return length_class(settings.quality.length_classes)
     expr, params = key_expr(key, settings.attributes)
     return f"toString({expr})", params
 
@@ -54,7 +54,6 @@ def _thresholds(settings: Settings) -> dict[str, Any]:
     return {"thr_names": names, "thr_values": values, "thr_default": DEFAULT_THRESHOLD, "pass_labels": PASS_LABELS}
 
 
-_WINDOW = "{t} >= fromUnixTimestamp64Nano({{since_ns:Int64}}) AND {t} < fromUnixTimestamp64Nano({{until_ns:Int64}})"
 # An explicit `passed` decides (a caller that says false means false); otherwise SPEC 3's
 # rule: a pass label, or a score at or above the evaluation's threshold.
 _PASSED = """if(tupleElement(ev.v, 4) IS NOT NULL, assumeNotNull(tupleElement(ev.v, 4)),
@@ -80,14 +79,13 @@ def _sql(exprs: dict[str, str], keys: list[str], filters: list[str], bucket_s: i
         SELECT TraceId, SpanId, Name, argMax((Timestamp, ScoreValue, ScoreLabel, Passed), IngestedAt) AS v
         FROM evaluations
         WHERE (TraceId, SpanId, Name) IN (SELECT TraceId, SpanId, Name FROM evaluations
-                                          WHERE {_WINDOW.format(t="Timestamp")})
+                                          WHERE {window().sql})
         GROUP BY TraceId, SpanId, Name
-        HAVING {_WINDOW.format(t="tupleElement(v, 1)")}),
+        HAVING {window(column="tupleElement(v, 1)").sql}),
     -- A result comes after its request: the requests of [since - evaluation_delay, until + 1 h)
     -- (an hour of clock skew) are all it can match, and only those days are read.
     req AS (SELECT TraceId, SpanId, Timestamp, {cols} FROM llm_requests
-            WHERE Timestamp >= fromUnixTimestamp64Nano({{req_since_ns:Int64}})
-              AND Timestamp < fromUnixTimestamp64Nano({{until_ns:Int64}} + 3600000000000)
+            WHERE {window("req_since_ns", "until_ns", after="skew_ns").sql}
               AND TraceId IN (SELECT TraceId FROM ev))
     SELECT {", ".join(f"k_{k} AS {k}" for k in keys)}{", " if keys else ""}{"bucket, " if bucket_s else ""}
            count() AS evaluations, countIf(passed_) AS passed, avg(score_) AS mean_score
@@ -111,7 +109,7 @@ def slice_table(store: Any, settings: Settings, since: datetime, until: datetime
     bounds = ReportQuery(since, until).bounds()
     # Clamped like every bound (analytics.query._ns): the store holds nothing before it.
     earliest = max(bounds["since_ns"] - int(settings.quality.evaluation_delay.total_seconds() * 1e9), _ns(MIN_TIME))
-    params: dict[str, Any] = {**bounds, **_thresholds(settings), "req_since_ns": earliest}
+    params: dict[str, Any] = {**bounds, **_thresholds(settings), "req_since_ns": earliest, "skew_ns": SKEW_NS}
     exprs = {}
     for key in dict.fromkeys([*keys, *filters]):
         if key not in SLICE_KEYS and key not in filters:

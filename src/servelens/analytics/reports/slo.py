@@ -35,6 +35,7 @@ import polars as pl
 from servelens.analytics.reports import series
 from servelens.analytics.query import MIN_TIME, ReportQuery, _ns, iso
 from servelens.analytics.sources import frame
+from servelens.analytics.sql import window
 from servelens.core.config import Settings, SloConfig
 
 REPORT_WINDOWS = {"1h": timedelta(hours=1), "6h": timedelta(hours=6)}
@@ -82,18 +83,17 @@ def _slo_params(slos: Sequence[SloConfig]) -> dict[str, Any]:
 
 # One row per (request, SLO it belongs to); `bad` by that SLO's definition. Empty service
 # or deployment: the SLO does not narrow on it.
-_MATCHED = """
-    SELECT ts, slo, IsError OR ({slo_latency:Array(Float64)}[slo] > 0
-                                 AND LatencySeconds > {slo_latency:Array(Float64)}[slo]) AS bad
+_MATCHED = f"""
+    SELECT ts, slo, IsError OR ({{slo_latency:Array(Float64)}}[slo] > 0
+                                 AND LatencySeconds > {{slo_latency:Array(Float64)}}[slo]) AS bad
     FROM (SELECT toUnixTimestamp64Nano(Timestamp) AS ts, IsError, LatencySeconds,
-                 arrayFilter(j -> ({slo_services:Array(String)}[j] = ''
-                                   OR ServiceName = {slo_services:Array(String)}[j])
-                                  AND ({slo_deployments:Array(String)}[j] = ''
-                                       OR Deployment = {slo_deployments:Array(String)}[j]),
-                             arrayEnumerate({slo_services:Array(String)})) AS matched
+                 arrayFilter(j -> ({{slo_services:Array(String)}}[j] = ''
+                                   OR ServiceName = {{slo_services:Array(String)}}[j])
+                                  AND ({{slo_deployments:Array(String)}}[j] = ''
+                                       OR Deployment = {{slo_deployments:Array(String)}}[j]),
+                             arrayEnumerate({{slo_services:Array(String)}})) AS matched
           FROM llm_requests
-          WHERE Timestamp >= fromUnixTimestamp64Nano({lo_ns:Int64})
-            AND Timestamp < fromUnixTimestamp64Nano({until_ns:Int64}))
+          WHERE {window("lo_ns", "until_ns").sql})
     ARRAY JOIN matched AS slo"""
 
 

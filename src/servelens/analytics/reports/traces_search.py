@@ -30,7 +30,7 @@ import polars as pl
 
 from servelens.analytics.reports import cost
 from servelens.analytics.pricing import Catalog
-from servelens.analytics.query import QueryError, ReportQuery, iso, unit_expr
+from servelens.analytics.query import QueryError, ReportQuery, iso, key_expr
 from servelens.analytics.sources import frame
 from servelens.core.config import Settings
 
@@ -143,7 +143,7 @@ def search(store: Any, settings: Settings, params: Mapping[str, Any]) -> dict[st
 
 def find(store: Any, settings: Settings, s: TraceSearch) -> list[dict[str, Any]]:
     where, params = s.where(settings)
-    tenant, tenant_params = unit_expr("tenant", settings.attributes)
+    tenant, tenant_params = key_expr("tenant", settings.attributes)
     params.update(tenant_params)
     # Self-hosted deployments' GPU cost shares: ranking by cost needs them for every
     # request; otherwise request_costs reads them only when a result row needs them.
@@ -258,7 +258,7 @@ def get_trace(store: Any, settings: Settings, trace_id: str) -> dict[str, Any] |
     params: dict[str, Any] = {"trace_id": trace_id}
     units = []
     for unit in ("tenant", "feature", "team"):
-        expr, extra = unit_expr(unit, settings.attributes)
+        expr, extra = key_expr(unit, settings.attributes)
         params.update(extra)
         units.append(f"{expr} AS {unit}")
     rows = frame(store, f"""

@@ -18,6 +18,8 @@ from typing import Any, Iterator
 import polars as pl
 import pyarrow as pa
 
+from servelens.core.store import StoreLike
+
 
 class DeadlineExceeded(TimeoutError):
     """The caller's deadline passed before the next query could start."""
@@ -47,7 +49,7 @@ def _query_settings() -> dict[str, Any]:
     return {"max_execution_time": round(max(left, 0.001), 3)}
 
 
-def frame(store: Any, sql: str, params: dict[str, Any]) -> pl.DataFrame:
+def frame(store: StoreLike, sql: str, params: dict[str, Any]) -> pl.DataFrame:
     """Run `sql` and return its result as a Polars frame (via Arrow, no row objects)."""
     settings = _query_settings()
     table = store.client().query_arrow(sql, parameters=params, **({"settings": settings} if settings else {}))

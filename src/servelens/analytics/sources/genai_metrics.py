@@ -11,12 +11,12 @@ A bucket that went down (a restart without a new start time) counts from zero to
 
 from __future__ import annotations
 
-from typing import Any
 
 import polars as pl
 
 from servelens.analytics.query import ReportQuery
 from servelens.analytics.sources import frame
+from servelens.core.store import StoreLike
 
 # Time to first token/chunk histograms, in the order a service's own is preferred when it
 # sends several: the server's measurement, as llm_requests reads vLLM's span TTFT first.
@@ -65,7 +65,7 @@ _CUMULATIVE = f"""
         HAVING countIf(Minute >= since_m) > 0)"""
 
 
-def window_histograms(store: Any, q: ReportQuery, metrics: list[str], services: list[str]) -> pl.DataFrame:
+def window_histograms(store: StoreLike, q: ReportQuery, metrics: list[str], services: list[str]) -> pl.DataFrame:
     """Per (service, model, metric, unit, bounds) with a count in the window: the bucket
     counts (one more than bounds), their total, and the smallest Min and largest Max seen."""
     schema = {"service": pl.String, "model": pl.String, "metric": pl.String, "unit": pl.String,

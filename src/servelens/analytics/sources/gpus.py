@@ -11,8 +11,8 @@ work). `gr_engine_active` and `gpu_util` use that metric alone. Each GPU row say
 Every reader works from `_rows`: per (Host, GpuUuid, busy metric, minute) the additive
 states of gpu_util_minutes (sample count, busy sum, first/last sample time, value -> count)
 for the whole minutes inside the window, and for the partial minutes at its edges the
-same states built from gpu_samples itself (partial rows collapsed per reading, as they
-must be before background merges). So a window of any length and alignment covers
+same states built from gpu_samples itself (analytics.sql.gpu_readings: partial rows
+collapsed per reading, as they must be before background merges). So a window of any length and alignment covers
 exactly the readings in [since, until), and a 30-day window reads ~43 k rows per GPU and
 metric, not one per sample. A reading is one GPU's (or MIG instance's) value at one time:
 the mean is the mean over readings, and the p95 is taken from the value distribution with
@@ -32,29 +32,19 @@ import polars as pl
 from servelens.analytics import memo
 from servelens.analytics.query import ReportQuery
 from servelens.analytics.sources import frame
+from servelens.analytics.sql import Fragment, gpu_busy_metric, gpu_deployment, gpu_readings, window
 from servelens.core.config import Settings
+from servelens.core.store import StoreLike
 
 MINUTE_NS = 60 * 10**9
 HOUR_NS = 60 * MINUTE_NS
 P95 = 0.95
 
-_DEPLOYMENT = "transform(Host, {hosts:Array(String)}, {deployments:Array(String)}, '')"
+_DEPLOYMENT = gpu_deployment(()).sql  # the host -> deployment arrays it reads are bound by _params
 
-# One row per reading in the gpu_samples rows matching {where}: a GPU's (or MIG
-# instance's) values at one time, partial rows and per-pod copies collapsed, one row per
-# busy metric it carries; as gpu_util_minutes_mv reads them.
-_READINGS = """
-    SELECT Host, GpuUuid, Timestamp, ModelName, m.1 AS BusyMetric, assumeNotNull(m.2) AS busy
-    FROM (SELECT Host, GpuUuid, MigInstance, Timestamp, any(ModelName) AS ModelName,
-                 anyLast(Util) AS util, anyLast(GrEngineActive) AS gr
-          FROM gpu_samples WHERE {where}
-          GROUP BY Host, GpuUuid, MigInstance, Timestamp)
-    ARRAY JOIN arrayFilter(x -> x.2 IS NOT NULL, [('gpu_util', util), ('gr_engine_active', gr)]) AS m"""
-
-_EDGES = """(Timestamp >= fromUnixTimestamp64Nano({since_ns:Int64})
-               AND Timestamp < fromUnixTimestamp64Nano({full_since_ns:Int64}))
-              OR (Timestamp >= fromUnixTimestamp64Nano({full_until_ns:Int64})
-               AND Timestamp < fromUnixTimestamp64Nano({until_ns:Int64}))"""
+# The window's partial minutes at its edges (bounds: _params).
+_EDGES = f"""({window("since_ns", "full_since_ns").sql})
+              OR ({window("full_until_ns", "until_ns").sql})"""
 
 # The window's readings as per-(Host, GpuUuid, busy metric, minute or hour) states: whole
 # hours from gpu_util_hours, the whole minutes left from gpu_util_minutes, the edges'
@@ -69,7 +59,7 @@ _ALL_MINUTES = "Minute >= toDateTime({full_since_s:Int64}) AND Minute < toDateTi
 _EDGE_READINGS = f"""
     SELECT Host, GpuUuid, BusyMetric, toStartOfMinute(Timestamp), ModelName, toUInt64(1), busy, Timestamp, Timestamp,
            ([if(BusyMetric = 'gr_engine_active', round(busy, 3), busy)], [toUInt64(1)])
-    FROM ({_READINGS.format(where=_EDGES)})"""
+    FROM ({gpu_readings(Fragment(_EDGES, {})).sql})"""
 _STATES = f"""{_HOURS}
     UNION ALL
     SELECT {_STATE_COLUMNS} FROM gpu_util_minutes WHERE {_EDGE_MINUTES}
@@ -91,31 +81,11 @@ _WITH_GR = f"""
     SELECT Host, GpuUuid FROM gpu_samples WHERE ({_EDGES}) AND GrEngineActive IS NOT NULL"""
 
 
-def chosen(settings: Settings, rows: str, with_gr: str, per: str = "") -> str:
-    """SQL: the rows (Host, GpuUuid, BusyMetric, ...) of the busy metric each GPU is measured
-    by. `auto`: the graphics engine's where the GPU has any in the window (`with_gr`: rows
-    of the GPUs that have; `per`: an expression of Timestamp that tells windows apart, when
-    `rows` spans several), else utilization's. Binds {busy_metric:String} (`_params`)."""
-    if settings.gpus.busy_metric != "auto":
-        return f"SELECT * FROM ({rows}) WHERE BusyMetric = {{busy_metric:String}}"
-    # A set of the GPUs, not a window function: the rows stream instead of being sorted per GPU.
-    key = ", ".join(p for p in (per, "Host", "GpuUuid") if p)
-    return f"""
-        SELECT * FROM ({rows})
-        WHERE BusyMetric = if(({key}) IN (SELECT {key} FROM ({with_gr})), 'gr_engine_active', 'gpu_util')"""
-
-
-def readings(settings: Settings, where: str, per: str = "") -> str:
-    """SQL: gpu_samples' readings matching `where`, of each GPU's busy metric (`chosen`):
-    Host, GpuUuid, Timestamp, ModelName, BusyMetric, busy (0-1)."""
-    with_gr = f"SELECT Host, GpuUuid, Timestamp FROM gpu_samples WHERE ({where}) AND GrEngineActive IS NOT NULL"
-    return chosen(settings, _READINGS.format(where=where), with_gr, per)
-
-
 def _rows(settings: Settings, minutes: bool = False) -> str:
     """SQL: the window's states of the busy metric each GPU is measured by (`minutes`:
     each row one minute, for per-minute peaks and buckets under an hour)."""
-    return chosen(settings, _MINUTES if minutes else _STATES, _WITH_GR)
+    return gpu_busy_metric(settings.gpus.busy_metric, Fragment(_MINUTES if minutes else _STATES, {}),
+                           Fragment(_WITH_GR, {})).sql
 
 
 def busy_metric_of(column: str = "busy_metric") -> pl.Expr:
@@ -154,25 +124,15 @@ def _params(settings: Settings, q: ReportQuery) -> dict[str, Any]:
     return {**b, "full_since_ns": full_since, "full_until_ns": full_until,
             "full_since_s": full_since // 10**9, "full_until_s": full_until // 10**9,
             "full_since_h_s": full_since_h // 10**9, "full_until_h_s": full_until_h // 10**9,
-            "busy_metric": settings.gpus.busy_metric, **host_deployments(settings)}
+            "busy_metric": settings.gpus.busy_metric, **gpu_deployment(settings.deployments).params}
 
 
-def host_deployments(settings: Settings) -> dict[str, list[str]]:
-    """{"hosts": [...], "deployments": [...]} parallel arrays for transform() in SQL."""
-    hosts, names = [], []
-    for d in settings.deployments:
-        for host in d.gpus.hosts or []:
-            hosts.append(host)
-            names.append(d.name)
-    return {"hosts": hosts, "deployments": names}
-
-
-def _key(name: str, store: Any, settings: Settings, q: ReportQuery, *extra: Any) -> tuple[Any, ...]:
+def _key(name: str, store: StoreLike, settings: Settings, q: ReportQuery, *extra: Any) -> tuple[Any, ...]:
     b = q.bounds()
     return memo.key(f"gpus.{name}", store, settings, b["since_ns"], b["until_ns"], *extra)
 
 
-def per_gpu(store: Any, settings: Settings, q: ReportQuery) -> pl.DataFrame:
+def per_gpu(store: StoreLike, settings: Settings, q: ReportQuery) -> pl.DataFrame:
     """Per GPU in the window: its deployment (by host), the busy metric it is measured by,
     reading count, first/last reading, mean and p95 busy fraction (0-1), and their sum.
     """
@@ -193,7 +153,7 @@ def per_gpu(store: Any, settings: Settings, q: ReportQuery) -> pl.DataFrame:
                        lambda: frame(store, sql, _params(settings, q)))
 
 
-def deployment_p95(store: Any, settings: Settings, q: ReportQuery) -> pl.DataFrame:
+def deployment_p95(store: StoreLike, settings: Settings, q: ReportQuery) -> pl.DataFrame:
     """Per deployment: p95 of utilization over all its GPUs' samples in the window."""
     sql = f"""
         SELECT {_DEPLOYMENT} AS deployment, {_p95("UtilCounts")} AS gpu_util_p95
@@ -203,7 +163,7 @@ def deployment_p95(store: Any, settings: Settings, q: ReportQuery) -> pl.DataFra
                        lambda: frame(store, sql, _params(settings, q)))
 
 
-def per_minute(store: Any, settings: Settings, q: ReportQuery) -> pl.DataFrame:
+def per_minute(store: StoreLike, settings: Settings, q: ReportQuery) -> pl.DataFrame:
     """Per deployment and minute: mean utilization over its GPUs (for peak-to-average)."""
     sql = f"""
         SELECT {_DEPLOYMENT} AS deployment, Minute AS minute, sum(UtilSum) / sum(Samples) AS minute_util
@@ -213,7 +173,7 @@ def per_minute(store: Any, settings: Settings, q: ReportQuery) -> pl.DataFrame:
                        lambda: frame(store, sql, _params(settings, q)))
 
 
-def per_bucket(store: Any, settings: Settings, q: ReportQuery, seconds: int) -> pl.DataFrame:
+def per_bucket(store: StoreLike, settings: Settings, q: ReportQuery, seconds: int) -> pl.DataFrame:
     """Per deployment and time bucket: readings, their busy sum and the GPUs seen (charts)."""
     sql = f"""
         SELECT {_DEPLOYMENT} AS deployment,
@@ -225,7 +185,7 @@ def per_bucket(store: Any, settings: Settings, q: ReportQuery, seconds: int) -> 
                        lambda: frame(store, sql, _params(settings, q)))
 
 
-def mean_utilization(store: Any, settings: Settings, q: ReportQuery) -> float | None:
+def mean_utilization(store: StoreLike, settings: Settings, q: ReportQuery) -> float | None:
     """Mean utilization over every GPU sample in the window; with a deployment filter,
     over that deployment's hosts only. None without samples."""
     params = _params(settings, q)

@@ -11,7 +11,9 @@ from servelens.analytics.sources import rollups
 from servelens.analytics.pricing import PriceCuts, epoch_ns
 from servelens.analytics.query import ReportQuery, key_expr
 from servelens.analytics.sources import frame
+from servelens.analytics.sql import window
 from servelens.core.config import Settings
+from servelens.core.store import StoreLike
 
 QUANTILES = (0.5, 0.95, 0.99)
 # quantilesExactInclusive interpolates linearly between closest ranks (numpy's default
@@ -20,7 +22,7 @@ _Q = "quantilesExactInclusive(0.5, 0.95, 0.99)"
 _DAY_NS = 86_400 * 10**9
 
 
-def sketched(store: Any, settings: Settings, q: ReportQuery, by: str | None) -> bool:
+def sketched(store: StoreLike, settings: Settings, q: ReportQuery, by: str | None) -> bool:
     """Whether q's percentiles come from the rollups' sketches: the rollups answer it and
     the window holds more requests than are cheap to rank exactly."""
     if not rollups.uses_rollup(q, settings, by):
@@ -29,7 +31,7 @@ def sketched(store: Any, settings: Settings, q: ReportQuery, by: str | None) -> 
     return limit == 0 or rollups.request_count(store, settings, q) > limit
 
 
-def latency_groups(store: Any, settings: Settings, q: ReportQuery) -> pl.DataFrame:
+def latency_groups(store: StoreLike, settings: Settings, q: ReportQuery) -> pl.DataFrame:
     """Per group: request count and p50/p95/p99 of TTFT, latency and TPOT (seconds):
     exact from raw rows, or from the rollups' sketches for large windows (`sketched`)."""
     if sketched(store, settings, q, q.by):
@@ -53,7 +55,7 @@ def latency_groups(store: Any, settings: Settings, q: ReportQuery) -> pl.DataFra
     return frame(store, sql, params)
 
 
-def ttft_pairs(store: Any, settings: Settings, q: ReportQuery) -> pl.DataFrame:
+def ttft_pairs(store: StoreLike, settings: Settings, q: ReportQuery) -> pl.DataFrame:
     """Per (service, model) with requests in the window, for the TTFT metrics fallback:
     `keys`, the report keys of its requests that pass the filters; `exclusive`, whether
     all of its window's requests pass them and share one key (then a histogram of that
@@ -140,7 +142,7 @@ def _price_cut_columns(cuts: PriceCuts, params: dict[str, Any], time_sql: str = 
     return f"{_period(cuts, params, time_sql)} AS period, toUInt16({daypart}) AS daypart, toUInt16({tier_sql}) AS tier"
 
 
-def cost_groups(store: Any, settings: Settings, q: ReportQuery, cuts: PriceCuts,
+def cost_groups(store: StoreLike, settings: Settings, q: ReportQuery, cuts: PriceCuts,
                 bucket_s: int | None = None) -> pl.DataFrame:
     """Token sums per (key, model, provider, deployment, price period, time of day, tier,
     retry?, error?), with one request's time (any: all in a group pay one price).
@@ -187,7 +189,7 @@ def _bucket_sql(bucket_s: int | None, time_sql: str) -> tuple[str, str]:
     return (f",\n               toStartOfInterval({time_sql}, INTERVAL {int(bucket_s)} SECOND) AS bucket", ", bucket")
 
 
-def _cost_groups_rollup(store: Any, settings: Settings, q: ReportQuery, cuts: PriceCuts,
+def _cost_groups_rollup(store: StoreLike, settings: Settings, q: ReportQuery, cuts: PriceCuts,
                         bucket_s: int | None) -> pl.DataFrame:
     """cost_groups from rollup_costs_15m (+ raw rows at the window's edges): every price
     cut is on its grid, so a quarter hour's start prices all of its requests."""
@@ -215,7 +217,7 @@ def _cost_groups_rollup(store: Any, settings: Settings, q: ReportQuery, cuts: Pr
     return frame(store, sql, params)
 
 
-def outcome_counts(store: Any, settings: Settings, q: ReportQuery) -> pl.DataFrame:
+def outcome_counts(store: StoreLike, settings: Settings, q: ReportQuery) -> pl.DataFrame:
     """Distinct traces per outcome among the window's requests (cost per completed task)."""
     where, params = q.where(settings.attributes)
     join = _OUTCOMES.replace("{where}", where)
@@ -227,15 +229,14 @@ def outcome_counts(store: Any, settings: Settings, q: ReportQuery) -> pl.DataFra
     return frame(store, sql, params)
 
 
-def deployment_tokens(store: Any, q: ReportQuery, deployments: list[str]) -> pl.DataFrame:
+def deployment_tokens(store: StoreLike, q: ReportQuery, deployments: list[str]) -> pl.DataFrame:
     """All input/output tokens per self-hosted deployment in the window, unfiltered: the
     denominator of busy-cost allocation does not change with the report's filters."""
-    sql = """
-        SELECT Deployment AS deployment, sum(InputTokens) AS all_input, sum(OutputTokens) AS all_output
+    sql = f"""
+        SELECT Deployment AS deployment, sum(InputTokens) AS input_tokens, sum(OutputTokens) AS output_tokens
         FROM llm_requests
-        WHERE Timestamp >= fromUnixTimestamp64Nano({since_ns:Int64})
-          AND Timestamp < fromUnixTimestamp64Nano({until_ns:Int64})
-          AND Deployment IN {deployments:Array(String)}
+        WHERE {window().sql}
+          AND Deployment IN {{deployments:Array(String)}}
         GROUP BY deployment"""
     bounds = q.bounds()
     return memo.cached(memo.key("requests.deployment_tokens", store, None, bounds["since_ns"], bounds["until_ns"],
@@ -243,7 +244,7 @@ def deployment_tokens(store: Any, q: ReportQuery, deployments: list[str]) -> pl.
                        lambda: frame(store, sql, {**bounds, "deployments": deployments}))
 
 
-def overview_totals(store: Any, settings: Settings, q: ReportQuery) -> pl.DataFrame:
+def overview_totals(store: StoreLike, settings: Settings, q: ReportQuery) -> pl.DataFrame:
     if sketched(store, settings, q, None):
         sql, params = rollups.request_stats_sql(q, settings, None)
         return frame(store, f"""

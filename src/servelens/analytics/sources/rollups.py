@@ -26,9 +26,12 @@ from typing import Any
 
 from servelens.analytics.model_names import served_model_sql
 from servelens.analytics.pricing import epoch_ns
-from servelens.analytics.query import COLUMN_KEYS, ReportQuery, key_expr, unit_expr
+from servelens.analytics.query import COLUMN_KEYS, UNIT_KEYS, ReportQuery, key_expr
 from servelens.analytics.sources import frame
+from servelens.analytics.sql import window
 from servelens.core.config import Settings
+from servelens.core.keys import UNIT_COLUMNS
+from servelens.core.store import StoreLike
 
 NS = 1_000_000_000
 SKETCH = "quantilesDD(0.0025, 0.5, 0.95, 0.99)"  # the rollups' state: keep in step with 0019
@@ -46,7 +49,7 @@ _SERVED = served_model_sql(request_model="Model")
 REQUEST_DIMS = {**{k: COLUMN_KEYS[k] for k in ("service", "deployment", "provider", "operation", "region")},
                 "model": _SERVED}
 COST_DIMS = {**{k: COLUMN_KEYS[k] for k in ("service", "deployment", "provider")}, "model": _SERVED,
-             "tenant": "Tenant", "feature": "Feature", "team": "Team"}
+             **{unit: UNIT_COLUMNS[unit] for unit in UNIT_KEYS}}
 
 
 @dataclass(frozen=True)
@@ -70,7 +73,7 @@ def pieces(since_ns: int, until_ns: int, grains: tuple[tuple[str, int], ...]) ->
 
 
 def _default_units(settings: Settings, keys: set[str]) -> bool:
-    return all(unit_expr(k, settings.attributes)[1] == {} for k in keys & {"tenant", "feature", "team"})
+    return all(key_expr(k, settings.attributes).params == {} for k in keys & set(UNIT_KEYS))
 
 
 def answerable(q: ReportQuery, settings: Settings, dims: dict[str, str], by: str | None) -> bool:
@@ -93,8 +96,7 @@ def filter_sql(q: ReportQuery, dims: dict[str, str], params: dict[str, Any]) -> 
 def time_range(column: str, piece: Piece, i: int, params: dict[str, Any], raw: bool) -> str:
     params[f"lo_{i}"], params[f"hi_{i}"] = piece.lo_ns, piece.hi_ns
     if raw:
-        return (f"{column} >= fromUnixTimestamp64Nano({{lo_{i}:Int64}}) "
-                f"AND {column} < fromUnixTimestamp64Nano({{hi_{i}:Int64}})")
+        return window(f"lo_{i}", f"hi_{i}", column=column).sql
     # rollup time columns are DateTime (seconds); pieces are whole grains
     return (f"{column} >= toDateTime(intDiv({{lo_{i}:Int64}}, {NS})) "
             f"AND {column} < toDateTime(intDiv({{hi_{i}:Int64}}, {NS}))")
@@ -149,8 +151,8 @@ def request_stats_sql(q: ReportQuery, settings: Settings, by: str | None,
             where = f"{time_range('Minute', piece, i, params, raw=False)} AND {filter_sql(q, REQUEST_DIMS, params)}"
             parts.append(f"SELECT {key} AS key, Minute AS t, {_ROLLUP_MEASURES} FROM {piece.table} WHERE {where}")
         else:
-            window = ReportQuery(q.since, q.until, filters=q.filters)
-            filters, fparams = window.where(settings.attributes)
+            filtered = ReportQuery(q.since, q.until, filters=q.filters)
+            filters, fparams = filtered.where(settings.attributes)
             params.update(fparams)
             key, kparams = _raw_key(by, settings)
             params.update(kparams)
@@ -228,8 +230,8 @@ def cost_source_sql(q: ReportQuery, settings: Settings, params: dict[str, Any]) 
             where = f"{time_range('Bucket', piece, i, params, raw=False)} AND {filter_sql(q, COST_DIMS, params)}"
             parts.append(_COST_ROLLUP.format(key=key, where=where))
         else:
-            window = ReportQuery(q.since, q.until, filters=q.filters)
-            filters, fparams = window.where(settings.attributes)
+            filtered = ReportQuery(q.since, q.until, filters=q.filters)
+            filters, fparams = filtered.where(settings.attributes)
             params.update(fparams)
             key, kparams = _raw_key(q.by, settings)
             params.update(kparams)
@@ -240,7 +242,7 @@ def cost_source_sql(q: ReportQuery, settings: Settings, params: dict[str, Any]) 
     return "(" + " UNION ALL ".join(parts) + ")"
 
 
-def request_count(store: Any, settings: Settings, q: ReportQuery) -> int:
+def request_count(store: StoreLike, settings: Settings, q: ReportQuery) -> int:
     """Requests in q's window under its filters (which the request rollups answer)."""
     sql, params = request_stats_sql(q, settings, None)
     # only the counts: the sketches of the same pieces are not merged

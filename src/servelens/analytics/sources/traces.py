@@ -28,14 +28,15 @@ a window cannot prune it. Within a run of the report jobs the result is shared
 
 from __future__ import annotations
 
-from typing import Any
 
 import polars as pl
 
 from servelens.analytics import memo
 from servelens.analytics.query import ReportQuery
 from servelens.analytics.sources import frame
+from servelens.analytics.sql import window
 from servelens.core.config import Settings
+from servelens.core.store import StoreLike
 
 # Root and stage spans may start before / end after the LLM span that puts the trace in
 # the window; look this far around it for them.
@@ -54,13 +55,12 @@ _LLM_ROWS = """
            '' AS stage, 0. AS root, '' AS root_service, -1. AS root_weight, 0. AS seconds
     FROM llm_requests
     WHERE {where}"""
-_SPAN_ROWS = """
+_SPAN_ROWS = f"""
     SELECT TraceId, false, '', '', -inf, false, NULL, NULL, NULL,
            Stage, if(Stage = 'root', Seconds, 0.), if(Stage = 'root', ServiceName, ''),
            if(Stage = 'root', Seconds, -1.), Seconds
     FROM stage_spans
-    WHERE Timestamp >= fromUnixTimestamp64Nano({since_ns:Int64} - {slack_ns:Int64})
-      AND Timestamp < fromUnixTimestamp64Nano({until_ns:Int64} + {slack_ns:Int64})"""
+    WHERE {window(before="slack_ns", after="slack_ns").sql}"""
 
 
 def _sql(where: str, by: str) -> str:
@@ -99,7 +99,7 @@ def _sql(where: str, by: str) -> str:
         ORDER BY key, stage"""
 
 
-def stage_quantiles(store: Any, settings: Settings, q: ReportQuery, by: str) -> pl.DataFrame:
+def stage_quantiles(store: StoreLike, settings: Settings, q: ReportQuery, by: str) -> pl.DataFrame:
     """key, stage, deployment (the group's most frequent), traces, p50, p99 (seconds)."""
     where, params = q.where(settings.attributes)
     params["slack_ns"] = SLACK_NS

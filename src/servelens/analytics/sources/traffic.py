@@ -12,7 +12,9 @@ import polars as pl
 
 from servelens.analytics.query import ReportQuery, key_expr
 from servelens.analytics.sources import frame
+from servelens.analytics.sql import bind, fallback
 from servelens.core.config import Settings
+from servelens.core.store import StoreLike
 
 NS = 1_000_000_000
 # quantilesExactInclusive interpolates linearly between closest ranks: numpy's default.
@@ -54,7 +56,7 @@ def _arrivals_sql(key_sql: str, where: str) -> str:
         GROUP BY key"""
 
 
-def workload_groups(store: Any, settings: Settings, q: ReportQuery) -> pl.DataFrame:
+def workload_groups(store: StoreLike, settings: Settings, q: ReportQuery) -> pl.DataFrame:
     """Per group: requests, token p50/p99 and sums, reused-prefix and batch counts, and the
     per-second arrival sums (`_arrivals_sql`), in one round trip.
 
@@ -84,21 +86,16 @@ def workload_groups(store: Any, settings: Settings, q: ReportQuery) -> pl.DataFr
     return frame(store, sql, params)
 
 
-def reliability_groups(store: Any, settings: Settings, q: ReportQuery) -> pl.DataFrame:
+def reliability_groups(store: StoreLike, settings: Settings, q: ReportQuery) -> pl.DataFrame:
     """Per group: attempts, errors, retries, originals, fallbacks (+ their p99 latency in
     seconds) and rate-limited attempts.
 
-    A fallback is app.fallback = true, or a known model other than the primary_model
-    configured for the attempt's deployment (deployment -> primary bound as two arrays).
+    A fallback is what analytics.sql.fallback says.
     """
     key_sql, where, params = _scoped(settings, q)
-    primaries = {d.name: d.primary_model for d in settings.deployments if d.primary_model}
-    params["fb_deployments"] = list(primaries)
-    params["fb_primaries"] = list(primaries.values())
+    is_fallback = fallback(settings.deployments)
     sql = f"""
-        WITH transform(toString(Deployment), {{fb_deployments:Array(String)}},
-                       {{fb_primaries:Array(String)}}, '') AS primary_,
-             Fallback OR (primary_ != '' AND Model != '' AND Model != primary_) AS fallback_
+        WITH {is_fallback.sql} AS fallback_
         SELECT {key_sql} AS key,
                count() AS requests,
                countIf(IsError) AS errors,
@@ -110,10 +107,10 @@ def reliability_groups(store: Any, settings: Settings, q: ReportQuery) -> pl.Dat
         FROM llm_requests
         WHERE {where}
         GROUP BY key"""
-    return frame(store, sql, params)
+    return frame(store, sql, bind(is_fallback, **params))
 
 
-def deployment_mix(store: Any, settings: Settings, q: ReportQuery) -> pl.DataFrame:
+def deployment_mix(store: StoreLike, settings: Settings, q: ReportQuery) -> pl.DataFrame:
     """Attempts per (group, deployment): which deployment a group mostly runs on."""
     key_sql, where, params = _scoped(settings, q)
     sql = f"""

@@ -6,6 +6,11 @@ whether the trigger's condition holds now, how severe it is, and the evidence (t
 statistic, p-value, baseline and current values). Detectors never keep state between
 calls: episodes (open while the condition holds, resolved when it clears) are built from
 successive Findings by analytics.triggers.episodes.
+
+A detector registers itself with `@detector(kind, Config)`: its function under its stable
+kind, and its config model, which then validates `triggers.<kind>` (core.config's
+TRIGGER_KINDS). analytics.triggers.detectors imports every detect_*.py module, so a new
+kind is one new module.
 """
 
 from __future__ import annotations
@@ -15,13 +20,11 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Callable, Protocol
 
-from servelens.core.config import Settings
+from pydantic import BaseModel
 
-KINDS = (
-    "queue_wait_growth", "p99_drift", "quality_regression", "low_utilization", "new_workload_shape",
-    "retry_storm", "error_rate_spike", "fallback_over_budget", "cost_anomaly",
-    "budget", "slo_burn", "model_inconsistency", "quality_under_load",
-)
+from servelens.core.config import TRIGGER_KINDS, Settings
+from servelens.core.store import StoreLike
+
 SEVERITIES = ("warning", "critical")
 
 
@@ -54,18 +57,21 @@ class Finding:
 
 
 class Detector(Protocol):
-    def __call__(self, store: Any, settings: Settings, at: Evaluation) -> list[Finding]: ...
+    def __call__(self, store: StoreLike, settings: Settings, at: Evaluation) -> list[Finding]: ...
 
 
 DETECTORS: dict[str, Detector] = {}
+KINDS = DETECTORS.keys()  # in registration order; every kind once analytics.triggers.detectors is imported
 
 
-def detector(kind: str) -> Callable[[Detector], Detector]:
-    """Register a detector under its stable kind."""
-    if kind not in KINDS:
-        raise ValueError(f"unknown trigger kind {kind!r}")
-
+def detector(kind: str, config: type[BaseModel] | None = None) -> Callable[[Detector], Detector]:
+    """Register a detector under its stable kind, with the model of `triggers.<kind>`
+    (None: the kind reads shared trigger settings only)."""
     def register(fn: Detector) -> Detector:
+        if DETECTORS.get(kind, fn) is not fn:
+            raise ValueError(f"trigger kind {kind!r} is registered twice")
+        if config is not None:
+            TRIGGER_KINDS.register(kind, config)
         DETECTORS[kind] = fn
         return fn
 

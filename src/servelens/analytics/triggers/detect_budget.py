@@ -10,13 +10,12 @@ spend and forecast are under the budget again.
 
 from __future__ import annotations
 
-from typing import Any
-
 from servelens.analytics.reports import spend_budgets
 from servelens.analytics.triggers import stats
 from servelens.analytics.triggers.base import Evaluation, Finding, detector
 from servelens.analytics.triggers.common import clean, severity
 from servelens.core.config import Settings
+from servelens.core.store import StoreLike
 
 
 def _usd(value: float | None) -> str:
@@ -24,7 +23,7 @@ def _usd(value: float | None) -> str:
 
 
 @detector("budget")
-def budget(store: Any, settings: Settings, at: Evaluation) -> list[Finding]:
+def budget(store: StoreLike, settings: Settings, at: Evaluation) -> list[Finding]:
     findings = []
     for s in spend_budgets.status(store, settings, at.until):
         b = s.budget

@@ -2,21 +2,24 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import polars as pl
+from pydantic import Field
 
+from servelens.analytics import gpu_cost
 from servelens.analytics.reports import cost, cost_change, utilization
 from servelens.analytics.pricing import Catalog
 from servelens.analytics.query import ReportQuery, iso
 from servelens.analytics.triggers import sources, stats
 from servelens.analytics.triggers.base import Evaluation, Finding, detector
 from servelens.analytics.triggers.common import DAY, clean, pct, seasonal, severity
-from servelens.core.config import Settings
+from servelens.core.config import Settings, TriggerKindConfig
+from servelens.core.store import StoreLike
 
 
 @detector("low_utilization")
-def low_utilization(store: Any, settings: Settings, at: Evaluation) -> list[Finding]:
+def low_utilization(store: StoreLike, settings: Settings, at: Evaluation) -> list[Finding]:
     """A deployment's mean GPU utilization over the window (SPEC 1a's definition; each GPU
     measured by its busy metric, analytics.sources.gpus) is below `triggers.low_utilization`,
     on at least `low_utilization_min_samples` samples. Evidence: the metric used and the
@@ -47,43 +50,34 @@ def low_utilization(store: Any, settings: Settings, at: Evaluation) -> list[Find
     return findings
 
 
-_GPU_COST = {"deployment": pl.String, "gpu_cost": pl.Float64, "w_in": pl.Float64, "w_out": pl.Float64,
-             "weighted_total": pl.Float64}
 _GPUS = {"w": pl.Int64, "deployment": pl.String, "host": pl.String, "gpu": pl.String, "busy_metric": pl.String,
          "samples": pl.UInt64, "first_ns": pl.Int64, "last_ns": pl.Int64, "util_mean": pl.Float64,
          "util_sum": pl.Float64}
 _MINUTES = pl.LazyFrame(schema={"deployment": pl.String, "minute_util": pl.Float64})
 
 
-def _gpu_costs(store: Any, settings: Settings, at: Evaluation, groups: pl.DataFrame,
+def _gpu_costs(store: StoreLike, settings: Settings, at: Evaluation, groups: pl.DataFrame,
                recent: int) -> dict[int, pl.DataFrame]:
     """Per window index: each self-hosted deployment's busy GPU cost (provisioned when its
-    utilization is unknown) and its weighted token total, as analytics.cost allocates it."""
+    utilization is unknown) and its weighted token total (analytics.gpu_cost.allocation)."""
     if not settings.deployments:
         return {}
     hours = (at.until - at.since).total_seconds() / 3600
     gpus = sources.cost_gpu_windows(store, settings, at, recent)
     gpus = gpus.cast(_GPUS) if gpus.height else pl.DataFrame(schema=_GPUS)  # type: ignore[arg-type]
-    weights = pl.DataFrame({"deployment": [d.name for d in settings.deployments],
-                            "w_in": [d.cost_weights.input for d in settings.deployments],
-                            "w_out": [d.cost_weights.output for d in settings.deployments]})
+    weights = gpu_cost.weights(settings.deployments)
     tokens = (groups.group_by("w", "deployment")
               .agg(pl.col("input_tokens").sum().cast(pl.Float64), pl.col("output_tokens").sum().cast(pl.Float64)))
     out = {}
     for w in groups.get_column("w").unique().to_list():
         rollup = utilization.deployment_rollup(gpus.filter(pl.col("w") == w).drop("w").lazy(), _MINUTES,
                                                settings, hours).collect()
-        out[w] = (weights.join(rollup.select("deployment", pl.coalesce("busy_cost_usd", "provisioned_cost_usd")
-                                             .alias("gpu_cost")), on="deployment", how="left")
-                  .join(tokens.filter(pl.col("w") == w).drop("w"), on="deployment", how="left")
-                  .select("deployment", "gpu_cost", "w_in", "w_out",
-                          (pl.col("w_in") * pl.col("input_tokens") + pl.col("w_out") * pl.col("output_tokens"))
-                          .alias("weighted_total"))
-                  .cast(_GPU_COST))  # type: ignore[arg-type]
+        out[w] = gpu_cost.allocation(weights, rollup.select("deployment", gpu_cost.to_share(fully_loaded=False)),
+                                     tokens.filter(pl.col("w") == w).drop("w"))
     return out
 
 
-def window_unit_costs(store: Any, settings: Settings, at: Evaluation, recent: int) -> pl.DataFrame:
+def window_unit_costs(store: StoreLike, settings: Settings, at: Evaluation, recent: int) -> pl.DataFrame:
     """w, service, requests, cost_usd: priced attempts and their cost per window, priced by
     analytics.cost (catalog prices; busy GPU cost shared by weighted tokens)."""
     catalog = Catalog.of(settings.pricing.models)
@@ -94,7 +88,7 @@ def window_unit_costs(store: Any, settings: Settings, at: Evaluation, recent: in
         return pl.DataFrame(schema=schema)
     prices = cost.price_table(catalog, groups.get_column("model").unique().to_list(), boundaries).lazy()
     gpu = _gpu_costs(store, settings, at, groups, recent)
-    empty_gpu = pl.LazyFrame(schema=_GPU_COST)
+    empty_gpu = pl.LazyFrame(schema=gpu_cost.SCHEMA)
     per_window = [
         cost.priced(g.drop("w").lazy(), prices, gpu[w].lazy() if w in gpu else empty_gpu)
         .filter(pl.col("cost_usd").is_not_null())
@@ -106,7 +100,7 @@ def window_unit_costs(store: Any, settings: Settings, at: Evaluation, recent: in
     return pl.concat(per_window).select(list(schema)).collect()
 
 
-def _drivers(store: Any, settings: Settings, at: Evaluation, service: str, reference: int) -> dict[str, Any]:
+def _drivers(store: StoreLike, settings: Settings, at: Evaluation, service: str, reference: int) -> dict[str, Any]:
     """The cost-change decomposition (analytics.cost_change) of this service's spend from a
     typical baseline window (`reference`, a window index) to this one: which of volume,
     lengths, model mix, retries, errors and prices moved it. A typical window, not the one
@@ -127,8 +121,18 @@ def _drivers(store: Any, settings: Settings, at: Evaluation, service: str, refer
             "drivers": dict(zip(rows.get_column("driver").to_list(), rows.get_column("delta_usd").to_list()))}
 
 
-@detector("cost_anomaly")
-def cost_anomaly(store: Any, settings: Settings, at: Evaluation) -> list[Finding]:
+class CostAnomaly(TriggerKindConfig):
+    z: float = Field(4.0, gt=0, description="robust z against the baseline windows")
+    min_change: float = Field(0.25, gt=0)
+    critical_change: float = Field(1.0, gt=0)
+    direction: Literal["up", "both"] = "up"  # "both": a drop in spend per request fires too
+    min_requests: int = Field(50, ge=1, description="per window")
+    min_baseline_windows: int = Field(5, ge=3)
+    recent_windows: int = Field(24, ge=3, description="band from these when like hours are too few")
+
+
+@detector("cost_anomaly", CostAnomaly)
+def cost_anomaly(store: StoreLike, settings: Settings, at: Evaluation) -> list[Finding]:
     """A service's cost per request leaves the robust band (median ± z·MAD-sigma) of its
     baseline windows, by at least `min_change`: upwards, unless `direction` is "both" (a
     burst of cheap requests lowers the unit cost and is rarely news). The band comes from the same hours on
@@ -185,7 +189,7 @@ def cost_anomaly(store: Any, settings: Settings, at: Evaluation) -> list[Finding
     return findings
 
 
-def _unit_parts(store: Any, settings: Settings, since: Any, until: Any, by: str,
+def _unit_parts(store: StoreLike, settings: Settings, since: Any, until: Any, by: str,
                 filters: dict[str, str]) -> dict[str, tuple[int, float]]:
     """value of `by` -> (priced requests, cost) in [since, until) under `filters` (the cost
     report's). Requests without the key are the part '': never named, but theirs is part of
@@ -224,7 +228,7 @@ def _explaining(current: dict[str, tuple[int, float]], before: dict[str, tuple[i
     return None if best is None else (best[0], best[1])
 
 
-def most_specific_cost(store: Any, settings: Settings, at: Evaluation, service: str, reference: int,
+def most_specific_cost(store: StoreLike, settings: Settings, at: Evaluation, service: str, reference: int,
                        anomalous: Any) -> dict[str, Any] | None:
     """{"part": {"tenant": t[, "feature": f]} or {"feature": f}, "without": cost per request
     of the service had the part kept its typical cost} when one tenant, one feature, or one

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 import numpy as np
 import polars as pl
+from pydantic import Field, field_validator
 
 from servelens.analytics.reports import reliability
 from servelens.analytics.query import ReportQuery
@@ -13,11 +15,26 @@ from servelens.analytics.sources import traffic
 from servelens.analytics.triggers import pooling, power, sources, stats
 from servelens.analytics.triggers.base import Evaluation, Finding, detector
 from servelens.analytics.triggers.common import DAY, LIKE_HOURS, choose_baseline, clean, ms, pct, seasonal, severity
-from servelens.core.config import Settings
+from servelens.core.config import Settings, TriggerKindConfig, parse_duration
+from servelens.core.store import StoreLike
 
 
-@detector("queue_wait_growth")
-def queue_wait_growth(store: Any, settings: Settings, at: Evaluation) -> list[Finding]:
+class QueueWaitGrowth(TriggerKindConfig):
+    windows: int = Field(6, ge=4, description="consecutive windows in the trend")
+    # Each window is read as this many equal parts: a ten-minute burst then moves one
+    # point of the series, not a sixth of it, and the trend is seen on more points.
+    points: int = Field(3, ge=1, le=12, description="series points per window")
+    alpha: float = Field(0.01, gt=0, lt=1, description="Mann-Kendall, one-sided")
+    min_growth: float = Field(0.5, gt=0, description="last window's level / first window's - 1")
+    # The p95's rise in time, at least: a queue of a few milliseconds may double unseen.
+    min_increase: timedelta = timedelta(milliseconds=20)
+    critical_growth: float = Field(2.0, gt=0)
+    min_requests: int = Field(100, ge=1, description="requests with queue timings per window")
+    _dur = field_validator("min_increase", mode="before")(parse_duration)
+
+
+@detector("queue_wait_growth", QueueWaitGrowth)
+def queue_wait_growth(store: StoreLike, settings: Settings, at: Evaluation) -> list[Finding]:
     """A deployment's queue-wait p95 over the last `windows` windows trends up.
 
     The series has `points` p95s per window. When the baseline allows, each is first
@@ -45,7 +62,7 @@ def queue_wait_growth(store: Any, settings: Settings, at: Evaluation) -> list[Fi
     return findings
 
 
-def _queue_findings(store: Any, settings: Settings, cfg: Any, at: Evaluation, pooled: int,
+def _queue_findings(store: StoreLike, settings: Settings, cfg: Any, at: Evaluation, pooled: int,
                     deployments: set[str]) -> list[Finding]:
     window = (at.until - at.since) * pooled
     step = window / cfg.points
@@ -119,8 +136,17 @@ def _usual(at: pl.DataFrame | None, weekend: bool) -> tuple[float, int] | None:
     return float(pick.get_column("p95").median()), int(pick.get_column("requests").sum())
 
 
-@detector("p99_drift")
-def p99_drift(store: Any, settings: Settings, at: Evaluation) -> list[Finding]:
+class P99Drift(TriggerKindConfig):
+    min_rise: float = Field(0.3, gt=0, description="p99 / baseline p99 - 1")
+    critical_rise: float = Field(1.0, gt=0)
+    p50_tolerance: float = Field(0.2, ge=0, description="p50 may rise this much and still be 'flat'")
+    alpha: float = Field(1e-3, gt=0, lt=1, description="exceedance test of the baseline p99")
+    min_requests: int = Field(200, ge=1)
+    min_baseline: int = Field(1000, ge=1)
+
+
+@detector("p99_drift", P99Drift)
+def p99_drift(store: StoreLike, settings: Settings, at: Evaluation) -> list[Finding]:
     """Latency or TTFT p99 of a deployment rises materially while its p50 stays flat.
 
     Material: p99 at least `min_rise` above the baseline p99, and significantly more of
@@ -180,7 +206,7 @@ def _p99_finding(settings: Settings, cfg: Any, metric: str, r: dict[str, Any], w
     )
 
 
-def _service_budgets(store: Any, settings: Settings, at: Evaluation) -> dict[str, float]:
+def _service_budgets(store: StoreLike, settings: Settings, at: Evaluation) -> dict[str, float]:
     """service -> total budget (s) of the deployment most of its attempts went to: the
     primary path the reliability report judges fallbacks against."""
     mix = traffic.deployment_mix(store, settings, ReportQuery(at.since, at.until, by="service"))
@@ -188,8 +214,14 @@ def _service_budgets(store: Any, settings: Settings, at: Evaluation) -> dict[str
     return {k: v / 1000 for k, v in budgets.iter_rows() if v is not None}
 
 
-@detector("fallback_over_budget")
-def fallback_over_budget(store: Any, settings: Settings, at: Evaluation) -> list[Finding]:
+class FallbackOverBudget(TriggerKindConfig):
+    alpha: float = Field(0.01, gt=0, lt=1, description="exceedance test of the budget")
+    critical_ratio: float = Field(2.0, gt=1, description="fallback p99 / budget")
+    min_fallbacks: int = Field(20, ge=1)
+
+
+@detector("fallback_over_budget", FallbackOverBudget)
+def fallback_over_budget(store: StoreLike, settings: Settings, at: Evaluation) -> list[Finding]:
     """A service's fallback attempts have a p99 above its primary deployment's total budget.
 
     Beyond the point estimate, significantly more than 1 % of the fallbacks must exceed

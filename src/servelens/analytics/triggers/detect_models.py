@@ -29,16 +29,19 @@ share of the service's requests the consensus holds.
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Any
+from typing import Any, Literal
 
 import polars as pl
+from pydantic import Field
 
 from servelens.analytics.sources import frame
+from servelens.analytics.sql import window
 from servelens.analytics.triggers import stats
 from servelens.analytics.triggers.base import Evaluation, Finding, detector
 from servelens.analytics.triggers.common import clean, severity
-from servelens.analytics.triggers.sources import _within, params
-from servelens.core.config import Settings
+from servelens.analytics.triggers.sources import params
+from servelens.core.config import Settings, TriggerKindConfig
+from servelens.core.store import StoreLike
 
 TOP = 3  # model versions listed per side in the evidence
 
@@ -48,14 +51,14 @@ _COUNTS = f"""
                  arrayFilter(t -> has({{routes:Array(String)}}, t.1),
                              [('region', toString(Region)), ('deployment', toString(Deployment))]) AS rs
           FROM llm_requests
-          WHERE {_within("since_ns", "until_ns")} AND NOT IsError AND NOT Fallback AND Model != '')
+          WHERE {window("since_ns", "until_ns").sql} AND NOT IsError AND NOT Fallback AND Model != '')
     ARRAY JOIN rs AS r
     WHERE route != ''
     GROUP BY service, route_kind, route, model
     ORDER BY service, route_kind, route, model"""
 
 
-def model_counts(store: Any, at: Evaluation, routes: list[str]) -> pl.DataFrame:
+def model_counts(store: StoreLike, at: Evaluation, routes: list[str]) -> pl.DataFrame:
     """Answered requests in the window per service, route kind, route and model. Rows
     without the route attribute (route '') belong to no route and are left out."""
     return frame(store, _COUNTS, {**params(at), "routes": routes})
@@ -122,8 +125,18 @@ def judge(counts: dict[str, dict[str, int]], cfg: Any) -> list[dict[str, Any]]:
              "consensus_share": consensus / total if total else None} for r in tested]
 
 
-@detector("model_inconsistency")
-def model_inconsistency(store: Any, settings: Settings, at: Evaluation) -> list[Finding]:
+class ModelInconsistency(TriggerKindConfig):
+    routes: list[Literal["region", "deployment"]] = ["region"]
+    # A region's task mix moves the shares of a service's models by a few points; a
+    # version rolled out to one region moves them by tens.
+    min_share: float = Field(0.2, gt=0, le=1, description="share points of one model, route vs the rest")
+    critical_share: float = Field(0.5, gt=0, le=1)
+    alpha: float = Field(1e-4, gt=0, lt=1, description="Fisher's exact test, Bonferroni across routes")
+    min_requests: int = Field(100, ge=1, description="answered requests in the route, and in the rest")
+
+
+@detector("model_inconsistency", ModelInconsistency)
+def model_inconsistency(store: StoreLike, settings: Settings, at: Evaluation) -> list[Finding]:
     """Per service and route kind with two routes or more: see the module doc."""
     cfg = settings.triggers.model_inconsistency
     counts: dict[tuple[str, str], dict[str, dict[str, int]]] = defaultdict(lambda: defaultdict(dict))

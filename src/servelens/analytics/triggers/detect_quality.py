@@ -37,15 +37,17 @@ so a small language slice is tested rather than left to its parent.
 from __future__ import annotations
 
 from itertools import combinations
-from typing import Any
+from typing import Any, Literal
 
 import polars as pl
+from pydantic import Field
 
 from servelens.analytics.reports import quality
 from servelens.analytics.triggers import power, stats
 from servelens.analytics.triggers.base import Evaluation, Finding, detector
 from servelens.analytics.triggers.common import clean, severity
-from servelens.core.config import Settings
+from servelens.core.config import Settings, TriggerKindConfig
+from servelens.core.store import StoreLike
 
 SHRINK = 20.0  # pseudo-results pulling a cell's baseline rate toward its slice's
 
@@ -228,8 +230,26 @@ def regressions(current: pl.DataFrame, baseline: pl.DataFrame, cfg: Any,
     return tested
 
 
-@detector("quality_regression")
-def quality_regression(store: Any, settings: Settings, at: Evaluation) -> list[Finding]:
+class QualityRegression(TriggerKindConfig):
+    # Pool the last `windows` evaluation windows: results are sparse, and a drop of 10
+    # points on 200 results per hour is too close to noise for one hour alone.
+    windows: int = Field(2, ge=1)
+    keys: list[Literal["task_type", "language", "length_class", "model", "deployment", "tenant"]] = [
+        "task_type", "language", "length_class", "model", "deployment", "tenant"]
+    pairs: bool = True  # also every pair of keys
+    min_drop: float = Field(0.05, gt=0, description="pass-rate points")
+    critical_drop: float = Field(0.15, gt=0)
+    # Benjamini-Hochberg across the slices of one window. Strict, because the test recurs:
+    # a week has 168 hourly windows, and at q the chance of a false alarm per window is
+    # <= q only for exact p-values; pooled windows and mix-standardized baselines make
+    # them a little optimistic (bench/detection.py measured 0.67 false alarms a week at 1e-3).
+    fdr: float = Field(1e-4, gt=0, lt=1, description="Benjamini-Hochberg across slices, per window")
+    min_evaluations: int = Field(100, ge=1)
+    min_baseline: int = Field(200, ge=1)
+
+
+@detector("quality_regression", QualityRegression)
+def quality_regression(store: StoreLike, settings: Settings, at: Evaluation) -> list[Finding]:
     """Slices with `min_evaluations` in the last `windows` windows and `min_baseline` in the
     baseline before them: see the module doc."""
     cfg = settings.triggers.quality_regression

@@ -34,18 +34,20 @@ which p99_drift and queue_wait_growth report.
 from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
-from typing import Any
+from typing import Any, Literal
 
 import polars as pl
+from pydantic import Field, field_validator, model_validator
 
 from servelens.analytics.reports import quality
 from servelens.analytics.query import _ns, iso
 from servelens.analytics.sources import frame
+from servelens.analytics.sql import window
 from servelens.analytics.triggers.base import Evaluation, Finding, detector
 from servelens.analytics.triggers.common import clean, ms, severity
 from servelens.analytics.triggers.detect_quality import regressions
-from servelens.analytics.triggers.sources import _within
-from servelens.core.config import Settings
+from servelens.core.config import Settings, TriggerKindConfig, parse_duration
+from servelens.core.store import StoreLike
 
 HIGH, LOW, MID = "high", "low", "mid"
 _BUCKET = "intDiv(toUnixTimestamp64Nano(Timestamp), {bucket_ns:Int64}) * {bucket_ns:Int64}"
@@ -58,12 +60,12 @@ def span(until: datetime, cfg: Any) -> tuple[datetime, datetime]:
     return end - cfg.lookback, end
 
 
-def arrivals(store: Any, since: datetime, until: datetime, bucket: timedelta) -> pl.DataFrame:
+def arrivals(store: StoreLike, since: datetime, until: datetime, bucket: timedelta) -> pl.DataFrame:
     """Per deployment and bucket (start, ns since the epoch): arrivals, retries included."""
     sql = f"""
         SELECT toString(Deployment) AS deployment, {_BUCKET} AS bucket_ns, count() AS arrivals
         FROM llm_requests
-        WHERE {_within("since_ns", "until_ns")}
+        WHERE {window("since_ns", "until_ns").sql}
         GROUP BY deployment, bucket_ns
         ORDER BY deployment, bucket_ns"""
     return frame(store, sql, {"since_ns": _ns(since), "until_ns": _ns(until),
@@ -83,7 +85,7 @@ def load_sides(buckets: pl.DataFrame) -> pl.DataFrame:
         .otherwise(pl.lit(MID)).alias("side")).drop("rank")
 
 
-def latency_by_side(store: Any, since: datetime, until: datetime, bucket: timedelta,
+def latency_by_side(store: StoreLike, since: datetime, until: datetime, bucket: timedelta,
                     sides: pl.DataFrame) -> pl.DataFrame:
     """Per deployment and side (high, low): answered requests and their latency p99 (a
     t-digest: a day of requests; its error at p99 is far inside any useful tolerance)."""
@@ -96,7 +98,7 @@ def latency_by_side(store: Any, since: datetime, until: datetime, bucket: timede
                      transform(concat(toString({_BUCKET}), '|', deployment),
                                {{side_keys:Array(String)}}, {{side_values:Array(String)}}, '') AS side
               FROM llm_requests
-              WHERE {_within("since_ns", "until_ns")} AND NOT IsError)
+              WHERE {window("since_ns", "until_ns").sql} AND NOT IsError)
         WHERE side != ''
         GROUP BY deployment, side
         ORDER BY deployment, side"""
@@ -137,8 +139,34 @@ def _rules(settings: Settings) -> Any:
         "min_evaluations": cfg.min_evaluations, "min_baseline": cfg.min_evaluations})
 
 
-@detector("quality_under_load")
-def quality_under_load(store: Any, settings: Settings, at: Evaluation) -> list[Finding]:
+class QualityUnderLoad(TriggerKindConfig):
+    lookback: timedelta = timedelta(hours=24)  # a whole day: its load swing gives both sides
+    bucket: timedelta = timedelta(minutes=15)  # load is arrivals per bucket
+    keys: list[Literal["task_type", "language", "length_class", "model", "deployment", "tenant"]] = [
+        "task_type", "language", "length_class", "model", "deployment", "tenant"]
+    pairs: bool = True
+    min_drop: float = Field(0.05, gt=0, description="pass-rate points, high load vs low")
+    critical_drop: float = Field(0.15, gt=0)
+    fdr: float = Field(1e-4, gt=0, lt=1, description="Benjamini-Hochberg across a deployment's slices")
+    min_evaluations: int = Field(200, ge=1, description="per side (high load, low load)")
+    min_load_ratio: float = Field(1.5, gt=1, description="mean arrivals per bucket, high / low")
+    p99_tolerance: float = Field(0.2, ge=0, description="high-load p99 may exceed low-load's by this")
+    _dur = field_validator("lookback", "bucket", mode="before")(parse_duration)
+
+    @model_validator(mode="after")
+    def _buckets(self) -> QualityUnderLoad:
+        # Buckets start on multiples of their length since midnight UTC (as the
+        # evaluation tables bucket results), and the lookback holds whole buckets.
+        b = int(self.bucket.total_seconds())
+        if b <= 0 or self.bucket.total_seconds() != b or 86400 % b or self.lookback.total_seconds() % b:
+            raise ValueError("bucket: whole seconds dividing a day, and the lookback a whole number of them")
+        if self.lookback < 6 * self.bucket:
+            raise ValueError("lookback: at least six buckets (two per load tercile)")
+        return self
+
+
+@detector("quality_under_load", QualityUnderLoad)
+def quality_under_load(store: StoreLike, settings: Settings, at: Evaluation) -> list[Finding]:
     """Per deployment with a load swing, per slice of its results: see the module doc."""
     cfg = settings.triggers.quality_under_load
     since, until = span(at.until, cfg)

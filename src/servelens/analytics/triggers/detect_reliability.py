@@ -9,13 +9,16 @@ import math
 from dataclasses import dataclass
 from typing import Any, Iterator
 
+from pydantic import Field
+
 from servelens.analytics.triggers import pooling, power, sources, stats
 from servelens.analytics.triggers.base import Evaluation, Finding, detector
 from servelens.analytics.triggers.common import LIKE_HOURS, choose_baseline, clean, pct, severity
-from servelens.core.config import Settings
+from servelens.core.config import Settings, TriggerKindConfig
+from servelens.core.store import StoreLike
 
 
-def pooled_counts(store: Any, settings: Settings, at: Evaluation, count: str,
+def pooled_counts(store: StoreLike, settings: Settings, at: Evaluation, count: str,
                   minimum: int) -> Iterator[tuple[int, dict[str, Any]]]:
     """(windows pooled, reliability_counts row) per service: `count` ("n" attempts or
     "originals") reaches `minimum` over the fewest trailing windows, up to pool_windows."""
@@ -28,8 +31,15 @@ def pooled_counts(store: Any, settings: Settings, at: Evaluation, count: str,
             yield k, r
 
 
-@detector("retry_storm")
-def retry_storm(store: Any, settings: Settings, at: Evaluation) -> list[Finding]:
+class RetryStorm(TriggerKindConfig):
+    amplification: float = Field(1.5, gt=1)
+    critical_amplification: float = Field(2.0, gt=1)
+    min_originals: int = Field(50, ge=1)
+    min_retries: int = Field(20, ge=1)
+
+
+@detector("retry_storm", RetryStorm)
+def retry_storm(store: StoreLike, settings: Settings, at: Evaluation) -> list[Finding]:
     """Attempts per original request (amplification) reach the threshold, on at least
     `min_originals` originals and `min_retries` retries: a handful of retries on a quiet
     service is no storm."""
@@ -101,8 +111,22 @@ def most_specific(cfg: Any, service: dict[str, Any], parts: list[dict[str, Any]]
     return {"part": spiking[0]} if len(spiking) == 1 else {"parts": spiking}
 
 
-@detector("error_rate_spike")
-def error_rate_spike(store: Any, settings: Settings, at: Evaluation) -> list[Finding]:
+class ErrorRateSpike(TriggerKindConfig):
+    alpha: float = Field(1e-4, gt=0, lt=1, description="binomial test against the baseline rate")
+    min_ratio: float = Field(2.0, ge=1)
+    min_increase: float = Field(0.02, ge=0, description="error-rate points above baseline")
+    critical_rate: float = Field(0.2, gt=0, le=1)
+    min_requests: int = Field(100, ge=1)
+    min_errors: int = Field(10, ge=1)
+    min_baseline: int = Field(500, ge=1)
+    # A quiet service is pooled over windows until an error rate this high would hold
+    # min_errors (200 attempts by default): at 100 requests an hour one window could
+    # show nothing under 10 % (BENCHMARKS.md, "Detection floors").
+    pool_for_rate: float = Field(0.05, gt=0, le=1, description="error rate the pooled span must be able to show")
+
+
+@detector("error_rate_spike", ErrorRateSpike)
+def error_rate_spike(store: StoreLike, settings: Settings, at: Evaluation) -> list[Finding]:
     """A service's error rate is significantly above its baseline rate (exact binomial
     test against the like-hours rate, else the whole baseline's) and materially so: at
     least `min_ratio` times it and `min_increase` points over it.

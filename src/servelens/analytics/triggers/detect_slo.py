@@ -18,13 +18,17 @@ burn that window can resolve.
 
 from __future__ import annotations
 
-from typing import Any
+from datetime import timedelta
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
 
 from servelens.analytics.reports import slo
 from servelens.analytics.triggers import stats
 from servelens.analytics.triggers.base import SEVERITIES, Evaluation, Finding, detector
 from servelens.analytics.triggers.common import clean
-from servelens.core.config import Settings, SloConfig
+from servelens.core.config import Settings, SloConfig, TriggerKindConfig, parse_duration
+from servelens.core.store import StoreLike
 
 
 def subject(s: SloConfig) -> dict[str, str]:
@@ -36,8 +40,34 @@ def _x(rate: float | None) -> str:
     return "—" if rate is None else f"{rate:.1f}x"
 
 
-@detector("slo_burn")
-def slo_burn(store: Any, settings: Settings, at: Evaluation) -> list[Finding]:
+class SloBurn(TriggerKindConfig):
+    class Rule(TriggerKindConfig):
+        """Fires when the burn rate over `long` and over `short` both reach `burn_rate`."""
+        long: timedelta
+        short: timedelta
+        burn_rate: float = Field(gt=0)
+        severity: Literal["warning", "critical"]
+        _dur = field_validator("long", "short", mode="before")(parse_duration)
+
+        @model_validator(mode="after")
+        def _short_inside_long(self) -> SloBurn.Rule:
+            if not timedelta(0) < self.short < self.long:
+                raise ValueError("short must be positive and shorter than long")
+            return self
+
+    # The SRE workbook's multi-window, multi-burn-rate alert for a 30-day SLO: 2 % of
+    # the budget in 1 h or 5 % in 6 h (critical), 10 % in 1 d or 3 d (warning).
+    rules: list[Rule] = [
+        Rule(long=timedelta(hours=1), short=timedelta(minutes=5), burn_rate=14.4, severity="critical"),
+        Rule(long=timedelta(hours=6), short=timedelta(minutes=30), burn_rate=6.0, severity="critical"),
+        Rule(long=timedelta(days=1), short=timedelta(hours=2), burn_rate=3.0, severity="warning"),
+        Rule(long=timedelta(days=3), short=timedelta(hours=6), burn_rate=1.0, severity="warning"),
+    ]
+    min_requests: int = Field(50, ge=1, description="in a rule's short window before it can fire")
+
+
+@detector("slo_burn", SloBurn)
+def slo_burn(store: StoreLike, settings: Settings, at: Evaluation) -> list[Finding]:
     cfg = settings.triggers.slo_burn
     if not settings.slos:
         return []

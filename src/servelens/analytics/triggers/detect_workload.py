@@ -11,25 +11,45 @@ Two ways traffic can be new, each its own subject (so each opens its own episode
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Literal
 
 import numpy as np
 import polars as pl
+from pydantic import Field
 
 from servelens.analytics.triggers import pooling, sources, stats
 from servelens.analytics.triggers.base import Evaluation, Finding, detector
 from servelens.analytics.triggers.common import clean, severity
-from servelens.core.config import Settings
+from servelens.core.config import Settings, TriggerKindConfig
+from servelens.core.store import StoreLike
 
 FEATURES = ("arrival_rate", "log_input_tokens", "log_output_tokens", "batch_share")
 
 
-@detector("new_workload_shape")
-def new_workload_shape(store: Any, settings: Settings, at: Evaluation) -> list[Finding]:
+class NewWorkloadShape(TriggerKindConfig):
+    dimensions: list[Literal["task_type", "language", "length_class", "batch_feature"]] = [
+        "task_type", "language", "length_class", "batch_feature"]
+    min_count: int = Field(30, ge=1)
+    min_share: float = Field(0.02, ge=0, le=1)
+    rare_share: float = Field(0.001, gt=0, lt=1, description="below this share in the baseline = new")
+    alpha: float = Field(1e-4, gt=0, lt=1)
+    min_baseline: int = Field(2000, ge=1, description="baseline requests before anything counts as new")
+    # A quiet service is pooled over windows until a category of this share of its
+    # traffic would hold min_count (300 requests by default).
+    pool_for_share: float = Field(0.1, gt=0, le=1, description="share a new category in the pooled span must reach")
+    shift_min_auc: float = Field(0.75, gt=0.5, le=1)
+    shift_alpha: float = Field(1e-3, gt=0, lt=1)
+    shift_margin: float = Field(0.05, ge=0, description="above the baseline days' own AUC against each other")
+    shift_min_minutes: int = Field(30, ge=5)
+    shift_min_baseline_minutes: int = Field(120, ge=5)
+
+
+@detector("new_workload_shape", NewWorkloadShape)
+def new_workload_shape(store: StoreLike, settings: Settings, at: Evaluation) -> list[Finding]:
     return novel_categories(store, settings, at) + distribution_shift(store, settings, at)
 
 
-def novel_categories(store: Any, settings: Settings, at: Evaluation) -> list[Finding]:
+def novel_categories(store: StoreLike, settings: Settings, at: Evaluation) -> list[Finding]:
     """Values with at least `min_count` requests and `min_share` of the window that were
     below `rare_share` of the baseline, significantly above it now (binomial test). A
     baseline under `min_baseline` requests judges nothing: on a young store all is new."""
@@ -98,7 +118,7 @@ def _same_kind_of_day(current: pl.DataFrame, baseline: pl.DataFrame, min_minutes
     return baseline
 
 
-def distribution_shift(store: Any, settings: Settings, at: Evaluation) -> list[Finding]:
+def distribution_shift(store: StoreLike, settings: Settings, at: Evaluation) -> list[Finding]:
     """Domain-classifier AUC of the window's minutes against the baseline's like-hour
     minutes (on days of the same kind, weekday or weekend, when there are enough): at
     least `shift_min_auc`, significant at `shift_alpha`, and `shift_margin` above the AUC

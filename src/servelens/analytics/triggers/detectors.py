@@ -1,19 +1,26 @@
-"""Every SPEC 6 trigger kind, registered in analytics.triggers.base.DETECTORS on import.
+"""Every trigger kind, found: each detect_*.py module of this package registers its kinds
+when it is imported (analytics.triggers.base.detector: the function and its config model).
 
-Each family lives in its own module (latency, reliability, capacity, workload, quality);
-importing this one registers them all, and checks that none is missing.
+Importing this module imports them all, so adding a kind is adding its module; then it
+marks the kinds complete, and from then on a `triggers:` key that names no kind fails.
 """
 
 from __future__ import annotations
 
-from servelens.analytics.triggers import detect_capacity, detect_latency, detect_quality, detect_reliability, detect_workload
-from servelens.analytics.triggers import detect_budget, detect_slo
-from servelens.analytics.triggers import detect_models, detect_quality_load
-from servelens.analytics.triggers.base import DETECTORS, KINDS
+import importlib
+import pkgutil
+from pathlib import Path
 
-MODULES = (detect_latency, detect_reliability, detect_capacity, detect_workload, detect_quality,
-           detect_budget, detect_slo, detect_models, detect_quality_load)
+from servelens.core.config import TRIGGER_KINDS
 
-_missing = set(KINDS) - set(DETECTORS)
-if _missing:  # a kind without its detector would silently never fire
-    raise ImportError(f"trigger kinds without a detector: {sorted(_missing)}")
+
+def discover(path: str | Path, package: str) -> list[str]:
+    """Import the detect_*.py modules of the package `package` at `path`; their names."""
+    names = sorted(m.name for m in pkgutil.iter_modules([str(path)]) if m.name.startswith("detect_"))
+    for name in names:
+        importlib.import_module(f"{package}.{name}")
+    return names
+
+
+discover(Path(__file__).parent, __package__)
+TRIGGER_KINDS.complete = True

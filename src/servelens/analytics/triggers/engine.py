@@ -7,6 +7,10 @@ compare-and-set) lets one runner take it, and its completion is recorded in
 analytics_results under the name "triggers" (the firing findings), which is also how a
 later call knows the window is done. Evaluating a window that is done, or older than the
 latest done, changes nothing.
+
+Every kind in analytics.triggers.detectors runs. Their `triggers:` sections are checked
+before a window is evaluated: settings read before the detectors were imported (the command
+line's) were validated for the shared keys only, and a bad key must not pass unnoticed.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from servelens.analytics.leases import Leases, aligned, runner_id
 from servelens.analytics.triggers import detectors, episodes  # noqa: F401 - detectors registers every kind
 from servelens.analytics.triggers.base import DETECTORS, Evaluation, Finding
 from servelens.core.config import Settings
+from servelens.core.store import StoreLike
 
 log = logging.getLogger(__name__)
 
@@ -34,10 +39,11 @@ def window_at(settings: Settings, until: datetime) -> Evaluation:
     return Evaluation(since=since, until=until, baseline_since=since - settings.triggers.baseline)
 
 
-def run_detectors(store: Any, settings: Settings, at: Evaluation,
+def run_detectors(store: StoreLike, settings: Settings, at: Evaluation,
                   kinds: Iterable[str] | None = None) -> tuple[list[Finding], list[str], dict[str, float]]:
     """(findings, the kinds that ran to completion, seconds per kind). A failing detector
     is logged and left out: its episodes stay as they are rather than resolve."""
+    settings.triggers.check()
     findings: list[Finding] = []
     done: list[str] = []
     seconds: dict[str, float] = {}
@@ -55,14 +61,14 @@ def run_detectors(store: Any, settings: Settings, at: Evaluation,
     return findings, done, seconds
 
 
-def last_evaluated(store: Any) -> datetime | None:
+def last_evaluated(store: StoreLike) -> datetime | None:
     row = store.client().query(
         "SELECT toUnixTimestamp64Milli(max(until)), count() FROM analytics_results WHERE report = {job:String}",
         parameters={"job": JOB}).first_row
     return datetime.fromtimestamp(row[0] / 1000, tz=timezone.utc) if row and row[1] else None
 
 
-def evaluate(store: Any, settings: Settings, until: datetime, dispatcher: episodes.Publisher | None = None, *,
+def evaluate(store: StoreLike, settings: Settings, until: datetime, dispatcher: episodes.Publisher | None = None, *,
              owner: str | None = None, kinds: Iterable[str] | None = None,
              now: datetime | None = None) -> list[dict[str, Any]]:
     """Evaluate the window ending at `until` and advance the episodes.
@@ -71,6 +77,7 @@ def evaluate(store: Any, settings: Settings, until: datetime, dispatcher: episod
     window was done already, is older than the latest done, or another runner holds it).
     `kinds` limits the detectors run (tests, the benchmark); the others' episodes stay.
     """
+    settings.triggers.check()  # before the lease: a bad config takes no window
     until = until.astimezone(timezone.utc)
     owner = owner or runner_id()
     last = last_evaluated(store)
@@ -91,7 +98,7 @@ def evaluate(store: Any, settings: Settings, until: datetime, dispatcher: episod
     return [e.trigger() for e, _ in changes]
 
 
-def first_data(store: Any) -> datetime | None:
+def first_data(store: StoreLike) -> datetime | None:
     """When the stored history begins (requests or GPU samples), None when the store is empty."""
     firsts = []
     for table in ("llm_requests", "gpu_samples"):
@@ -120,13 +127,13 @@ def due_windows(settings: Settings, now: datetime, last: datetime | None,
     return [first + i * window for i in range(count)][-settings.triggers.catch_up:]
 
 
-def evaluate_due(store: Any, settings: Settings, dispatcher: episodes.Publisher | None = None, *,
+def evaluate_due(store: StoreLike, settings: Settings, dispatcher: episodes.Publisher | None = None, *,
                  owner: str | None = None, now: datetime | None = None) -> list[dict[str, Any]]:
     """The trigger objects changed by `catch_up`'s windows."""
     return catch_up(store, settings, dispatcher, owner=owner, now=now)["changes"]
 
 
-def catch_up(store: Any, settings: Settings, dispatcher: episodes.Publisher | None = None, *,
+def catch_up(store: StoreLike, settings: Settings, dispatcher: episodes.Publisher | None = None, *,
              owner: str | None = None, now: datetime | None = None) -> dict[str, Any]:
     """Evaluate each due window in order: what the scheduler does at start and every tick,
     and what an on-demand run does. Stops at a window another runner holds, so no runner
@@ -148,19 +155,19 @@ def catch_up(store: Any, settings: Settings, dispatcher: episodes.Publisher | No
     return {"windows": done, "changes": changed, "seconds": round(time.perf_counter() - started, 4)}
 
 
-def list_triggers(store: Any, since: datetime, until: datetime, state: str = "all") -> list[dict[str, Any]]:
+def list_triggers(store: StoreLike, since: datetime, until: datetime, state: str = "all") -> list[dict[str, Any]]:
     """SPEC 5's trigger objects of the episodes overlapping [since, until), newest first."""
     if state not in ("active", "all"):
         raise QueryError(f"state: use active or all, not {state!r}")
     return [e.trigger() for e in episodes.select(store, since, until, state)]
 
 
-def get_trigger(store: Any, episode_id: str) -> dict[str, Any] | None:
+def get_trigger(store: StoreLike, episode_id: str) -> dict[str, Any] | None:
     """SPEC 5's trigger object of one episode, or None."""
     episode = episodes.get(store, episode_id)
     return episode.trigger() if episode else None
 
 
-def active_triggers(store: Any) -> list[dict[str, Any]]:
+def active_triggers(store: StoreLike) -> list[dict[str, Any]]:
     """SPEC 5's trigger objects of every episode still open, whenever it started."""
     return [e.trigger() for e in episodes.load_active(store).values()]

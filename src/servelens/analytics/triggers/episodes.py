@@ -21,6 +21,7 @@ from typing import Any, Iterable, Protocol
 
 from servelens.analytics.query import iso
 from servelens.analytics.triggers.base import SEVERITIES, Evaluation, Finding
+from servelens.core.store import StoreLike
 
 log = logging.getLogger(__name__)
 
@@ -133,18 +134,18 @@ def _episode(row: dict[str, Any]) -> Episode:
                    json.loads(row["evidence"]), utc(row["window_until"]))  # type: ignore[arg-type]
 
 
-def _select(store: Any, where: str, params: dict[str, Any], order: str = "started_at") -> list[Episode]:
+def _select(store: StoreLike, where: str, params: dict[str, Any], order: str = "started_at") -> list[Episode]:
     cols = ", ".join(_COLUMNS[:-2])
     result = store.client().query(f"SELECT {cols} FROM trigger_episodes FINAL WHERE {where} ORDER BY {order}",
                                   parameters=params)
     return [_episode(dict(zip(result.column_names, row))) for row in result.result_rows]
 
 
-def load_active(store: Any) -> dict[tuple[str, str], Episode]:
+def load_active(store: StoreLike) -> dict[tuple[str, str], Episode]:
     return {(e.kind, e.subject_key): e for e in _select(store, "state = 'active'", {})}
 
 
-def select(store: Any, since: datetime, until: datetime, state: str = "all") -> list[Episode]:
+def select(store: StoreLike, since: datetime, until: datetime, state: str = "all") -> list[Episode]:
     """Episodes that overlap [since, until), newest first; state "active" keeps the active ones."""
     where = ("started_at < {until:DateTime64(3, 'UTC')} "
              "AND (resolved_at IS NULL OR resolved_at >= {since:DateTime64(3, 'UTC')})")
@@ -153,13 +154,13 @@ def select(store: Any, since: datetime, until: datetime, state: str = "all") -> 
     return _select(store, where, {"since": since, "until": until}, "detected_at DESC, id")
 
 
-def get(store: Any, episode_id: str) -> Episode | None:
+def get(store: StoreLike, episode_id: str) -> Episode | None:
     """One episode by id, whenever it ran (an alert's link outlives any time range)."""
     found = _select(store, "id = {id:String}", {"id": episode_id})
     return found[0] if found else None
 
 
-def write(store: Any, versions: list[Episode], owner: str) -> None:
+def write(store: StoreLike, versions: list[Episode], owner: str) -> None:
     """One insert per version, deduplicated by (id, window): a retried or raced write is stored once."""
     now = datetime.now(timezone.utc)
     client = store.client()
@@ -171,7 +172,7 @@ def write(store: Any, versions: list[Episode], owner: str) -> None:
                       settings={"insert_deduplication_token": f"episode:{e.id}:{iso(e.window_until)}"})
 
 
-def apply(store: Any, at: Evaluation, findings: list[Finding], evaluated_kinds: Iterable[str],
+def apply(store: StoreLike, at: Evaluation, findings: list[Finding], evaluated_kinds: Iterable[str],
           resolve_after: int, owner: str, dispatcher: Publisher | None = None) -> list[tuple[Episode, str]]:
     """Advance the stored episodes by one window, store them, and announce opens and resolves."""
     changes = advance(load_active(store), findings, at, evaluated_kinds, resolve_after)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Callable, Iterable
+from typing import Callable, Iterable
 
 import numpy as np
 import polars as pl
@@ -24,6 +24,7 @@ from servelens.analytics import memo
 from servelens.analytics.query import _ns
 from servelens.analytics.sources import frame
 from servelens.analytics.triggers.base import Evaluation
+from servelens.core.store import StoreLike
 
 _T = "toUnixTimestamp64Nano(Timestamp)"
 
@@ -43,7 +44,7 @@ def span(at: Evaluation, windows: int, baseline_since: datetime | None = None) -
     return Evaluation(since, at.until, baseline_since or since - (at.since - at.baseline_since))
 
 
-def window_counts(store: Any, at: Evaluation, most: int, subject: str, counts: dict[str, str],
+def window_counts(store: StoreLike, at: Evaluation, most: int, subject: str, counts: dict[str, str],
                   where: str = "1") -> pl.DataFrame:
     """Per subject and trailing window (w = 0 the evaluated one, 1 the one before ...): the
     named counts (SQL aggregates) over the last `most` windows of llm_requests."""
@@ -51,7 +52,7 @@ def window_counts(store: Any, at: Evaluation, most: int, subject: str, counts: d
     return memo.cached(key, lambda: _window_counts(store, at, most, subject, counts, where))
 
 
-def _window_counts(store: Any, at: Evaluation, most: int, subject: str, counts: dict[str, str],
+def _window_counts(store: StoreLike, at: Evaluation, most: int, subject: str, counts: dict[str, str],
                    where: str) -> pl.DataFrame:
     width = _ns(at.until) - _ns(at.since)
     aggregates = ", ".join(f"{sql} AS {name}" for name, sql in counts.items())

@@ -22,6 +22,7 @@ from servelens.analytics.triggers import episodes
 from servelens.analytics.triggers.episodes import utc
 from servelens.analytics.triggers.engine import run_detectors, window_at
 from servelens.core.config import Settings
+from servelens.core.store import StoreLike
 
 MAX_WINDOWS = 24 * 92  # three months of hourly windows in one replay
 
@@ -42,7 +43,7 @@ def window_ends(settings: Settings, since: datetime, until: datetime, now: datet
     return [first + (i + 1) * window for i in range(count)]
 
 
-def replay(store: Any, settings: Settings, since: datetime, until: datetime, kinds: Iterable[str] | None = None,
+def replay(store: StoreLike, settings: Settings, since: datetime, until: datetime, kinds: Iterable[str] | None = None,
            now: datetime | None = None, progress: Callable[[datetime, int], None] | None = None) -> dict[str, Any]:
     """Evaluate [since, until) window by window and store the episodes as a new replay.
 
@@ -80,7 +81,7 @@ def replay(store: Any, settings: Settings, since: datetime, until: datetime, kin
             "triggers": [{**e.trigger(), "firing_windows": firing_windows.get(e.id, 0)} for e in found]}
 
 
-def _write(store: Any, replay_id: str, created: datetime, since: datetime, until: datetime, windows: int,
+def _write(store: StoreLike, replay_id: str, created: datetime, since: datetime, until: datetime, windows: int,
            found: list[episodes.Episode], firing_windows: dict[str, int]) -> None:
     # A replay that found nothing is still recorded (one row with an empty id), so that
     # `load` tells "nothing would have fired" from "no such replay".
@@ -91,7 +92,7 @@ def _write(store: Any, replay_id: str, created: datetime, since: datetime, until
     store.client().insert("trigger_replays", rows, column_names=list(_COLUMNS))
 
 
-def load(store: Any, replay_id: str) -> dict[str, Any] | None:
+def load(store: StoreLike, replay_id: str) -> dict[str, Any] | None:
     """A stored replay in the shape `replay` returned it (without "seconds"), or None."""
     result = store.client().query(
         f"SELECT {', '.join(_COLUMNS)} FROM trigger_replays WHERE replay_id = {{id:String}} ORDER BY started_at, id",
@@ -112,7 +113,7 @@ def load(store: Any, replay_id: str) -> dict[str, Any] | None:
             "windows": head["windows"], "created_at": iso(utc(head["created_at"])), "triggers": triggers}
 
 
-def listing(store: Any, limit: int = 50) -> list[dict[str, Any]]:
+def listing(store: StoreLike, limit: int = 50) -> list[dict[str, Any]]:
     """The latest replays: id, window span, windows and how many episodes each found."""
     result = store.client().query(
         "SELECT replay_id, any(created_at) AS created, any(since), any(until), any(windows), countIf(id != '') "

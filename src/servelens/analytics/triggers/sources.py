@@ -14,35 +14,30 @@ Nothing returns one row per request: at most one per (subject, minute).
 from __future__ import annotations
 
 from datetime import datetime, timedelta
-from typing import Any
 
 import polars as pl
 
 from servelens.analytics import memo
 from servelens.analytics.query import _ns
 from servelens.analytics.sources import frame
-from servelens.analytics.sources import gpus
-from servelens.analytics.sources.gpus import host_deployments
+from servelens.analytics.sql import (DAY_NS, bind, fallback, gpu_busy_readings, gpu_deployment, length_class,
+                                     like_hours, not_before, window)
 from servelens.analytics.triggers.base import Evaluation
 from servelens.core.config import Settings
+from servelens.core.store import StoreLike
 
-DAY = timedelta(days=1)
 _METRICS = {"latency": "LatencySeconds", "ttft": "TtftSeconds"}
 _T = "toUnixTimestamp64Nano(Timestamp)"
-_IN = "Timestamp >= fromUnixTimestamp64Nano({{{lo}:Int64}}) AND Timestamp < fromUnixTimestamp64Nano({{{hi}:Int64}})"
-LIKE_HOURS = f"positiveModulo({_T} - {{since_ns:Int64}}, {{day_ns:Int64}}) < {{window_ns:Int64}}"
+LIKE_HOURS = like_hours().sql
+CURRENT = not_before().sql  # inside [base, until): the evaluation window's rows
 
 
 def params(at: Evaluation) -> dict[str, int]:
     return {"since_ns": _ns(at.since), "until_ns": _ns(at.until), "base_ns": _ns(at.baseline_since),
-            "window_ns": _ns(at.until) - _ns(at.since), "day_ns": int(DAY.total_seconds()) * 10**9}
+            "window_ns": _ns(at.until) - _ns(at.since), "day_ns": DAY_NS}
 
 
-def _within(lo: str, hi: str) -> str:
-    return _IN.format(lo=lo, hi=hi)
-
-
-def latency_tails(store: Any, at: Evaluation, metric: str, deployments: list[str] | None = None) -> pl.DataFrame:
+def latency_tails(store: StoreLike, at: Evaluation, metric: str, deployments: list[str] | None = None) -> pl.DataFrame:
     """Per deployment, successful requests only (a fast failure is no latency):
     window n and [p50, p99]; baseline like-hours and whole n and [p50, p99]; and how many
     window requests exceed each baseline p99 (the exceedance test's count).
@@ -59,20 +54,20 @@ def latency_tails(store: Any, at: Evaluation, metric: str, deployments: list[str
                    countIf(like_) AS like_n, quantilesExactInclusiveIf(0.5, 0.99)(x, like_) AS like_q
             FROM (SELECT toString(Deployment) AS deployment, assumeNotNull({col}) AS x, {LIKE_HOURS} AS like_
                   FROM llm_requests
-                  WHERE {_within("base_ns", "since_ns")} AND {col} IS NOT NULL AND NOT IsError {only})
+                  WHERE {window("base_ns", "since_ns").sql} AND {col} IS NOT NULL AND NOT IsError {only})
             GROUP BY deployment)
         SELECT deployment, count() AS n, quantilesExactInclusive(0.5, 0.99)(x) AS q,
                countIf(x > b.base_q[2]) AS over_base, countIf(x > b.like_q[2]) AS over_like,
                any(b.base_n) AS base_n, any(b.base_q) AS base_q, any(b.like_n) AS like_n, any(b.like_q) AS like_q
         FROM (SELECT toString(Deployment) AS deployment, assumeNotNull({col}) AS x FROM llm_requests
-              WHERE {_within("since_ns", "until_ns")} AND {col} IS NOT NULL AND NOT IsError {only}) AS c
+              WHERE {window("since_ns", "until_ns").sql} AND {col} IS NOT NULL AND NOT IsError {only}) AS c
         INNER JOIN base AS b USING (deployment)
         GROUP BY deployment
         ORDER BY deployment"""
     return frame(store, sql, {**params(at), **({"deployments": deployments} if deployments is not None else {})})
 
 
-def queue_series(store: Any, series_since: datetime, until: datetime, step: timedelta,
+def queue_series(store: StoreLike, series_since: datetime, until: datetime, step: timedelta,
                  baseline: timedelta) -> pl.DataFrame:
     """Queue-wait p95 per deployment and step: for the steps of [series_since, until)
     (recent = true, slot = 0, 1, ... in time order) and, for the baseline days before
@@ -80,10 +75,10 @@ def queue_series(store: Any, series_since: datetime, until: datetime, step: time
     slot i of the series has phase (i · step mod 1 day) / step; day = days before the
     series). `weekend`: the step falls on a Saturday or Sunday (UTC)."""
     p = {"series_ns": _ns(series_since), "until_ns": _ns(until), "base_ns": _ns(series_since - baseline),
-         "step_ns": int(step.total_seconds() * 1e9), "day_ns": int(DAY.total_seconds()) * 10**9}
+         "step_ns": int(step.total_seconds() * 1e9), "day_ns": DAY_NS}
     sql = f"""
         SELECT toString(Deployment) AS deployment,
-               toBool(Timestamp >= fromUnixTimestamp64Nano({{series_ns:Int64}})) AS recent,
+               toBool({not_before("series_ns").sql}) AS recent,
                if(recent, intDiv({_T} - {{series_ns:Int64}}, {{step_ns:Int64}}),
                   intDiv(positiveModulo({_T} - {{series_ns:Int64}}, {{day_ns:Int64}}), {{step_ns:Int64}})) AS slot,
                if(recent, 0, intDiv({{series_ns:Int64}} - {_T} - 1, {{day_ns:Int64}}) + 1) AS day,
@@ -91,13 +86,13 @@ def queue_series(store: Any, series_since: datetime, until: datetime, step: time
                count() AS requests,
                quantileExactInclusive(0.95)(assumeNotNull(QueueSeconds)) AS p95
         FROM llm_requests
-        WHERE {_within("base_ns", "until_ns")} AND QueueSeconds IS NOT NULL
+        WHERE {window("base_ns", "until_ns").sql} AND QueueSeconds IS NOT NULL
         GROUP BY deployment, recent, slot, day
         ORDER BY deployment, recent, slot, day"""
     return frame(store, sql, p)
 
 
-def reliability_counts(store: Any, at: Evaluation, services: list[str] | None = None) -> pl.DataFrame:
+def reliability_counts(store: StoreLike, at: Evaluation, services: list[str] | None = None) -> pl.DataFrame:
     """Per service: attempts, errors, retries and originals in the window and the baseline
     (errors also in the like hours). Every attempt is a row, retries included.
     `services`: only these."""
@@ -105,7 +100,7 @@ def reliability_counts(store: Any, at: Evaluation, services: list[str] | None = 
     return memo.cached(key, lambda: _reliability_counts(store, at, services))
 
 
-def _reliability_counts(store: Any, at: Evaluation, services: list[str] | None) -> pl.DataFrame:
+def _reliability_counts(store: StoreLike, at: Evaluation, services: list[str] | None) -> pl.DataFrame:
     only = "AND ServiceName IN {services:Array(String)}" if services is not None else ""
     sql = f"""
         SELECT service,
@@ -116,14 +111,14 @@ def _reliability_counts(store: Any, at: Evaluation, services: list[str] | None) 
                countIf(NOT cur AND RetryAttempt > 0) AS base_retries,
                countIf(NOT cur AND RetryAttempt = 0) AS base_originals
         FROM (SELECT toString(ServiceName) AS service, IsError, RetryAttempt,
-                     Timestamp >= fromUnixTimestamp64Nano({{since_ns:Int64}}) AS cur, {LIKE_HOURS} AS like_
-              FROM llm_requests WHERE {_within("base_ns", "until_ns")} {only})
+                     {CURRENT} AS cur, {LIKE_HOURS} AS like_
+              FROM llm_requests WHERE {window("base_ns", "until_ns").sql} {only})
         GROUP BY service
         ORDER BY service"""
     return frame(store, sql, {**params(at), **({"services": services} if services is not None else {})})
 
 
-def error_breakdown(store: Any, at: Evaluation, services: list[str]) -> pl.DataFrame:
+def error_breakdown(store: StoreLike, at: Evaluation, services: list[str]) -> pl.DataFrame:
     """Per (service, deployment, model) of `services`: attempts and errors in the window, in
     the baseline's like hours and in the whole baseline (what error_rate_spike tests, per part)."""
     sql = f"""
@@ -132,83 +127,75 @@ def error_breakdown(store: Any, at: Evaluation, services: list[str]) -> pl.DataF
                countIf(NOT cur) AS base_n, countIf(NOT cur AND IsError) AS base_errors,
                countIf(NOT cur AND like_) AS like_n, countIf(NOT cur AND like_ AND IsError) AS like_errors
         FROM (SELECT ServiceName, Deployment, Model, IsError,
-                     Timestamp >= fromUnixTimestamp64Nano({{since_ns:Int64}}) AS cur, {LIKE_HOURS} AS like_
+                     {CURRENT} AS cur, {LIKE_HOURS} AS like_
               FROM llm_requests
-              WHERE {_within("base_ns", "until_ns")} AND ServiceName IN {{services:Array(String)}})
+              WHERE {window("base_ns", "until_ns").sql} AND ServiceName IN {{services:Array(String)}})
         GROUP BY service, deployment, model
         ORDER BY service, deployment, model"""
     return frame(store, sql, {**params(at), "services": services})
 
 
-def fallback_tails(store: Any, settings: Settings, at: Evaluation, budgets: dict[str, float]) -> pl.DataFrame:
+def fallback_tails(store: StoreLike, settings: Settings, at: Evaluation, budgets: dict[str, float]) -> pl.DataFrame:
     """Per service with a budget (seconds): fallback attempts in the window, their
     [p50, p99] latency and how many exceed the budget.
 
-    A fallback is what the reliability report counts (analytics.sources.traffic):
-    app.fallback = true, or a known model other than its deployment's primary_model.
+    A fallback is what the reliability report counts (analytics.sql.fallback).
     """
-    primaries = {d.name: d.primary_model for d in settings.deployments if d.primary_model}
-    p = {**params(at), "fb_deployments": list(primaries), "fb_primaries": list(primaries.values()),
-         "services": list(budgets), "budgets": list(budgets.values())}
+    is_fallback = fallback(settings.deployments)
+    p = bind(is_fallback, **params(at), services=list(budgets), budgets=list(budgets.values()))
     sql = f"""
-        WITH transform(toString(Deployment), {{fb_deployments:Array(String)}},
-                       {{fb_primaries:Array(String)}}, '') AS primary_,
-             Fallback OR (primary_ != '' AND Model != '' AND Model != primary_) AS fallback_,
+        WITH {is_fallback.sql} AS fallback_,
              transform(toString(ServiceName), {{services:Array(String)}}, {{budgets:Array(Float64)}}, 0.) AS budget_
         SELECT toString(ServiceName) AS service, any(budget_) AS budget_s,
                count() AS fallbacks, quantilesExactInclusive(0.5, 0.99)(LatencySeconds) AS q,
                countIf(LatencySeconds > budget_) AS over_budget
         FROM llm_requests
-        WHERE {_within("since_ns", "until_ns")} AND ServiceName IN {{services:Array(String)}} AND fallback_
+        WHERE {window("since_ns", "until_ns").sql} AND ServiceName IN {{services:Array(String)}} AND fallback_
         GROUP BY service
         ORDER BY service"""
     return frame(store, sql, p)
 
 
-def gpu_utilization(store: Any, settings: Settings, at: Evaluation) -> pl.DataFrame:
+def gpu_utilization(store: StoreLike, settings: Settings, at: Evaluation) -> pl.DataFrame:
     """Per configured deployment (by host): GPU readings, distinct GPUs, mean busy fraction
     (0-1) in the window and the busy metric it was measured by ("mixed" when its GPUs
-    differ). Readings are collapsed and each GPU's metric chosen as the gpu_samples readers
-    in analytics.sources.gpus do (AggregatingMergeTree, merges may be pending)."""
+    differ). Readings are collapsed and each GPU's metric chosen by analytics.sql's
+    gpu_busy_readings, as every gpu_samples reader does (merges may be pending)."""
+    deployment = gpu_deployment(settings.deployments)
+    readings = gpu_busy_readings(settings.gpus.busy_metric, window())
     sql = f"""
-        SELECT transform(Host, {{hosts:Array(String)}}, {{deployments:Array(String)}}, '') AS deployment,
+        SELECT {deployment.sql} AS deployment,
                count() AS samples, uniqExact(GpuUuid) AS gpus, avg(busy) AS util_mean,
                if(uniqExact(BusyMetric) > 1, 'mixed', any(BusyMetric)) AS busy_metric
-        FROM ({gpus.readings(settings, _within("since_ns", "until_ns"))})
+        FROM ({readings.sql})
         WHERE deployment != ''
         GROUP BY deployment
         ORDER BY deployment"""
-    return frame(store, sql, {**params(at), **host_deployments(settings), "busy_metric": settings.gpus.busy_metric})
+    return frame(store, sql, bind(deployment, readings, **params(at)))
 
 
-def _length_class(settings: Settings) -> tuple[str, dict[str, Any]]:
-    short, long_ = settings.quality.length_classes[:2]
-    return ("multiIf(InputTokens < {lc_short:UInt64}, 'short', InputTokens < {lc_long:UInt64}, 'medium', 'long')",
-            {"lc_short": short, "lc_long": long_})
-
-
-def category_counts(store: Any, settings: Settings, at: Evaluation, dimensions: list[str]) -> pl.DataFrame:
+def category_counts(store: StoreLike, settings: Settings, at: Evaluation, dimensions: list[str]) -> pl.DataFrame:
     """Per service, dimension and value: requests in the window (n) and the baseline
     (base_n). Value '' (attribute not set) is kept so the caller can total per dimension."""
-    length_sql, p = _length_class(settings)
+    length = length_class(settings.quality.length_classes)
     sql = f"""
         SELECT service, d.1 AS dimension, d.2 AS value,
                countIf(cur) AS n, countIf(NOT cur) AS base_n
         FROM (SELECT toString(ServiceName) AS service,
-                     Timestamp >= fromUnixTimestamp64Nano({{since_ns:Int64}}) AS cur,
+                     {CURRENT} AS cur,
                      arrayFilter(t -> has({{dimensions:Array(String)}}, t.1), [
                          ('task_type', toString(TaskType)), ('language', toString(Language)),
-                         ('length_class', {length_sql}),
+                         ('length_class', {length.sql}),
                          ('batch_feature', if(Mode = 'batch', if(Feature = '', '(batch)', toString(Feature)), ''))
                      ]) AS dims
-              FROM llm_requests WHERE {_within("base_ns", "until_ns")})
+              FROM llm_requests WHERE {window("base_ns", "until_ns").sql})
         ARRAY JOIN dims AS d
         GROUP BY service, dimension, value
         ORDER BY service, dimension, value"""
-    return frame(store, sql, {**params(at), **p, "dimensions": dimensions})
+    return frame(store, sql, bind(length, **params(at), dimensions=dimensions))
 
 
-def minute_features(store: Any, at: Evaluation) -> pl.DataFrame:
+def minute_features(store: StoreLike, at: Evaluation) -> pl.DataFrame:
     """Per service and minute with arrivals, in the window (current) and the baseline's
     like hours: arrivals, mean log input / output tokens and batch share, with the day
     (0 = the window's, -1 the day before ...) for day-against-day comparisons and whether
@@ -216,7 +203,7 @@ def minute_features(store: Any, at: Evaluation) -> pl.DataFrame:
     sql = f"""
         SELECT toString(ServiceName) AS service,
                intDiv({_T} - {{base_ns:Int64}}, 60000000000) AS minute,
-               toBool(Timestamp >= fromUnixTimestamp64Nano({{since_ns:Int64}})) AS current,
+               toBool({CURRENT}) AS current,
                toInt64(floor(({_T} - {{since_ns:Int64}}) / {{day_ns:Int64}})) AS day,
                toBool(toDayOfWeek(min(Timestamp), 0, 'UTC') >= 6) AS weekend,
                count() AS arrivals,
@@ -224,8 +211,8 @@ def minute_features(store: Any, at: Evaluation) -> pl.DataFrame:
                avg(log1p(OutputTokens)) AS log_output,
                avg(Mode = 'batch') AS batch_share
         FROM llm_requests
-        WHERE {_within("base_ns", "until_ns")}
-          AND (Timestamp >= fromUnixTimestamp64Nano({{since_ns:Int64}}) OR {LIKE_HOURS})
+        WHERE {window("base_ns", "until_ns").sql}
+          AND ({CURRENT} OR {LIKE_HOURS})
         GROUP BY service, minute, current, day
         ORDER BY service, minute"""
     return frame(store, sql, params(at))
@@ -237,7 +224,7 @@ _WINDOW_INDEX = f"toInt64(floor(({_T} - {{since_ns:Int64}}) / {{window_ns:Int64}
 _KEPT = "(w >= -{recent:Int64} OR positiveModulo(w * {window_ns:Int64}, {day_ns:Int64}) = 0)"
 
 
-def cost_token_groups(store: Any, at: Evaluation, boundaries: list[datetime], recent: int) -> pl.DataFrame:
+def cost_token_groups(store: StoreLike, at: Evaluation, boundaries: list[datetime], recent: int) -> pl.DataFrame:
     """Token sums per (window index w, service, model, deployment, price period, retry,
     error): the columns analytics.cost.priced prices, one window at a time."""
     p = {**params(at), "recent": recent, "bounds": [_ns(b) for b in boundaries]}
@@ -249,22 +236,23 @@ def cost_token_groups(store: Any, at: Evaluation, boundaries: list[datetime], re
                count() AS requests, sum(InputTokens) AS input_tokens, sum(OutputTokens) AS output_tokens,
                sum(least(CachedInputTokens, InputTokens)) AS cached_tokens
         FROM llm_requests
-        WHERE {_within("base_ns", "until_ns")} AND {_KEPT}
+        WHERE {window("base_ns", "until_ns").sql} AND {_KEPT}
         GROUP BY w, service, model, deployment, period, retry, error"""
     return frame(store, sql, p)
 
 
-def cost_gpu_windows(store: Any, settings: Settings, at: Evaluation, recent: int) -> pl.DataFrame:
+def cost_gpu_windows(store: StoreLike, settings: Settings, at: Evaluation, recent: int) -> pl.DataFrame:
     """Per (window index w, GPU): the columns analytics.utilization.deployment_rollup
     needs (analytics.sources.gpus.per_gpu's, per window)."""
-    p = {**params(at), "recent": recent, **host_deployments(settings), "busy_metric": settings.gpus.busy_metric}
+    deployment = gpu_deployment(settings.deployments)
+    readings = gpu_busy_readings(settings.gpus.busy_metric, window("base_ns", "until_ns"), per=_WINDOW_INDEX)
     sql = f"""
         SELECT {_WINDOW_INDEX} AS w,
-               transform(Host, {{hosts:Array(String)}}, {{deployments:Array(String)}}, '') AS deployment,
+               {deployment.sql} AS deployment,
                Host AS host, GpuUuid AS gpu, any(BusyMetric) AS busy_metric, count() AS samples,
                toUnixTimestamp64Nano(min(Timestamp)) AS first_ns, toUnixTimestamp64Nano(max(Timestamp)) AS last_ns,
                avg(busy) AS util_mean, sum(busy) AS util_sum
-        FROM ({gpus.readings(settings, _within("base_ns", "until_ns"), per=_WINDOW_INDEX)})
+        FROM ({readings.sql})
         WHERE deployment != '' AND {_KEPT}
         GROUP BY w, deployment, host, gpu"""
-    return frame(store, sql, p)
+    return frame(store, sql, bind(deployment, readings, **params(at), recent=recent))

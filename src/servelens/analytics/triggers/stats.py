@@ -137,7 +137,6 @@ def mann_kendall(series: Sequence[float], alpha: float = TREND_ALPHA) -> StatRes
                       {"n": n, "tau": tau, "z": z})
 
 
-@stat_test("theil_sen", 0.05, INTERVAL)
 def running_median3(series: Sequence[float]) -> np.ndarray:
     """Tukey's running median of three (end points kept): an isolated spike becomes its
     larger neighbour, while a monotone run is left exactly as it is."""
@@ -149,6 +148,7 @@ def running_median3(series: Sequence[float]) -> np.ndarray:
     return out
 
 
+@stat_test("theil_sen", 0.05, INTERVAL)
 def theil_sen(series: Sequence[float], alpha: float = 0.05) -> StatResult:
     """Theil-Sen slope per step with its (1 - alpha) interval; growth when the interval is above 0."""
     y = np.asarray(series, dtype=float)

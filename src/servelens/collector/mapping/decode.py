@@ -20,6 +20,8 @@ from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsSer
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
+from servelens.collector.errors import PermanentError
+
 PROTOBUF = "application/x-protobuf"
 JSON = "application/json"
 
@@ -39,8 +41,9 @@ _TOO_DEEP = f"invalid OTLP/JSON: nested deeper than {MAX_JSON_DEPTH} levels"
 _NOT_UNICODE = "invalid OTLP/JSON: a string is not valid Unicode (an escaped lone surrogate such as \\ud800)"
 
 
-class PayloadError(ValueError):
-    """The payload cannot be decoded: the client gets a 400 (or 413) with this message."""
+class PayloadError(PermanentError, ValueError):
+    """The payload cannot be decoded: the client gets a 400 (or 413) with this message.
+    Permanent where it is raised (collector.errors); a ValueError for older callers."""
 
     def __init__(self, message: str, status: int = 400) -> None:
         super().__init__(message)

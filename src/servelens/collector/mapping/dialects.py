@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from servelens.collector.mapping.attributes import format_double
+from servelens.core import keys
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
@@ -167,18 +168,8 @@ STREAM_STARTS = ("langfuse.observation.completion_start_time", "ai.response.msTo
 ERROR_LEVEL = (LANGFUSE, "langfuse.observation.level", "ERROR")
 HTTP_STATUS = (*_a(SEMCONV, "http.response.status_code"), *_a(LITELLM, "error.code"))
 
-# Business units: the defaults of `attributes:` (servelens.config), span before resource.
-# A key is an attribute, else `<json attribute>.<key inside it>` (OpenInference's metadata);
-# a JSON-encoded string value (Langfuse's trace metadata) is decoded.
-UNIT_KEYS: dict[str, tuple[str, ...]] = {
-    "tenant": ("app.tenant", "tenant.id", "tenant", "traceloop.association.properties.tenant",
-               "langfuse.trace.metadata.tenant", "metadata.tenant", "litellm.metadata.tenant"),
-    "feature": ("app.feature", "feature", "traceloop.association.properties.feature",
-                "langfuse.trace.metadata.feature", "metadata.feature", "litellm.metadata.feature"),
-    "team": ("app.team", "team", "traceloop.association.properties.team", "langfuse.trace.metadata.team",
-             "metadata.team", "litellm.metadata.team"),
-    "user": ("user.id", "enduser.id", "traceloop.association.properties.user_id", "llm.user"),
-}
+# Business units, span before resource: the semantic keys, declared once (core.keys).
+UNIT_KEYS = keys.UNIT_KEYS
 
 # A span is an LLM request when it carries one of these (or a kind marker / Vercel call),
 # unless its operation is a pipeline step (a stage of a request, not a request).

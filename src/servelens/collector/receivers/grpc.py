@@ -1,27 +1,32 @@
 """OTLP/gRPC receiver (:4317): the opentelemetry-proto Trace/Metrics/Logs services on grpcio.
 
-Same Intake as HTTP. Throttling answers UNAVAILABLE with a google.rpc.RetryInfo detail,
-invalid auth UNAUTHENTICATED, as the OTLP spec asks.
+Same Intake as HTTP, and the same table of answers (collector.errors): a retryable
+failure answers UNAVAILABLE with a google.rpc.RetryInfo detail, invalid auth
+UNAUTHENTICATED, a malformed or refused request INVALID_ARGUMENT, as the OTLP spec asks.
 """
 
 from __future__ import annotations
 
+import logging
 from concurrent import futures
 from typing import Any
 
 import grpc
 from google.protobuf import duration_pb2
-from google.rpc import code_pb2, error_details_pb2, status_pb2
+from google.rpc import error_details_pb2, status_pb2
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceResponse
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceResponse
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 
-from servelens.collector.mapping.decode import PROTOBUF, PayloadError, decode
-from servelens.collector.receivers.http import export_response
-from servelens.collector.intake import RETRY_AFTER_SECONDS, Busy, Intake
-from servelens.collector.pipeline.writer import DataRejected, WriteFailed
+from servelens.collector.errors import INTERNAL, Answer, answer
+from servelens.collector.intake import Intake, export_response
+from servelens.collector.mapping.decode import PROTOBUF, decode
+
+log = logging.getLogger(__name__)
+# google.rpc.Code -> grpcio's StatusCode
+_STATUS_CODES = {code.value[0]: code for code in grpc.StatusCode}
 
 
 def _token(context: grpc.ServicerContext) -> str | None:
@@ -32,13 +37,14 @@ def _token(context: grpc.ServicerContext) -> str | None:
     return None
 
 
-def _unavailable(context: grpc.ServicerContext, message: str) -> None:
-    retry = error_details_pb2.RetryInfo(retry_delay=duration_pb2.Duration(seconds=RETRY_AFTER_SECONDS))
-    detail = status_pb2.Status(code=code_pb2.UNAVAILABLE, message=message)
-    detail.details.add().Pack(retry)
-    # What grpcio-status' rpc_status.to_status does, without its protobuf pin.
-    context.set_trailing_metadata((("grpc-status-details-bin", detail.SerializeToString()),))
-    context.abort(grpc.StatusCode.UNAVAILABLE, message)
+def _abort(context: grpc.ServicerContext, found: Answer, message: str) -> None:
+    if found.retry_after is not None:
+        retry = error_details_pb2.RetryInfo(retry_delay=duration_pb2.Duration(seconds=found.retry_after))
+        detail = status_pb2.Status(code=found.rpc_code, message=message)
+        detail.details.add().Pack(retry)
+        # What grpcio-status' rpc_status.to_status does, without its protobuf pin.
+        context.set_trailing_metadata((("grpc-status-details-bin", detail.SerializeToString()),))
+    context.abort(_STATUS_CODES[found.rpc_code], message)
 
 
 # signal -> (service, its Export response)
@@ -61,23 +67,17 @@ class _Export:
     def Export(self, request: bytes, context: grpc.ServicerContext) -> Any:
         try:
             tenant = self._intake.tenant_for(_token(context))
-        except PermissionError as exc:
-            self._intake.metrics.refused.labels(self._signal, "grpc", "unauthorized").inc()
-            context.abort(grpc.StatusCode.UNAUTHENTICATED, str(exc))
-        try:
             if self._raw:
                 result = self._intake.export(self._signal, None, "grpc", tenant, raw=request)
             else:
                 result = self._intake.export(self._signal, decode(self._signal, request, PROTOBUF), "grpc", tenant)
-        except PayloadError as exc:
-            self._intake.metrics.refused.labels(self._signal, "grpc", "malformed").inc()
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        except Busy as exc:
-            _unavailable(context, str(exc))
-        except DataRejected as exc:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"rows rejected by the store: {exc}")
-        except WriteFailed as exc:
-            _unavailable(context, f"store unavailable: {exc}")
+        except Exception as exc:  # noqa: BLE001 - every failure is answered, from the one table
+            found = answer(exc)
+            if found is INTERNAL:
+                log.exception("OTLP/gRPC %s export failed", self._signal)
+            if found.reason:
+                self._intake.metrics.refused.labels(self._signal, "grpc", found.reason).inc()
+            _abort(context, found, found.message(exc))
         return export_response(self._signal, result)
 
 

@@ -3,8 +3,10 @@
 A WSGI app served by waitress. It never writes to ClickHouse itself: decoded requests go
 through the Intake to the writer, and the reply is sent once the rows are committed.
 Statuses follow the OTLP/HTTP spec: 200 (with partial_success when some items were
-invalid), 400 malformed, 401 bad token, 404/405 wrong route, 413 too large, 415 wrong
-content type or encoding, 503 + Retry-After when the write queue is full.
+invalid), 404/405 wrong route, 415 wrong content type or encoding; a failed export is
+answered from the table in collector.errors (400 malformed or refused by the store, 401
+bad token, 413 too large, 503 + Retry-After when busy, the store is down, or anything
+else failed on our side).
 """
 
 from __future__ import annotations
@@ -12,39 +14,16 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable, Iterable
 
-from google.protobuf.message import Message
-from google.rpc import status_pb2
-from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceResponse
-from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceResponse
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
+from google.rpc import code_pb2, status_pb2
 
+from servelens.collector.errors import INTERNAL, answer
+from servelens.collector.intake import Intake, export_response
 from servelens.collector.mapping.decode import JSON, PROTOBUF, PayloadError, decode, encode_response, gunzip, media_type
-from servelens.collector.intake import RETRY_AFTER_SECONDS, Busy, ExportResult, Intake
-from servelens.collector.pipeline.writer import DataRejected, WriteFailed
 from servelens.core.serving import WaitressServer
 
 log = logging.getLogger(__name__)
 
 ROUTES = {"/v1/traces": "traces", "/v1/metrics": "metrics", "/v1/logs": "logs"}
-
-
-def export_response(signal: str, result: ExportResult) -> Message:
-    """The Export*ServiceResponse, with partial_success set when items were rejected."""
-    if signal == "traces":
-        response: Message = ExportTraceServiceResponse()
-        if result.rejected:
-            response.partial_success.rejected_spans = result.rejected
-    elif signal == "metrics":
-        response = ExportMetricsServiceResponse()
-        if result.rejected:
-            response.partial_success.rejected_data_points = result.rejected
-    else:
-        response = ExportLogsServiceResponse()
-        if result.rejected:
-            response.partial_success.rejected_log_records = result.rejected
-    if result.rejected:
-        response.partial_success.error_message = result.message
-    return response
 
 
 class OtlpHttpApp:
@@ -71,19 +50,16 @@ class OtlpHttpApp:
         reply_type = content_type or JSON
         try:
             return self._export(signal, environ, content_type, start_response)
-        except PayloadError as exc:
-            self.intake.metrics.refused.labels(signal, "http", "too_large" if exc.status == 413 else "malformed").inc()
-            return _status(start_response, exc.status, str(exc), reply_type)
-        except PermissionError as exc:
-            self.intake.metrics.refused.labels(signal, "http", "unauthorized").inc()
-            return _status(start_response, 401, str(exc), reply_type, [("WWW-Authenticate", "Bearer")])
-        except Busy as exc:
-            return _status(start_response, 503, str(exc), reply_type, [("Retry-After", str(RETRY_AFTER_SECONDS))])
-        except DataRejected as exc:
-            return _status(start_response, 400, f"rows rejected by the store: {exc}", reply_type)
-        except WriteFailed as exc:
-            return _status(start_response, 503, f"store unavailable: {exc}", reply_type,
-                           [("Retry-After", str(RETRY_AFTER_SECONDS))])
+        except Exception as exc:  # noqa: BLE001 - every failure is answered, from the one table
+            found = answer(exc)
+            if found is INTERNAL:
+                log.exception("OTLP/HTTP %s export failed", signal)
+            if found.reason:
+                self.intake.metrics.refused.labels(signal, "http", found.reason).inc()
+            headers = [("Retry-After", str(found.retry_after))] if found.retry_after is not None else []
+            if found.http_status == 401:
+                headers.append(("WWW-Authenticate", "Bearer"))
+            return _status(start_response, found.http_status, found.message(exc), reply_type, found.rpc_code, headers)
 
     def _export(self, signal: str, environ: dict[str, Any], content_type: str | None,
                 start_response: Callable) -> Iterable[bytes]:
@@ -92,11 +68,12 @@ class OtlpHttpApp:
             self.intake.metrics.refused.labels(signal, "http", "content_type").inc()
             return _status(start_response, 415,
                            f"unsupported content type {environ.get('CONTENT_TYPE')!r}: "
-                           "use application/x-protobuf or application/json", JSON)
+                           "use application/x-protobuf or application/json", JSON, _UNSUPPORTED)
         encoding = (environ.get("HTTP_CONTENT_ENCODING") or "identity").strip().lower()
         if encoding not in ("identity", "gzip"):
             self.intake.metrics.refused.labels(signal, "http", "content_encoding").inc()
-            return _status(start_response, 415, f"unsupported content encoding {encoding!r}: use gzip or none", content_type)
+            return _status(start_response, 415, f"unsupported content encoding {encoding!r}: use gzip or none",
+                           content_type, _UNSUPPORTED)
         body = _read_body(environ, self.max_request_bytes)
         if encoding == "gzip":
             body = gunzip(body, self.max_request_bytes)
@@ -129,14 +106,13 @@ def _read_body(environ: dict[str, Any], limit: int) -> bytes:
     return body
 
 
-def _status(start_response: Callable, code: int, message: str, content_type: str,
+def _status(start_response: Callable, code: int, message: str, content_type: str, rpc_code: int,
             headers: list[tuple[str, str]] | None = None) -> Iterable[bytes]:
-    status = status_pb2.Status(code=_RPC_CODES.get(code, 2), message=message)
+    status = status_pb2.Status(code=rpc_code, message=message)
     return _reply(start_response, code, content_type, encode_response(status, content_type), headers)
 
 
-# google.rpc.Code for each HTTP status we send
-_RPC_CODES = {400: 3, 401: 16, 413: 8, 415: 3, 503: 14}
+_UNSUPPORTED = code_pb2.INVALID_ARGUMENT  # the Status body's code for a 415
 _REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 405: "Method Not Allowed",
             413: "Payload Too Large", 415: "Unsupported Media Type", 503: "Service Unavailable"}
 

@@ -17,13 +17,16 @@ import urllib.request
 from typing import Any, Callable
 from urllib.parse import urlparse
 
+from servelens.collector.errors import QueueFull, WriteFailed
 from servelens.collector.mapping.prometheus import families_to_rows, parse
+from servelens.collector.pipeline.writer import Writer
 from servelens.collector.telemetry import SelfMetrics
-from servelens.collector.pipeline.writer import QueueFull, WriteFailed, Writer
+from servelens.core.retry import RetryPolicy
 
 log = logging.getLogger(__name__)
 
 ATTEMPTS = 3
+FIRST_RETRY_SECONDS = 0.2
 MAX_BODY_BYTES = 64 * 1024 * 1024
 
 
@@ -191,20 +194,19 @@ class TargetScraper:
     def _fetch(self) -> str | None:
         """The page, or None once the attempts or the scrape's deadline (self.timeout, all
         attempts together, so a scrape never runs into the next) are used up."""
-        ends = time.monotonic() + self.timeout
-        delay = 0.2
-        for attempt in range(1, ATTEMPTS + 1):
+        retrying = RetryPolicy(ATTEMPTS, self.timeout, FIRST_RETRY_SECONDS).start()
+        while True:
             try:
-                return fetch(self.url, max(0.001, ends - time.monotonic())).decode("utf-8", errors="replace")
-            except (OSError, urllib.error.URLError, ValueError) as exc:
-                if attempt == ATTEMPTS or self._stop.is_set() or time.monotonic() + delay >= ends:
+                return fetch(self.url, max(0.001, retrying.deadline - time.monotonic())).decode(
+                    "utf-8", errors="replace")
+            except (OSError, urllib.error.URLError, ValueError) as exc:  # ValueError: too large a page
+                wait = retrying.failed()
+                if wait is None or self._stop.is_set():
                     result = "timeout" if isinstance(exc, TimeoutError) else "unreachable"
                     self._metrics.scrapes.labels(self.url, result).inc()
-                    log.warning("scrape %s failed after %d attempts: %s", self.url, attempt, exc)
+                    log.warning("scrape %s failed after %d attempts: %s", self.url, retrying.attempts, exc)
                     return None
-                self._stop.wait(delay)
-                delay *= 2
-        return None
+                self._stop.wait(wait)
 
 
 class Scrapers:

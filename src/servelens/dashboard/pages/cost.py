@@ -127,10 +127,7 @@ def change_figure(rows: list[dict[str, Any]], range_label: str) -> go.Figure:
     return fig
 
 
-def change_panel(rows: list[dict[str, Any]] | None, range_label: str) -> html.Div | list:
-    if rows is None:
-        return html.Div(f"Not available: this servelens build has no {CHANGE_REPORT} report yet.", className="empty",
-                        id="cost-change-unavailable")
+def change_panel(rows: list[dict[str, Any]], range_label: str) -> html.Div | list:
     if not rows or not (rows[0]["previous_cost_usd"] or rows[0]["current_cost_usd"]):
         return empty("No priced requests in this window or the one before it.")
     total = rows[0]["total_delta_usd"]
@@ -197,8 +194,8 @@ def render(fetched: tuple, filters: data.Filters) -> tuple:
             updated_line(filters, VIEWS[view].lower()))
 
 
-def fetch_change(source: data.DataSource, filters: data.Filters) -> list[dict[str, Any]] | None:
-    return source.rows(CHANGE_REPORT, filters) if source.has_report(CHANGE_REPORT) else None
+def fetch_change(source: data.DataSource, filters: data.Filters) -> list[dict[str, Any]]:
+    return source.rows(CHANGE_REPORT, filters)
 
 
 def register_callbacks(app: dash.Dash) -> None:
