@@ -15,6 +15,11 @@ within the observed one. The backtest is then fitted rather than tested, and say
 
 Backtest: the model's p99 queue wait at the measured capacity in the peak hour against
 the one observed there.
+
+Caching what-if (`cache_hit_points` = N): N more points of the prompt tokens read from a cache
+(provider prompt caching or vLLM's prefix cache) leave (1 - h - N/100) / (1 - h) of the prompt
+to compute, h the cached share measured in the peak hour; the prefill part of the service time
+shrinks by that factor (prefill time taken as proportional to the tokens computed).
 """
 
 from __future__ import annotations
@@ -72,6 +77,23 @@ def _factor(params: Mapping[str, Any], name: str) -> float:
     return x
 
 
+def cache_factor(w: Workload, params: Mapping[str, Any]) -> tuple[float, float | None]:
+    """(factor on the prompt tokens computed, the points asked) for `cache_hit_points`."""
+    raw = params.get("cache_hit_points")
+    if raw in (None, ""):
+        return 1.0, None
+    try:
+        points = float(raw)
+    except (TypeError, ValueError):
+        points = math.nan
+    if not math.isfinite(points) or not 0 <= points <= 100:
+        raise QueryError(f"cache_hit_points: a number of points from 0 to 100, not {raw!r}")
+    h = w.cached_share or 0.0
+    if h >= 1:
+        return 1.0, points
+    return max(0.0, 1 - h - points / 100) / (1 - h), points
+
+
 def scaled(w: Workload, traffic_x: float, input_x: float, output_x: float) -> Scaled:
     if w.arrival_rps is None or w.service_s_mean is None:
         raise QueryError(f"deployment {w.deployment!r}: " + ("; ".join(w.notes) or "no service time measured"))
@@ -124,7 +146,8 @@ def plan(store: Any, settings: Any, params: Mapping[str, Any], now: datetime | N
     since = parse_time(params.get("since"), "since") or until - DEFAULT_WINDOW
     target = parse_target(params.get("target"))
     w = measure(store, settings, deployment, since, until)
-    s = scaled(w, _factor(params, "traffic_x"), _factor(params, "input_x"), _factor(params, "output_x"))
+    computed, points = cache_factor(w, params)
+    s = scaled(w, _factor(params, "traffic_x"), _factor(params, "input_x") * computed, _factor(params, "output_x"))
     measured_s = scaled(w, 1.0, 1.0, 1.0)
     notes = list(w.notes)
     replicas = w.replicas or (w.gpus if w.gpus else None)
@@ -178,6 +201,9 @@ def plan(store: Any, settings: Any, params: Mapping[str, Any], now: datetime | N
                      "p99_ttft_ms": _ms(w.p99_ttft_s) if w.p99_ttft_s is not None else None,
                      "p99_latency_ms": _ms(w.p99_latency_s) if w.p99_latency_s is not None else None},
         "target": None if target is None else {"metric": target[0], "ms": target[1]},
+        "what_if": {"traffic_x": _factor(params, "traffic_x"), "input_x": _factor(params, "input_x"),
+                    "output_x": _factor(params, "output_x"), "cache_hit_points": points,
+                    "cached_share_measured": w.cached_share, "prompt_computed_factor": computed},
         "replicas_needed": needed,
         "at": [_point(s, n, concurrency, gpus_per_replica, hourly) for n in counts],
         "backtest": {"window": {"since": iso(w.peak_hour), "until": iso(w.peak_hour + timedelta(hours=1))}

@@ -46,6 +46,7 @@ class Workload:
     concurrency_per_replica: int | None
     gpus: int | None
     gpu_utilization: float | None
+    cached_share: float | None = None  # share of the peak hour's input tokens read from a cache
     notes: tuple[str, ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
@@ -83,6 +84,10 @@ _SERVICE = f"""
                  greatest(ttft - queue, 0) AS prefill, greatest(latency - ttft, 0) AS decode
           FROM llm_requests WHERE {_WINDOW} AND NOT IsError AND LatencySeconds IS NOT NULL)"""
 
+_CACHED = f"""
+    SELECT sum(least(CachedInputTokens, InputTokens)) / nullIf(sum(InputTokens), 0) AS share
+    FROM llm_requests WHERE {_WINDOW}"""
+
 _ENGINE = """
     SELECT count() AS replicas, max(most) AS concurrency
     FROM (SELECT Instance, max(Running) AS most FROM engine_samples
@@ -109,6 +114,7 @@ def measure(store: Any, settings: Any, deployment: str, since: datetime, until: 
         notes.append("no successful request with a latency in the peak hour: service time unknown")
     if not r["with_queue"]:
         notes.append("no queue timings in the peak hour: the observed queue wait is unknown")
+    cached = json_safe(frame(store, _CACHED, hour_p).get_column("share")[0])
     engine = frame(store, _ENGINE, p).row(0, named=True)
     replicas = int(engine["replicas"]) if engine["replicas"] else None
     concurrency = int(round(engine["concurrency"])) if engine["concurrency"] else None
@@ -123,7 +129,8 @@ def measure(store: Any, settings: Any, deployment: str, since: datetime, until: 
         prefill_s_mean=r["prefill_mean"], decode_s_mean=r["decode_mean"],
         p99_queue_s=r["q_queue"] if r["with_queue"] else None, p99_ttft_s=r["q_ttft"], p99_latency_s=r["q_latency"],
         p99_prefill_s=r["q_prefill"], p99_service_s=r["q_service"],
-        replicas=replicas, concurrency_per_replica=concurrency, gpus=gpus, gpu_utilization=util, notes=tuple(notes))
+        replicas=replicas, concurrency_per_replica=concurrency, gpus=gpus, gpu_utilization=util,
+        cached_share=None if cached is None else float(cached), notes=tuple(notes))
 
 
 def _gpus(store: Any, settings: Any, deployment: str, since: datetime, until: datetime) -> tuple[int | None, float | None]:

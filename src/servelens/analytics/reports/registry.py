@@ -8,7 +8,8 @@ from typing import Any, Callable, Mapping
 
 import polars as pl
 
-from servelens.analytics.reports import cost, cost_change, ingest, latency, overview, quality, reliability, slo, stages, utilization, workload
+from servelens.analytics.reports import (cache, cost, cost_change, ingest, latency, overview, quality, reliability, slo,
+                                         stages, utilization, workload)
 from servelens.analytics.query import QueryError, ReportQuery, iso
 from servelens.core.config import Settings
 
@@ -26,6 +27,7 @@ REPORTS: dict[str, tuple[Job, str | None]] = {
     "quality": (quality.report, quality.DEFAULT_BY),
     "ingest": (ingest.report, ingest.DEFAULT_BY),
     "slo": (slo.report, None),
+    "cache": (cache.report, cache.DEFAULT_BY),
 }
 
 
