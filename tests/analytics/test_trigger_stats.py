@@ -13,16 +13,9 @@ from scipy import stats as sps
 from servelens.analytics.triggers import stats
 
 
-def test_registry_ids_defaults_and_json_evidence() -> None:
-    assert set(stats.STAT_TESTS) >= {
-        "mann_kendall", "theil_sen", "quantile_exceedance", "two_proportion_z", "fisher_exact",
-        "benjamini_hochberg", "categorical_novelty", "domain_classifier", "ks", "wasserstein",
-        "binomial_rate", "poisson_rate", "robust_band"}
-    for test_id, entry in stats.STAT_TESTS.items():
-        assert entry.id == test_id and entry.description and entry.kind in (stats.P_VALUE, stats.SCORE, stats.INTERVAL)
-        assert entry.default_threshold > 0
+def test_results_are_frozen_json_safe_evidence() -> None:
     result = stats.mann_kendall([1, 2, 3, 4, 5, 6])
-    assert result.test == "mann_kendall" and stats.STAT_TESTS["mann_kendall"].fn is stats.mann_kendall
+    assert result.test == "mann_kendall"
     json.dumps(result.evidence(), allow_nan=False)
     with pytest.raises(Exception):
         result.detected = False  # type: ignore[misc]  # frozen
@@ -151,13 +144,10 @@ def test_benjamini_hochberg_on_known_p_values() -> None:
     assert stats.benjamini_hochberg([], q=0.05).rejected == ()
 
 
-def test_binomial_and_poisson_rate_tests() -> None:
+def test_binomial_rate_test() -> None:
     r = stats.binomial_rate(30, 1000, 0.01)
     assert r.detected and r.p_value == pytest.approx(sps.binomtest(30, 1000, 0.01, alternative="greater").pvalue)
     assert not stats.binomial_rate(12, 1000, 0.01).detected
-    p = stats.poisson_rate(20, 10.0, 1.0, alpha=0.01)
-    assert p.p_value == pytest.approx(sps.poisson.sf(19, 10)) and p.detected
-    assert not stats.poisson_rate(12, 10.0, 1.0, alpha=0.01).detected
 
 
 # --- distributions ---------------------------------------------------------------------------

@@ -1,10 +1,9 @@
-"""The statistical tests triggers are built from: a registry of pure functions.
+"""The statistical tests triggers are built from: pure functions.
 
-Each test has a stable id, declares its default threshold, and returns a small frozen
-result: the statistic, its p-value (None for tests that decide on a score or an
-interval), the threshold it was judged against and the decision. A detector binds a test
-to a result and reads nothing else from it, so the evidence an alert carries is exactly
-what decided it (Evidently's StatTest registry is the model).
+Each test is named in its result (a stable id) and returns a small frozen result: the
+statistic, its p-value (None for tests that decide on a score or an interval), the
+threshold it was judged against and the decision. A detector binds a test to a result and
+reads nothing else from it, so the evidence an alert carries is exactly what decided it.
 
 One-sided alternatives throughout: a trigger asks "did this get worse", never "did this
 change", so improvement never fires.
@@ -14,12 +13,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 from scipy import stats as sps
-
-P_VALUE, SCORE, INTERVAL = "p_value", "score", "interval"
 
 # Default thresholds, named so config defaults and docs can refer to them.
 TREND_ALPHA = 0.01
@@ -63,29 +60,6 @@ class FdrResult:
     q: float
 
 
-@dataclass(frozen=True)
-class StatTest:
-    id: str
-    fn: Callable[..., Any]
-    default_threshold: float
-    kind: str  # P_VALUE | SCORE | INTERVAL
-    description: str
-
-
-STAT_TESTS: dict[str, StatTest] = {}
-
-
-def stat_test(test_id: str, default: float, kind: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Register a test under its stable id with its default threshold."""
-    def register(fn: Callable[..., Any]) -> Callable[..., Any]:
-        if test_id in STAT_TESTS:
-            raise ValueError(f"duplicate statistical test id {test_id!r}")
-        doc = (fn.__doc__ or "").strip().splitlines()
-        STAT_TESTS[test_id] = StatTest(test_id, fn, default, kind, doc[0] if doc else "")
-        return fn
-    return register
-
-
 def _finite(x: Any) -> Any:
     if isinstance(x, (float, np.floating)):
         x = float(x)
@@ -105,7 +79,6 @@ def _inversion_distribution(n: int) -> np.ndarray:
     return dist
 
 
-@stat_test("mann_kendall", TREND_ALPHA, P_VALUE)
 def mann_kendall(series: Sequence[float], alpha: float = TREND_ALPHA) -> StatResult:
     """Mann-Kendall test for an increasing trend (one-sided).
 
@@ -148,7 +121,6 @@ def running_median3(series: Sequence[float]) -> np.ndarray:
     return out
 
 
-@stat_test("theil_sen", 0.05, INTERVAL)
 def theil_sen(series: Sequence[float], alpha: float = 0.05) -> StatResult:
     """Theil-Sen slope per step with its (1 - alpha) interval; growth when the interval is above 0."""
     y = np.asarray(series, dtype=float)
@@ -162,7 +134,6 @@ def theil_sen(series: Sequence[float], alpha: float = 0.05) -> StatResult:
 
 # --- quantiles and magnitudes ------------------------------------------------------------------
 
-@stat_test("quantile_exceedance", EXCEEDANCE_ALPHA, P_VALUE)
 def quantile_exceedance(exceedances: int, n: int, q: float = 0.99,
                         alpha: float = EXCEEDANCE_ALPHA) -> StatResult:
     """Binomial test that more than 1 - q of the window lies above the baseline's q-quantile.
@@ -178,7 +149,6 @@ def quantile_exceedance(exceedances: int, n: int, q: float = 0.99,
                       {"n": n, "exceedances": exceedances, "expected": n * (1 - q)})
 
 
-@stat_test("relative_change", 0.3, SCORE)
 def relative_change(baseline: float, current: float, threshold: float = 0.3) -> StatResult:
     """current / baseline - 1, detected at or above `threshold` (a rise of that fraction)."""
     if not baseline or baseline <= 0 or not math.isfinite(baseline) or not math.isfinite(current):
@@ -189,19 +159,16 @@ def relative_change(baseline: float, current: float, threshold: float = 0.3) -> 
                       {"baseline": baseline, "current": current})
 
 
-@stat_test("below_threshold", 0.3, SCORE)
 def below_threshold(value: float, threshold: float) -> StatResult:
     """A level below its floor (e.g. GPU utilization)."""
     return StatResult("below_threshold", value, None, threshold, value < threshold)
 
 
-@stat_test("above_threshold", 1.5, SCORE)
 def above_threshold(value: float, threshold: float) -> StatResult:
     """A level at or above its ceiling (e.g. retry amplification, a latency budget)."""
     return StatResult("above_threshold", value, None, threshold, value >= threshold)
 
 
-@stat_test("robust_band", BAND_Z, SCORE)
 def robust_band(history: Sequence[float], value: float, z: float = BAND_Z,
                 min_change: float = 0.25, direction: str = "both") -> StatResult:
     """Outside the band median ± z · MAD-sigma of past windows, and by at least `min_change`
@@ -232,7 +199,6 @@ def robust_band(history: Sequence[float], value: float, z: float = BAND_Z,
 
 # --- proportions and rates ---------------------------------------------------------------------
 
-@stat_test("two_proportion_z", PROPORTION_ALPHA, P_VALUE)
 def two_proportion_z(x: int, n: int, x0: int, n0: int, alpha: float = PROPORTION_ALPHA,
                      alternative: str = "less") -> StatResult:
     """Pooled two-proportion z-test of the window (x/n) against the baseline (x0/n0).
@@ -250,7 +216,6 @@ def two_proportion_z(x: int, n: int, x0: int, n0: int, alpha: float = PROPORTION
     return StatResult("two_proportion_z", z, pv, alpha, pv < alpha, {"rate": p, "baseline_rate": p0})
 
 
-@stat_test("fisher_exact", PROPORTION_ALPHA, P_VALUE)
 def fisher_exact(x: int, n: int, x0: int, n0: int, alpha: float = PROPORTION_ALPHA,
                  alternative: str = "less") -> StatResult:
     """Fisher's exact test of the window (x/n) against the baseline (x0/n0): small counts."""
@@ -271,7 +236,6 @@ def proportion_test(x: int, n: int, x0: int, n0: int, alpha: float = PROPORTION_
     return test(x, n, x0, n0, alpha, alternative)
 
 
-@stat_test("benjamini_hochberg", FDR_Q, P_VALUE)
 def benjamini_hochberg(p_values: Sequence[float], q: float = FDR_Q) -> FdrResult:
     """Benjamini-Hochberg step-up: controls the false discovery rate across many slices."""
     p = np.asarray(p_values, dtype=float)
@@ -286,7 +250,6 @@ def benjamini_hochberg(p_values: Sequence[float], q: float = FDR_Q) -> FdrResult
     return FdrResult(tuple(float(a) for a in adjusted), tuple(bool(a <= q) for a in adjusted), q)
 
 
-@stat_test("binomial_rate", RATE_ALPHA, P_VALUE)
 def binomial_rate(k: int, n: int, p0: float, alpha: float = RATE_ALPHA) -> StatResult:
     """Exact binomial test that k events in n trials exceed the baseline rate p0."""
     if n <= 0:
@@ -295,18 +258,8 @@ def binomial_rate(k: int, n: int, p0: float, alpha: float = RATE_ALPHA) -> StatR
     return StatResult("binomial_rate", k / n, pv, alpha, pv < alpha, {"n": n, "baseline_rate": p0})
 
 
-@stat_test("poisson_rate", RATE_ALPHA, P_VALUE)
-def poisson_rate(k: int, exposure: float, baseline_rate: float, alpha: float = RATE_ALPHA) -> StatResult:
-    """Exact Poisson test that k events over `exposure` exceed baseline_rate per unit exposure."""
-    mu = baseline_rate * exposure
-    pv = float(sps.poisson.sf(k - 1, mu)) if mu > 0 else float(k == 0)
-    return StatResult("poisson_rate", k / exposure if exposure else 0.0, pv, alpha, pv < alpha,
-                      {"expected": mu, "count": k})
-
-
 # --- distributions -----------------------------------------------------------------------------
 
-@stat_test("categorical_novelty", NOVELTY_RARE_SHARE, P_VALUE)
 def categorical_novelty(count: int, total: int, baseline_count: int, baseline_total: int,
                         rare_share: float = NOVELTY_RARE_SHARE, alpha: float = RATE_ALPHA) -> StatResult:
     """A category rare in the baseline (share < rare_share) that is significantly more than
@@ -320,14 +273,12 @@ def categorical_novelty(count: int, total: int, baseline_count: int, baseline_to
                        "alpha": alpha})
 
 
-@stat_test("ks", KS_ALPHA, P_VALUE)
 def ks(baseline: Sequence[float], current: Sequence[float], alpha: float = KS_ALPHA) -> StatResult:
     """Two-sample Kolmogorov-Smirnov test (two-sided)."""
     res = sps.ks_2samp(np.asarray(baseline, dtype=float), np.asarray(current, dtype=float))
     return StatResult("ks", float(res.statistic), float(res.pvalue), alpha, float(res.pvalue) < alpha)
 
 
-@stat_test("wasserstein", WASSERSTEIN_NORMED, SCORE)
 def wasserstein(baseline: Sequence[float], current: Sequence[float],
                 threshold: float = WASSERSTEIN_NORMED) -> StatResult:
     """Wasserstein-1 distance in units of the baseline's standard deviation."""
@@ -337,7 +288,6 @@ def wasserstein(baseline: Sequence[float], current: Sequence[float],
     return StatResult("wasserstein", d, None, threshold, d >= threshold)
 
 
-@stat_test("domain_classifier", SHIFT_MIN_AUC, P_VALUE)
 def domain_classifier(baseline: np.ndarray, current: np.ndarray, min_auc: float = SHIFT_MIN_AUC,
                       alpha: float = KS_ALPHA, folds: int = 5, seed: int = 0) -> StatResult:
     """Multivariate shift: how well a classifier tells window rows from baseline rows.

@@ -114,7 +114,3 @@ def to_map(key_values: Any) -> dict[str, str]:
         else:
             out[kv.key] = to_string(value)
     return out
-
-
-def hex_id(raw: bytes) -> str:
-    return raw.hex()
