@@ -7,10 +7,11 @@ remaining arguments on (`--quick`, `--no-write`, ...).
 
 import sys
 
-from bench import (analytics, dashboard_scale, detection, fleet_data, ingest, plan_accuracy, plan_replay, power,
-                   rollup_cost)
+from bench import (analytics, dashboard_scale, detection, fleet_data, ingest, ingest_default, plan_accuracy, plan_replay,
+                   power, rollup_cost)
 
-BENCHES = {"ingest": ingest.main, "analytics": analytics.main, "detection": detection.main}
+BENCHES = {"ingest_default": ingest_default.main, "ingest": ingest.main, "analytics": analytics.main,
+           "detection": detection.main}
 # Hours at fleet scale: run by name, or all three with `make bench-fleet`.
 FLEET = {"fleet_data": fleet_data.main, "dashboard_scale": dashboard_scale.main, "rollup_cost": rollup_cost.main}
 # Arithmetic and models, by name: the detection floors per volume; capacity planning against simulation.

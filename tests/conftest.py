@@ -23,15 +23,23 @@ def engine_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("chdb")
 
 
+# In-process tests read what they sent right after its 200: the collector's committed mode
+# with the reference (Python) mapping. The defaults (write-ahead, engine mapping) are tested
+# where a test names them, and wherever a test runs `servelens` itself.
+READ_AFTER_WRITE = {"acknowledge": "stored", "trace_mapping": "python"}
+
+
 @pytest.fixture
 def make_settings(engine_dir: Path, tmp_path: Path):
-    """Settings for a test: own database, ports 0, data dir under tmp; overrides as kwargs."""
+    """Settings for a test: own database, ports 0, data dir under tmp; overrides as kwargs
+    (`collector=` settings are merged over READ_AFTER_WRITE)."""
     database = f"t_{uuid.uuid4().hex[:12]}"
 
     def build(**overrides) -> Settings:
         base = dict(data_dir=str(tmp_path / "data"), clickhouse_url=f"chdb://{engine_dir}",
                     otlp_http_port=0, otlp_grpc_port=0, ui_port=0, store={"database": database})
-        base.update(overrides)
+        collector = {**READ_AFTER_WRITE, **overrides.pop("collector", {})}
+        base.update(overrides, collector=collector)
         return load(None, **base)
 
     return build

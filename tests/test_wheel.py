@@ -11,6 +11,7 @@ installing them again would test PyPI, not the wheel.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -39,6 +40,12 @@ def _wheel(tmp_path: Path) -> Path:
     return wheel
 
 
+def _clean_env() -> dict[str, str]:
+    """This environment without what would put a source tree on the fresh venv's path."""
+    return {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME") and
+            not k.startswith("SERVELENS_")}
+
+
 def _fresh_venv(tmp_path: Path, wheel: Path) -> Path:
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
@@ -46,7 +53,7 @@ def _fresh_venv(tmp_path: Path, wheel: Path) -> Path:
     subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "--quiet", "--no-deps",
                     str(wheel)], check=True, timeout=300)
     site = Path(subprocess.check_output([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                                        text=True).strip())
+                                        env=_clean_env(), text=True).strip())
     (site / "test-dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     return venv
 
@@ -61,13 +68,13 @@ def test_the_wheel_holds_the_package_data_and_runs_up(tmp_path: Path) -> None:
 
     venv = _fresh_venv(tmp_path, wheel)
     where = subprocess.check_output([str(venv / "bin" / "python"), "-c", "import servelens; print(servelens.__file__)"],
-                                    cwd=tmp_path, text=True).strip()
+                                    cwd=tmp_path, env=_clean_env(), text=True).strip()
     assert Path(where).is_relative_to(venv), where  # the installed copy, not the checkout
 
     proc = subprocess.Popen(
         [str(venv / "bin" / "servelens"), "up", "--data-dir", str(tmp_path / "data"), "--otlp-http-port", "0",
          "--otlp-grpc-port", "0", "--ui-port", "0", "--log-level", "WARNING"],
-        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        cwd=tmp_path, env=_clean_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         ports: dict[str, str] = {}
         deadline = time.monotonic() + 120

@@ -15,6 +15,7 @@ from servelens.collector.service import Collector
 from servelens.core.config import Settings, load
 from servelens.core.migrate import migrate
 from servelens.core.store import Store
+from tests.conftest import READ_AFTER_WRITE
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +29,8 @@ def shared_collector(engine_dir: Path, tmp_path_factory: pytest.TempPathFactory
         if key not in made:
             settings = load(None, data_dir=str(tmp_path_factory.mktemp("fuzz") / "data"),
                             clickhouse_url=f"chdb://{engine_dir}", otlp_http_port=0, otlp_grpc_port=0, ui_port=0,
-                            store={"database": f"t_{uuid.uuid4().hex[:12]}"}, collector=collector)
+                            store={"database": f"t_{uuid.uuid4().hex[:12]}"},
+                            collector={**READ_AFTER_WRITE, **collector})
             store = Store(settings.store_url, settings.store.database)
             migrate(store.client())
             running = Collector(settings, store)

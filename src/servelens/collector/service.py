@@ -7,6 +7,7 @@ import logging
 from servelens.collector.receivers.grpc import GrpcReceiver
 from servelens.collector.receivers.http import HttpReceiver, OtlpHttpApp
 from servelens.collector.intake import Intake
+from servelens.collector.mapping import engine_spans
 from servelens.collector.receivers.scrape import Scrapers
 from servelens.collector.pipeline.spool import Spool
 from servelens.collector.telemetry import SelfMetrics
@@ -28,7 +29,8 @@ class Collector:
             acknowledge=c.acknowledge, linger=c.spool_linger.total_seconds(),
         ), self.metrics, spool)
         self.intake = Intake(self.writer, self.metrics, tuple(settings.attributes.tenant), c.tokens,
-                             write_timeout=c.write_timeout.total_seconds(), trace_mapping=c.trace_mapping,
+                             write_timeout=c.write_timeout.total_seconds(),
+                             trace_mapping=engine_spans.resolve(c.trace_mapping, store),
                              retention_days=settings.store.retention_days)
         app = OtlpHttpApp(self.intake, c.max_request_bytes,
                           extra_routes={"/metrics": lambda: ("text/plain; version=0.0.4", self.metrics.exposition())})

@@ -72,7 +72,7 @@ class CollectorConfig(_Strict):
     max_request_bytes: int = Field(16 * 1024 * 1024, ge=1024)
     tokens: dict[str, str] = {}
     queue_size: int = Field(256, ge=1, description="batches waiting for the writer")
-    batch_size: int = Field(8192, ge=1, description="rows per insert")
+    batch_size: int = Field(65536, ge=1, description="rows per insert")
     # Group commit: a batch is whatever queued while the previous insert ran, plus what
     # arrives within flush_interval; batch_size caps it.
     flush_interval: timedelta = timedelta(milliseconds=5)
@@ -82,11 +82,13 @@ class CollectorConfig(_Strict):
     # When a request is answered 200: "stored" once its rows are committed in the store;
     # "spooled" once they are fsynced in the spool, used as a write-ahead log and inserted
     # from there in the background (export latency of a disk write, not of an insert).
-    acknowledge: Literal["stored", "spooled"] = "stored"
-    spool_linger: timedelta = timedelta(seconds=1)  # "spooled": logged rows wait this long to fill an insert
-    # Who maps spans to otel_traces rows: "python" (collector.spans), or "engine": ClickHouse
-    # parses the request's protobuf itself and a view maps it (collector.engine_spans).
-    trace_mapping: Literal["python", "engine"] = "python"
+    acknowledge: Literal["stored", "spooled"] = "spooled"
+    spool_linger: timedelta = timedelta(milliseconds=200)  # "spooled": logged rows wait this long to fill an insert
+    # Who maps spans to otel_traces rows: "python" (collector.mapping.spans), or "engine":
+    # ClickHouse parses the request's protobuf itself and a view maps it
+    # (collector.mapping.engine_spans); "auto": the engine where the store can (embedded, or a
+    # server of ClickHouse 25.6 or later), else Python.
+    trace_mapping: Literal["auto", "python", "engine"] = "auto"
 
     _dur = field_validator("flush_interval", "store_retry", "write_timeout", "spool_linger",
                            mode="before")(parse_duration)

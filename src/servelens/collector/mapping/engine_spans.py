@@ -21,6 +21,7 @@ full OTLP parser, whose reading is the reference (`canonical`), and inserted aga
 
 from __future__ import annotations
 
+import logging
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,9 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from servelens.collector.mapping.attributes import MAX_TIME_NS, SPAN_ID_BYTES, TRACE_ID_BYTES, UNBOUNDED, TimeWindow
 from servelens.collector.mapping.decode import PayloadError
 from servelens.collector.mapping.spans import PROTOBUF_COLUMNS, Batch, invalid_span
+from servelens.core.store import is_embedded
+
+log = logging.getLogger(__name__)
 
 TABLE = "otlp_traces_in"
 # Package data; the embedded engine needs it as a file on disk (an installed wheel is unpacked).
@@ -48,6 +52,26 @@ _FORMAT_SETTINGS = {
 # directory). A server gets it inline: its schema directory is not ours (ClickHouse >= 25.6).
 _EMBEDDED_SETTINGS = {"format_schema_source": "file", "format_schema": str(SCHEMA_PATH), **_FORMAT_SETTINGS}
 _SERVER_SETTINGS = {"format_schema_source": "string", "format_schema": SCHEMA_PATH.read_text(), **_FORMAT_SETTINGS}
+
+
+# format_schema_source (the schema inline, for a server whose schema directory is not ours).
+MIN_SERVER_VERSION = (25, 6)
+
+
+def resolve(mapping: str, store: Any) -> str:
+    """`collector.trace_mapping` as it runs: "auto" is the engine where the store can parse
+    OTLP itself (the embedded engine; a server of MIN_SERVER_VERSION or later), else Python."""
+    if mapping != "auto":
+        return mapping
+    if is_embedded(store.url):
+        return "engine"
+    version = str(store.client().command("SELECT version()"))
+    parts = tuple(int(p) for p in version.split(".")[:2] if p.isdigit())
+    if parts >= MIN_SERVER_VERSION:
+        return "engine"
+    log.warning("ClickHouse %s is older than %d.%d: spans are mapped in Python (trace_mapping: python)",
+                version, *MIN_SERVER_VERSION)
+    return "python"
 
 
 def insert_settings(embedded: bool) -> dict[str, Any]:
