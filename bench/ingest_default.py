@@ -110,7 +110,7 @@ def run(scratch: Path, env: dict[str, str], warmup: float, seconds: float, laten
             c.stop()
         if i == RUNS - 1:
             r["acked"] = acked
-            r["stored"] = store_probe("count", scratch / f"c{i}")["tables"].get("otel_traces", 0)
+            r["stored"] = store_probe("count", scratch / f"c{i}")["tables"].get("otel_traces", {}).get("rows", 0)
     r["runs"] = runs
     r["median"] = sorted(runs, key=lambda e: e.spans_per_s)[RUNS // 2]
     r["hwm_mib"] = max(hwm) / 1024

@@ -21,7 +21,6 @@ from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
-from servelens.analytics.reports.registry import REPORTS
 from servelens.dashboard.components import ms, pct, usd
 from tests.dashboard.conftest import PRICES, PRICING, SERVICE, Request, make_traffic, send
 from tests.dashboard.test_browser import CHROMEDRIVER, CHROMIUM, _first_text, _text, browser  # noqa: F401 - the fixture
@@ -125,7 +124,7 @@ def test_latency_and_stages(browser, dashboard, otlp_http, tmp_path):
     _finish(browser, "latency", tmp_path)
 
 
-def test_cost(browser, dashboard, otlp_http, tmp_path, monkeypatch):
+def test_cost(browser, dashboard, otlp_http, tmp_path):
     send(otlp_http, TRAFFIC + PREVIOUS)
     acme = usd(sum(api_cost(r) for r in TRAFFIC if r.tenant == "acme" and r.model in PRICES))
     total = usd(sum(api_cost(r) for r in TRAFFIC if r.model in PRICES))
@@ -133,21 +132,14 @@ def test_cost(browser, dashboard, otlp_http, tmp_path, monkeypatch):
     _open(browser, f"{dashboard.url}/cost", lambda d: acme in _row(d, "cost-table", "acme"))
     assert _text(browser, "cost-total") == total
     assert _text(browser, "cost-unpriced") == str(sum(r.model not in PRICES for r in TRAFFIC))
-    if "cost-change" in REPORTS:
-        before = usd(sum(api_cost(r) for r in PREVIOUS if r.model in PRICES))
-        _wait(browser, lambda d: f"{before} → last 24 h: {total}" in _text(d, "cost-change-total"))
-        _wait(browser, _plots("#cost-change"))
-    else:
-        _wait(browser, lambda d: "Not available" in _text(d, "cost-change"))
+    before = usd(sum(api_cost(r) for r in PREVIOUS if r.model in PRICES))
+    _wait(browser, lambda d: f"{before} → last 24 h: {total}" in _text(d, "cost-change-total"))
+    _wait(browser, _plots("#cost-change"))
     browser.find_element(By.XPATH, "//*[@id='cost-view']//label[normalize-space()='Fully loaded']").click()
     _wait(browser, lambda d: "fully loaded" in _text(d, "cost-updated"))
     _wait(browser, _plots("#cost-chart"))
     assert acme in _row(browser, "cost-table", "acme")  # API-priced: no GPU cost to load
     _finish(browser, "cost", tmp_path)
-
-    monkeypatch.delitem(REPORTS, "cost-change", raising=False)  # a build without the report
-    browser.refresh()
-    _wait(browser, lambda d: "Not available" in _text(d, "cost-change") and acme in _row(d, "cost-table", "acme"))
     assert [e for e in browser.get_log("browser") if e["level"] == "SEVERE"] == []
 
 

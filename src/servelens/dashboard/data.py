@@ -193,11 +193,6 @@ class DataSource:
         REPORT_TOTALS says (extra: e.g. view="busy")."""
         return top(self.frame(name, filters, by=key, **extra), key, measure, REPORT_TOTALS.get(name, {}), search, n)
 
-    @staticmethod
-    def has_report(name: str) -> bool:
-        """Whether this build serves report `name` (pages degrade to a note without it)."""
-        return name in reports.REPORTS
-
     def triggers(self, filters: Filters, state: str = "all") -> list[dict[str, Any]]:
         """SPEC 5's trigger objects of the episodes overlapping the filters' window, newest first."""
         params = filters.params()
