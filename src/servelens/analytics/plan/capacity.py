@@ -26,15 +26,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 from typing import Any, Mapping
 
 from servelens.analytics.plan import queueing
-from servelens.analytics.plan.workload import Workload, measure
-from servelens.analytics.query import QueryError, iso, parse_time
+from servelens.analytics.plan.workload import Workload, measure, plan_window
+from servelens.analytics.query import QueryError, iso
 
 TARGETS = ("p99_queue_ms", "p99_ttft_ms", "p99_latency_ms")
-DEFAULT_WINDOW = timedelta(days=7)
 MAX_CALIBRATED_SLOTS = 4096
 POINTS = 12  # replica counts in `at`
 
@@ -138,12 +137,7 @@ def _ms(seconds: float) -> float | None:
 def plan(store: Any, settings: Any, params: Mapping[str, Any], now: datetime | None = None) -> dict[str, Any]:
     """The SPEC 5 plan/capacity document for `params` (deployment, target, traffic_x,
     input_x, output_x, gpu_hourly_usd, replicas, since, until)."""
-    deployment = params.get("deployment")
-    if not deployment:
-        raise QueryError("deployment: required")
-    now = now or datetime.now(timezone.utc)
-    until = parse_time(params.get("until"), "until") or now
-    since = parse_time(params.get("since"), "since") or until - DEFAULT_WINDOW
+    deployment, since, until = plan_window(params, now)
     target = parse_target(params.get("target"))
     w = measure(store, settings, deployment, since, until)
     computed, points = cache_factor(w, params)

@@ -12,29 +12,24 @@ Formats:
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import Any, Mapping
 
 import polars as pl
 
-from servelens.analytics.plan.replay import DEFAULT_WINDOW, load
-from servelens.analytics.query import QueryError, parse_time
+from servelens.analytics.plan.replay import load
+from servelens.analytics.plan.workload import plan_window
+from servelens.analytics.query import QueryError
 
 FORMATS = ("servelens", "vidur")
 
 
 def export(store: Any, params: Mapping[str, Any], now: datetime | None = None) -> tuple[str, str]:
     """(file name, CSV text) for `params` (deployment, since, until, format)."""
-    deployment = params.get("deployment")
-    if not deployment:
-        raise QueryError("deployment: required")
+    deployment, since, until = plan_window(params, now)
     fmt = params.get("format") or "servelens"
     if fmt not in FORMATS:
         raise QueryError(f"format: one of {', '.join(FORMATS)}")
-    until = parse_time(params.get("until"), "until") or now or datetime.now(timezone.utc)
-    since = parse_time(params.get("since"), "since") or until - DEFAULT_WINDOW
-    if since >= until:
-        raise QueryError("since must be before until")
     r = load(store, deployment, since, until).requests
     start_ns = r.get_column("t_ns")[0]
     seconds = ((pl.col("t_ns") - start_ns) / 1e9).alias("arrived_at_s")

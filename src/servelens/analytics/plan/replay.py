@@ -18,18 +18,17 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import datetime
 from typing import Any, Callable, Mapping
 
 import numpy as np
 import polars as pl
 
 from servelens.analytics.plan.simulate import Autoscaling, Server, fit_step_time, simulate
-from servelens.analytics.plan.workload import measure
-from servelens.analytics.query import QueryError, _ns, iso, json_safe, parse_time
+from servelens.analytics.plan.workload import measure, plan_window
+from servelens.analytics.query import QueryError, _ns, iso, json_safe
 from servelens.analytics.sources import frame
 
-DEFAULT_WINDOW = timedelta(days=7)
 MAX_REQUESTS = 5_000_000  # a week at ~8 req/s; beyond it narrow the window (a trace is held in memory)
 DEFAULT_MAX_SEQS = 256  # vLLM's max_num_seqs default, when the engine reports no running sequences
 LARGE_ERROR = 0.25  # a backtest error beyond this is said plainly
@@ -242,10 +241,7 @@ def _number(params: Mapping[str, Any], name: str, low: float = 0.0) -> float | N
 
 def check(params: Mapping[str, Any]) -> None:
     """Raise QueryError for a bad parameter now, before a job is started for it."""
-    if not params.get("deployment"):
-        raise QueryError("deployment: required")
-    for name in ("since", "until"):
-        parse_time(params.get(name), name)
+    plan_window(params)
     for name in ("traffic_x", "queue_budget_ms", "replicas", "gpu_hourly_usd"):
         _number(params, name)
     _autoscaling(params)
@@ -255,14 +251,7 @@ def replay(store: Any, settings: Any, params: Mapping[str, Any], now: datetime |
            progress: Callable[[float], None] | None = None) -> dict[str, Any]:
     """The replay document: the fitted server, the backtest at the measured capacity, and the
     what-if asked (replicas, autoscaling, traffic_x, gpu_hourly_usd, queue_budget_ms)."""
-    deployment = params.get("deployment")
-    if not deployment:
-        raise QueryError("deployment: required")
-    now = now or datetime.now(timezone.utc)
-    until = parse_time(params.get("until"), "until") or now
-    since = parse_time(params.get("since"), "since") or until - DEFAULT_WINDOW
-    if since >= until:
-        raise QueryError("since must be before until")
+    deployment, since, until = plan_window(params, now)
     traffic_x = _number(params, "traffic_x") or 1.0
     budget_ms = _number(params, "queue_budget_ms")
     asked_replicas = _number(params, "replicas")

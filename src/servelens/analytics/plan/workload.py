@@ -16,12 +16,28 @@ utilization report. What is not measured is None with the reason, never a guess 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from servelens.analytics.reports import utilization
-from servelens.analytics.query import QueryError, ReportQuery, _ns, json_safe
+from servelens.analytics.query import QueryError, ReportQuery, _ns, json_safe, parse_time
 from servelens.analytics.sources import frame
+
+
+DEFAULT_WINDOW = timedelta(days=7)  # what a plan measures unless since/until say otherwise
+
+
+def plan_window(params: Any, now: datetime | None = None) -> tuple[str, datetime, datetime]:
+    """(deployment, since, until) of a plan request: the deployment is required, the window
+    defaults to the DEFAULT_WINDOW before now."""
+    deployment = params.get("deployment")
+    if not deployment:
+        raise QueryError("deployment: required")
+    until = parse_time(params.get("until"), "until") or now or datetime.now(timezone.utc)
+    since = parse_time(params.get("since"), "since") or until - DEFAULT_WINDOW
+    if since >= until:
+        raise QueryError("since must be before until")
+    return deployment, since, until
 
 
 @dataclass(frozen=True)
