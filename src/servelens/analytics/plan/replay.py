@@ -25,7 +25,7 @@ import numpy as np
 import polars as pl
 
 from servelens.analytics.plan.simulate import Autoscaling, Server, fit_step_time, simulate
-from servelens.analytics.plan.workload import measure, plan_window
+from servelens.analytics.plan.workload import DEPLOYMENT_WINDOW, measure, plan_window
 from servelens.analytics.query import QueryError, _ns, iso, json_safe
 from servelens.analytics.sources import frame
 
@@ -33,8 +33,7 @@ MAX_REQUESTS = 5_000_000  # a week at ~8 req/s; beyond it narrow the window (a t
 DEFAULT_MAX_SEQS = 256  # vLLM's max_num_seqs default, when the engine reports no running sequences
 LARGE_ERROR = 0.25  # a backtest error beyond this is said plainly
 
-_WINDOW = ("Deployment = {deployment:String} AND Timestamp >= fromUnixTimestamp64Nano({lo:Int64}) "
-           "AND Timestamp < fromUnixTimestamp64Nano({hi:Int64})")
+_WINDOW = DEPLOYMENT_WINDOW
 
 _COUNT = f"SELECT count() AS n FROM llm_requests WHERE {_WINDOW}"
 
@@ -48,17 +47,13 @@ _TRACE = f"""
     FROM llm_requests WHERE {_WINDOW} ORDER BY t_ns"""
 
 # Whether a replica ever held requests waiting: only then is the most it ran its sequence cap.
-_WAITED = """
-    SELECT max(Waiting) AS waiting FROM engine_samples
-    WHERE Deployment = {deployment:String} AND Timestamp >= fromUnixTimestamp64Nano({lo:Int64})
-      AND Timestamp < fromUnixTimestamp64Nano({hi:Int64})"""
+_WAITED = f"SELECT max(Waiting) AS waiting FROM engine_samples WHERE {_WINDOW}"
 
 # The decode batch a request ran in: the deployment's running sequences per replica that minute.
-_RUNNING = """
+_RUNNING = f"""
     SELECT minute, avg(running) AS running FROM (
         SELECT toStartOfMinute(Timestamp) AS minute, Instance, avg(Running) AS running FROM engine_samples
-        WHERE Deployment = {deployment:String} AND Timestamp >= fromUnixTimestamp64Nano({lo:Int64})
-          AND Timestamp < fromUnixTimestamp64Nano({hi:Int64}) AND Running IS NOT NULL
+        WHERE {_WINDOW} AND Running IS NOT NULL
         GROUP BY minute, Instance)
     GROUP BY minute"""
 

@@ -20,6 +20,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from servelens.analytics.reports import utilization
+from servelens.analytics import sql
 from servelens.analytics.query import QueryError, ReportQuery, _ns, json_safe, parse_time
 from servelens.analytics.sources import frame
 
@@ -71,8 +72,9 @@ class Workload:
         return json_safe(out)
 
 
-_WINDOW = ("Deployment = {deployment:String} AND Timestamp >= fromUnixTimestamp64Nano({lo:Int64}) "
-           "AND Timestamp < fromUnixTimestamp64Nano({hi:Int64})")
+# A deployment's rows in [lo, hi): of llm_requests and of engine_samples alike.
+DEPLOYMENT_WINDOW = "Deployment = {deployment:String} AND " + sql.window("lo", "hi").sql
+_WINDOW = DEPLOYMENT_WINDOW
 
 _PEAK = f"""
     SELECT toUnixTimestamp(toStartOfHour(Timestamp)) AS hour, count() AS n FROM llm_requests WHERE {_WINDOW}
@@ -104,11 +106,10 @@ _CACHED = f"""
     SELECT sum(least(CachedInputTokens, InputTokens)) / nullIf(sum(InputTokens), 0) AS share
     FROM llm_requests WHERE {_WINDOW}"""
 
-_ENGINE = """
+_ENGINE = f"""
     SELECT count() AS replicas, max(most) AS concurrency
     FROM (SELECT Instance, max(Running) AS most FROM engine_samples
-          WHERE Deployment = {deployment:String} AND Timestamp >= fromUnixTimestamp64Nano({lo:Int64})
-            AND Timestamp < fromUnixTimestamp64Nano({hi:Int64}) AND Running IS NOT NULL
+          WHERE {_WINDOW} AND Running IS NOT NULL
           GROUP BY Instance)"""
 
 

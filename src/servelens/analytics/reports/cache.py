@@ -24,6 +24,7 @@ from typing import Any
 
 import polars as pl
 
+from servelens.analytics import sql
 from servelens.analytics.pricing import Catalog
 from servelens.analytics.query import ReportQuery
 from servelens.analytics.reports import cost
@@ -38,7 +39,9 @@ SCHEMA = {"kind": pl.String, "key": pl.String, "unit": pl.String, "lookups": pl.
           "writes": pl.Int64, "hit_rate": pl.Float64, "saved_usd": pl.Float64, "saved_prefill_s": pl.Float64,
           "note": pl.String}
 
-_PREFIX = """
+_WINDOW = sql.window().sql
+
+_PREFIX = f"""
     SELECT Deployment AS deployment, sum(dq) AS queries, sum(dh) AS hits FROM (
         SELECT Deployment, Instance,
                arrayMap((x, p) -> if(x >= p, x - p, x), q, arrayPushFront(arrayPopBack(q), q[1])) AS dqs,
@@ -48,20 +51,19 @@ _PREFIX = """
                      arrayMap(t -> t.2, arraySort(groupArray((Timestamp, assumeNotNull(PrefixCacheQueries))))) AS q,
                      arrayMap(t -> t.2, arraySort(groupArray((Timestamp, ifNull(PrefixCacheHits, 0))))) AS h
               FROM engine_samples
-              WHERE Timestamp >= fromUnixTimestamp64Nano({since_ns:Int64})
-                AND Timestamp < fromUnixTimestamp64Nano({until_ns:Int64}) AND PrefixCacheQueries IS NOT NULL
+              WHERE {_WINDOW} AND PrefixCacheQueries IS NOT NULL
               GROUP BY Deployment, Instance))
     GROUP BY deployment"""
 
 # A counter's increase over the window: each step's rise, a fall (a restart) counting its new
 # value (Prometheus' increase() without extrapolation).
 
-_PREFILL_RATE = """
+_PREFILL_RATE = f"""
     SELECT Deployment AS deployment,
            sum(coalesce(PrefillSeconds, TtftSeconds - ifNull(QueueSeconds, 0))) AS prefill_s,
            sum(InputTokens - least(CachedInputTokens, InputTokens)) AS computed_tokens
     FROM llm_requests
-    WHERE Timestamp >= fromUnixTimestamp64Nano({since_ns:Int64}) AND Timestamp < fromUnixTimestamp64Nano({until_ns:Int64})
+    WHERE {_WINDOW}
       AND NOT IsError AND coalesce(PrefillSeconds, TtftSeconds) IS NOT NULL
     GROUP BY deployment"""
 
@@ -69,8 +71,7 @@ _RESPONSE = f"""
     SELECT ServiceName AS service, count() AS lookups,
            countIf(lower(SpanAttributes['{CACHE_HIT_ATTRIBUTE}']) IN ('true', '1')) AS hits
     FROM otel_traces
-    WHERE Timestamp >= fromUnixTimestamp64Nano({{since_ns:Int64}})
-      AND Timestamp < fromUnixTimestamp64Nano({{until_ns:Int64}})
+    WHERE {_WINDOW}
       AND mapContains(SpanAttributes, '{CACHE_HIT_ATTRIBUTE}')
     GROUP BY service"""
 
@@ -116,10 +117,11 @@ def prefix_rows(store: Any, settings: Settings, q: ReportQuery) -> pl.DataFrame:
     if counts.is_empty():
         return pl.DataFrame(schema=SCHEMA)
     rates = frame(store, _PREFILL_RATE, bounds)
+    by_deployment = {x["deployment"]: x for x in rates.iter_rows(named=True)}
     rows = []
     for r in counts.iter_rows(named=True):
         d = settings.deployment(r["deployment"])
-        rate = next((x for x in rates.iter_rows(named=True) if x["deployment"] == r["deployment"]), None)
+        rate = by_deployment.get(r["deployment"])
         per_token = (rate["prefill_s"] / rate["computed_tokens"]
                      if rate and rate["computed_tokens"] and rate["prefill_s"] is not None else None)
         saved_s = r["hits"] * per_token if per_token is not None else None
