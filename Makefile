@@ -23,8 +23,12 @@ browser:
 	  { echo "installing chromium + chromium-driver for the browser tests"; \
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; }
 
+# The suite in parallel: one worker per core, at most 4 (each holds its own embedded
+# engine, ~1 GiB); TEST_JOBS=0 runs it in this process.
+TEST_JOBS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); [ $$n -gt 4 ] && n=4; echo $$n)
+
 test: $(STAMP) browser
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n $(TEST_JOBS)
 
 test-fast: $(STAMP)
 	$(BIN)/pytest -q -m "not browser"

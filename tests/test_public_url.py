@@ -87,12 +87,13 @@ def test_printed_dashboard_url(tmp_path: Path, public: str | None) -> None:
     """`servelens dashboard --host 0.0.0.0` prints a URL a reader can open; it is only ever
     contacted here on 127.0.0.1."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SERVELENS_")}
+    env["SERVELENS_ADMIN_PASSWORD"] = "an admin's password"  # bound to the network: never open
     if public:
         env["SERVELENS_PUBLIC_URL"] = public
     proc = subprocess.Popen(
         [sys.executable, "-m", "servelens", "dashboard", "--host", "0.0.0.0", "--ui-port", "0",
          "--data-dir", str(tmp_path / "data"), "--log-level", "WARNING"],
-        cwd=tmp_path, env={**env, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+        cwd=tmp_path, env={**env, "PYTHONPATH": str(ROOT / "src")}, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
         text=True)
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(proc.stdout.readline() for _ in range(2)), daemon=True)

@@ -152,7 +152,7 @@ def test_servelens_dashboard_alone_evaluates_the_triggers(tmp_path) -> None:
 
     root = Path(__file__).resolve().parents[2]
     env = {k: v for k, v in os.environ.items() if not k.startswith("SERVELENS_")}
-    env.update({"PYTHONPATH": str(root), "SERVELENS_ANALYTICS__INTERVAL": "1s"})
+    env.update({"PYTHONPATH": str(root / "src"), "SERVELENS_ANALYTICS__INTERVAL": "1s"})
     data = tmp_path / "data"
     log = tmp_path / "dashboard.log"
     took_over = "this dashboard runs the reports and triggers"

@@ -21,6 +21,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from servelens.analytics.query import QueryError, parse_time
+from servelens.analytics.sql import Fragment
 
 MAX_ITEMS = 10_000  # per request: bounds the memory and the size of one insert
 MAX_TEXT = 256  # name and label
@@ -233,6 +234,26 @@ def store_items(store: Any, items: list[Item], now: datetime | None = None) -> i
     return len(rows)
 
 
-def ingest(store: Any, body: bytes) -> int:
-    """The POST handler's work: parse, validate, store; returns the accepted count."""
-    return store_items(store, parse(body))
+def ingest(store: Any, body: bytes, tenant: Fragment | None = None, tenant_name: str | None = None) -> int:
+    """The POST handler's work: parse, validate, store; returns the accepted count.
+
+    With `tenant_name` (an ingest token's tenant; `tenant` its SQL expression over
+    llm_requests), every item must link to a trace of that tenant's requests: results for
+    another tenant's traces, or traces not stored yet, refuse the request (403)."""
+    items = parse(body)
+    if tenant_name is not None and tenant is not None:
+        _check_owned(store, items, tenant, tenant_name)
+    return store_items(store, items)
+
+
+def _check_owned(store: Any, items: list[Item], tenant: Fragment, tenant_name: str) -> None:
+    traces = sorted({i.trace_id for i in items})
+    owned = {row[0] for row in store.client().query(
+        f"SELECT DISTINCT TraceId FROM llm_requests WHERE TraceId IN {{t:Array(String)}} "
+        f"AND {tenant.sql} = {{owner:String}}",
+        parameters={"t": traces, "owner": tenant_name, **tenant.params}).result_rows}
+    bad = [{"index": n, "errors": [f"trace {i.trace_id} holds no request of tenant {tenant_name!r}"]}
+           for n, i in enumerate(items) if i.trace_id not in owned]
+    if bad:
+        raise Rejected(403, f"{len(bad)} of {len(items)} items are for traces this token's tenant does not own; "
+                            "nothing was stored", bad)

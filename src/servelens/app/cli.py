@@ -1,4 +1,5 @@
-"""The `servelens` command (SPEC 1): up, migrate, collector, analytics, dashboard, report, prices, alerts, spool."""
+"""The `servelens` command (SPEC 1): up, migrate, collector, analytics, dashboard, report, prices, alerts, spool,
+users, tokens."""
 
 from __future__ import annotations
 
@@ -120,7 +121,44 @@ def build_parser() -> argparse.ArgumentParser:
     release = spool_sub.add_parser("release", help="put quarantined batches back to be inserted again")
     release.add_argument("id", nargs="?", help="one batch (default: all)")
     _common(release)
+    _access_commands(sub)
     return parser
+
+
+def _access_commands(sub: Any) -> None:
+    """`servelens users` and `servelens tokens` (app.access_cli)."""
+    users = sub.add_parser("users", help="dashboard users: add, list, remove, hash a password for the config")
+    users_sub = users.add_subparsers(dest="users_command", required=True, metavar="ACTION")
+    add = users_sub.add_parser("add", help="add a user, or set an existing one's password and role")
+    add.add_argument("name")
+    add.add_argument("--role", required=True, choices=("admin", "viewer", "tenant"))
+    add.add_argument("--tenant", action="append", metavar="TENANT", help="role tenant: a tenant it reads (repeatable)")
+    add.add_argument("--password-stdin", action="store_true", help="read the password from stdin's first line")
+    _common(add)
+    listing = users_sub.add_parser("list", help="every user, from the config and the store")
+    listing.add_argument("--json", action="store_true")
+    _common(listing)
+    remove = users_sub.add_parser("remove", help="remove a user added with `users add`")
+    remove.add_argument("name")
+    _common(remove)
+    hashing = users_sub.add_parser("hash", help="print an argon2id hash of a password, for auth.users")
+    hashing.add_argument("--password-stdin", action="store_true", help="read the password from stdin's first line")
+    hashing.add_argument("--log-level", default="WARNING", help=argparse.SUPPRESS)
+    tokens = sub.add_parser("tokens", help="API and collector tokens: create, list, revoke")
+    tokens_sub = tokens.add_subparsers(dest="tokens_command", required=True, metavar="ACTION")
+    create = tokens_sub.add_parser("create", help="a new bearer token, printed once")
+    create.add_argument("--role", required=True, choices=("admin", "viewer", "tenant", "ingest"),
+                        help="ingest: writes telemetry and evaluations (for --tenant, or the operator's without)")
+    create.add_argument("--tenant", action="append", metavar="TENANT", help="role tenant or ingest: its tenant")
+    create.add_argument("--name", help="what it is for (shown in listings)")
+    create.add_argument("--expires", metavar="WHEN", help="a duration (90d) or an ISO-8601 time; default never")
+    _common(create)
+    tlist = tokens_sub.add_parser("list", help="every token (never the token itself)")
+    tlist.add_argument("--json", action="store_true")
+    _common(tlist)
+    revoke = tokens_sub.add_parser("revoke", help="revoke a token by its id")
+    revoke.add_argument("id")
+    _common(revoke)
 
 
 # Commands that evaluate triggers: their settings are validated with every kind's section.
@@ -137,6 +175,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
+        if args.command == "users" and args.users_command == "hash":
+            from servelens.app import access_cli
+
+            return access_cli.hash_command(args.password_stdin)
         if args.command in TRIGGER_COMMANDS:
             # Every trigger kind registered first, so a bad key under triggers: fails now, naming it.
             from servelens.analytics.triggers import detectors  # noqa: F401
@@ -157,6 +199,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _plan(args, settings)
         if args.command == "triggers":
             return _triggers(args, settings)
+        if args.command in ("users", "tokens"):
+            from servelens.app import access_cli
+
+            return access_cli.run(args, settings)
         if args.command == "spool":
             from servelens.app import spool_cli
 

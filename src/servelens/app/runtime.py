@@ -104,6 +104,17 @@ def run(command: str, settings: Settings, demo: bool = False, once: bool = False
         return 0
     if command == "analytics" and once:
         return _analytics_once(store, settings)
+    credentials = None
+    if command in ("up", "dashboard"):  # refused before anything listens (app.access_cli.ensure_admin)
+        from servelens.app.access_cli import ensure_admin
+        from servelens.core.auth.credentials import Credentials
+
+        credentials = Credentials(store, settings)
+        try:
+            ensure_admin(credentials, settings, store)
+        except ConfigError:
+            store.close()
+            raise
 
     stop = _stop_on_signal()
     components: list[Any] = []  # started in order, stopped in reverse
@@ -146,7 +157,8 @@ def run(command: str, settings: Settings, demo: bool = False, once: bool = False
 
                 def on_demand() -> dict[str, Any]:  # POST /api/v1/analytics/run's trigger windows
                     return catch_up(store, settings, dispatcher)
-            server = DashboardServer(create_app(settings, store, stats, evaluate_triggers=on_demand),
+            server = DashboardServer(create_app(settings, store, stats, evaluate_triggers=on_demand,
+                                                credentials=credentials),
                                      settings.host, settings.ui_port)
             server.start()
             components.append(server)

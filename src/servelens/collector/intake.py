@@ -23,11 +23,11 @@ from servelens.collector.mapping.logs import logs_to_rows
 from servelens.collector.mapping.metrics import metrics_to_rows
 from servelens.collector.mapping.spans import Batch, spans_to_rows
 from servelens.collector.telemetry import SelfMetrics
+from servelens.core.auth.credentials import Credentials
 from servelens.collector.pipeline.writer import Writer
 
-# A token bound to this "tenant" is the operator's: not scoped to a tenant (its spans keep
-# their own tenant attributes; its GPU and engine metrics count as the fleet's).
-OPERATOR_TENANT = "*"
+# A collector token bound to OPERATOR_TENANT ("*") is the operator's: not scoped to a tenant
+# (its spans keep their own tenant attributes; its GPU and engine metrics count as the fleet's).
 # Metrics and logs written with a tenant's token carry it here (ResourceAttributes): the
 # fleet's tables built from metrics (gpu_samples) ignore them, so one tenant cannot report
 # GPUs and shift another's GPU cost (migrations/0013).
@@ -62,24 +62,37 @@ def export_response(signal: str, result: ExportResult) -> Message:
 
 class Intake:
     def __init__(self, writer: Writer, metrics: SelfMetrics, tenant_keys: tuple[str, ...],
-                 tokens: dict[str, str] | None = None, write_timeout: float = 30.0,
+                 credentials: Credentials | None = None, write_timeout: float = 30.0,
                  trace_mapping: str = "python", retention_days: int | None = None) -> None:
         self.writer = writer
         self.retention_days = retention_days
         self.trace_mapping = trace_mapping
         self.metrics = metrics
         self.tenant_keys = tenant_keys
-        self.tokens = dict(tokens or {})
+        self.credentials = credentials  # None: no tokens asked (tests of the mapping alone)
         self.write_timeout = write_timeout
 
+    def tokens_required(self) -> bool:
+        return self.credentials is not None and self.credentials.ingest_tokens_required()
+
     def tenant_for(self, token: str | None) -> str | None:
-        """The token's tenant; raises Unauthenticated when auth is on and the token is unknown."""
-        if not self.tokens:
+        """The token's tenant (None: the operator's, unscoped); raises Unauthenticated when
+        tokens are asked for and this one is missing, unknown, expired, revoked, or a
+        token that does not write telemetry (a viewer's)."""
+        if not self.tokens_required():
             return None
-        if token is None or token not in self.tokens:
+        who = self.credentials.token(token) if self.credentials is not None else None
+        if who is None or who.role not in ("ingest", "admin"):
             raise Unauthenticated("missing or invalid bearer token")
-        tenant = self.tokens[token]
-        return None if tenant == OPERATOR_TENANT else tenant
+        return who.tenants[0] if who.tenants else None
+
+    def may_read_metrics(self, token: str | None) -> bool:
+        """Whether the collector's own /metrics answers: always where access control is off
+        (Credentials.required), else to an admin or viewer token."""
+        if self.credentials is None or not self.credentials.required():
+            return True
+        who = self.credentials.token(token)
+        return who is not None and who.role in ("admin", "viewer")
 
     def maps_raw(self, signal: str) -> bool:
         """Whether export takes this signal's protobuf bytes unparsed (the engine maps them)."""
@@ -128,7 +141,7 @@ class Intake:
         if signal == "traces":
             return [spans_to_rows(request, tenant, self.tenant_keys, window)]
         batches = metrics_to_rows(request, window) if signal == "metrics" else [logs_to_rows(request, window)]
-        if self.tokens:
+        if self.tokens_required():
             for batch in batches:
                 _stamp_writer(batch, tenant)
         return batches

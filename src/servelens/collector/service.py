@@ -12,6 +12,7 @@ from servelens.collector.receivers.scrape import Scrapers
 from servelens.collector.pipeline.spool import Spool
 from servelens.collector.telemetry import SelfMetrics
 from servelens.collector.pipeline.writer import Writer, WriterSettings
+from servelens.core.auth.credentials import Credentials
 from servelens.core.config import Settings
 from servelens.core.store import Store
 
@@ -28,12 +29,14 @@ class Collector:
             flush_interval=c.flush_interval.total_seconds(), store_retry=c.store_retry.total_seconds(),
             acknowledge=c.acknowledge, linger=c.spool_linger.total_seconds(),
         ), self.metrics, spool)
-        self.intake = Intake(self.writer, self.metrics, tuple(settings.attributes.tenant), c.tokens,
+        self.credentials = Credentials(store, settings)
+        self.intake = Intake(self.writer, self.metrics, tuple(settings.attributes.tenant), self.credentials,
                              write_timeout=c.write_timeout.total_seconds(),
                              trace_mapping=engine_spans.resolve(c.trace_mapping, store),
                              retention_days=settings.store.retention_days)
         app = OtlpHttpApp(self.intake, c.max_request_bytes,
-                          extra_routes={"/metrics": lambda: ("text/plain; version=0.0.4", self.metrics.exposition())})
+                          extra_routes={"/metrics": lambda: ("text/plain; version=0.0.4", self.metrics.exposition())},
+                          guard_extra=self.intake.may_read_metrics)
         self.http = HttpReceiver(app, settings.host, settings.otlp_http_port)
         self.grpc = GrpcReceiver(self.intake, settings.host, settings.otlp_grpc_port, c.max_request_bytes)
         self.scrapers = Scrapers(settings.scrape.targets, self.writer, self.metrics)

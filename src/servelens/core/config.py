@@ -437,6 +437,48 @@ class DashboardConfig(_Strict):
     evaluate_triggers: Literal["auto", "on", "off"] = "auto"
 
 
+class UserConfig(_Strict):
+    """A user declared in the file (others are added with `servelens users add`)."""
+
+    name: str = Field(min_length=1, max_length=128)
+    password_hash: str = Field(min_length=1)  # argon2id, as `servelens users hash` prints it
+    role: Literal["admin", "viewer", "tenant"]
+    tenants: list[str] = []  # role tenant: the tenants whose numbers this user reads
+
+    @model_validator(mode="after")
+    def _tenants(self) -> UserConfig:
+        if (self.role == "tenant") != bool(self.tenants):
+            raise ValueError("role tenant needs tenants; other roles take none")
+        return self
+
+
+class AuthConfig(_Strict):
+    """Sign-in, roles and API tokens (SPEC 9). Access control is on when any user exists
+    (here or added with `servelens users add`) or the dashboard is bound to a non-loopback
+    address; on loopback with no users the dashboard is open (the demo)."""
+
+    users: list[UserConfig] = []
+    # Host names the dashboard answers besides the bound address, localhost and
+    # public_url's host (a request naming any other is refused: DNS rebinding). "*": any.
+    allowed_hosts: list[str] = []
+    session_lifetime: timedelta = timedelta(hours=12)
+    # After this many wrong passwords for one user name within lockout, sign-in for that
+    # name is refused until lockout has passed since the last failure.
+    max_failed_signins: int = Field(5, ge=1)
+    lockout: timedelta = timedelta(minutes=15)
+
+    _dur = field_validator("session_lifetime", "lockout", mode="before")(parse_duration)
+
+    @field_validator("users")
+    @classmethod
+    def _unique(cls, v: list[UserConfig]) -> list[UserConfig]:
+        names = [u.name for u in v]
+        repeated = sorted({n for n in names if names.count(n) > 1})
+        if repeated:
+            raise ValueError(f"user names must be unique; repeated: {repeated}")
+        return v
+
+
 class GpusConfig(_Strict):  # busy time; auto: DCGM_FI_PROF_GR_ENGINE_ACTIVE where reported, else DCGM_FI_DEV_GPU_UTIL
     busy_metric: Literal["auto", "gr_engine_active", "gpu_util"] = "auto"
 
@@ -505,6 +547,7 @@ class Settings(BaseSettings):
     analytics: AnalyticsConfig = AnalyticsConfig()
     dashboard: DashboardConfig = DashboardConfig()
     gpus: GpusConfig = GpusConfig()
+    auth: AuthConfig = AuthConfig()
     spend_budgets: list[SpendBudget] = []
     slos: list[SloConfig] = []
 

@@ -16,11 +16,12 @@ from werkzeug.exceptions import HTTPException
 import servelens
 from servelens.analytics import evaluations, scheduler
 from servelens.analytics.reports import registry as reports, series, traces_search
-from servelens.analytics.query import QueryError, ReportQuery
+from servelens.analytics.query import QueryError, ReportQuery, key_expr
 from servelens.collector.pipeline.spool import quarantine_summary
 from servelens.analytics.plan import capacity, export, jobs, replay
 from servelens.analytics.triggers import engine as triggers_engine
 from servelens.analytics.triggers import replay as replays
+from servelens.dashboard import access
 from servelens.dashboard.guard import Guard, Refused
 from servelens.core.config import Settings
 
@@ -49,11 +50,12 @@ def _read_bounded(limit: int) -> bytes | None:
     return b"".join(chunks)
 
 
-def _triggers(store: Any, params: Any) -> dict[str, Any]:
+def _triggers(store: Any, params: Any, who: access.Principal) -> dict[str, Any]:
     """SPEC 5 /api/v1/triggers: episodes overlapping [since, until) (default the last 24 h);
     state=active keeps the active ones, state=all (default) every one."""
     q = ReportQuery.from_params({"since": params.get("since"), "until": params.get("until")})
-    return {"triggers": triggers_engine.list_triggers(store, q.since, q.until, params.get("state") or "all")}
+    found = triggers_engine.list_triggers(store, q.since, q.until, params.get("state") or "all")
+    return {"triggers": access.visible_triggers(who, found)}
 
 
 def _guarded(guard: Guard, what: str, fn: Callable[..., Any], *args: Any) -> Response:
@@ -168,18 +170,24 @@ def blueprint(settings: Settings, store: Any, collector_stats: Callable[[], dict
 
     @api.post("/v1/evaluations")
     def post_evaluations() -> Any:
+        # JSON only: a cross-site HTML form can send text/plain without a preflight
+        if request.mimetype != "application/json":
+            return _error(415, "send the results as JSON (Content-Type: application/json)")
+        who = access.principal()
+        owner = who.tenants[0] if who.role == "ingest" and who.tenants else None
         limit = settings.collector.max_request_bytes
         body = _read_bounded(limit)
         if body is None:
             return _error(413, f"body over {limit} bytes")
         try:
-            return _json({"accepted": evaluations.ingest(store, body)})
+            tenant = key_expr("tenant", settings.attributes) if owner is not None else None
+            return _json({"accepted": evaluations.ingest(store, body, tenant, owner)})
         except evaluations.Rejected as exc:
             return _json(exc.body, exc.status)
 
     @api.get("/v1/triggers")
     def triggers() -> Any:
-        return _guarded(guard, "triggers", _triggers, store, request.args.to_dict())
+        return _guarded(guard, "triggers", _triggers, store, request.args.to_dict(), access.principal())
 
     @api.get("/v1/traces")
     def traces() -> Any:
@@ -192,7 +200,7 @@ def blueprint(settings: Settings, store: Any, collector_stats: Callable[[], dict
         except QueryError as exc:
             return _error(400, str(exc))
         found = _guarded(guard, "trace lookup", traces_search.get_trace, store, settings, trace_id)
-        if found.status_code == 200 and found.get_json() is None:
+        if found.status_code == 200 and not access.may_see_trace(access.principal(), found.get_json()):
             return _error(404, f"no trace {trace_id}")
         return found
 

@@ -17,7 +17,8 @@ import dash
 import flask
 from dash import ALL, Input, Output, State, dcc, html
 
-from servelens.dashboard import api, data, timecharts
+from servelens.core.auth.credentials import Credentials
+from servelens.dashboard import access, admin_api, api, data, signin, timecharts
 from servelens.dashboard.components import pause_when_hidden
 from servelens.dashboard.guard import Guard
 from servelens.core.config import Settings
@@ -30,7 +31,11 @@ PRODUCT = "servelens"
 _OPTIONS_REFRESH_MS = 60_000  # new services/models appear without a reload
 # The navigation in SPEC 8's order, by page path; pages not listed follow in registry order.
 NAV_ORDER = ("/", "/latency", "/cost", "/gpus", "/quality", "/workload", "/reliability", "/triggers", "/traces",
-             "/slos", "/plan")
+             "/slos", "/plan", "/ingest", "/admin")
+# Pages that only show fleet-wide numbers: not in a tenant viewer's navigation (their
+# callbacks refuse them anyway: dashboard.data.DataSource.for_principal).
+FLEET_PAGES = frozenset({"/gpus", "/slos", "/plan", "/ingest"})
+ADMIN_PAGES = frozenset({"/admin"})
 _PLACEHOLDERS = {"service": "All services", "deployment": "All deployments",
                  "model": "All models", "tenant": "All tenants"}
 
@@ -38,17 +43,23 @@ _PLACEHOLDERS = {"service": "All services", "deployment": "All deployments",
 def create_app(settings: Settings, store: Any,
                collector_stats: Callable[[], dict[str, float]] | None = None,
                guard: Guard | None = None,
-               evaluate_triggers: Callable[[], dict[str, Any]] | None = None) -> dash.Dash:
+               evaluate_triggers: Callable[[], dict[str, Any]] | None = None,
+               credentials: Credentials | None = None) -> dash.Dash:
     """A new Dash app bound to settings and store (tests build one per test).
 
     `guard`: the deadline and pool every report call of the pages and the API runs under.
     `evaluate_triggers`: what `POST /api/v1/analytics/run` evaluates the due trigger windows
     with (dashboard.api.blueprint).
+    `credentials`: the users and tokens (dashboard.access); by default read from the store.
     """
     # name="servelens.dashboard" makes Dash import the pages as servelens.dashboard.pages.<name>.
     app = dash.Dash("servelens.dashboard", use_pages=True, pages_folder=str(PAGES_DIR),
                     assets_folder=str(ASSETS_DIR), title=PRODUCT, update_title=None)
     guard = guard or Guard()
+    credentials = credentials or Credentials(store, settings)
+    access.Access(settings, credentials).install(app.server)
+    app.server.register_blueprint(signin.blueprint(settings, credentials, store))
+    app.server.register_blueprint(admin_api.blueprint(credentials, store))
     source = data.DataSource(settings, store, guard)
     data.attach(app.server, source)
     app.server.register_blueprint(api.blueprint(settings, store, collector_stats, guard, evaluate_triggers,
@@ -130,6 +141,7 @@ def _last_resort(wsgi_app: Callable[..., Any], headers: dict[str, str]) -> Calla
 
 
 def _layout() -> html.Div:
+    who = access.principal()
     return html.Div(className="app", children=[
         html.Header(className="topbar", children=[
             html.Div(className="topbar-row", children=[
@@ -137,8 +149,9 @@ def _layout() -> html.Div:
                 html.Nav(className="nav", children=[
                     dcc.Link(page["name"], href=page["relative_path"], className="nav-link",
                              id={"type": "nav-link", "path": page["relative_path"]})
-                    for page in _nav_pages()
+                    for page in _nav_pages(who)
                 ]),
+                _who_box(who),
             ]),
             html.Div(className="filters", children=[
                 dcc.RadioItems(
@@ -150,10 +163,7 @@ def _layout() -> html.Div:
                           placeholder="from (UTC)", persistence=True, persistence_type="session"),
                 dcc.Input(id="filter-to", className="filter-time", type="text", debounce=True,
                           placeholder="to (UTC)", persistence=True, persistence_type="session"),
-                *(dcc.Dropdown(id=f"filter-{key}", className="filter-dropdown", options=[],
-                               placeholder=_PLACEHOLDERS[key], clearable=True,
-                               persistence=True, persistence_type="session")
-                  for key in data.FILTER_KEYS),
+                *(_filter_dropdown(key, who) for key in data.FILTER_KEYS),
             ]),
         ]),
         dcc.Location(id="url"),
@@ -165,8 +175,32 @@ def _layout() -> html.Div:
     ])
 
 
-def _nav_pages() -> list[dict[str, Any]]:
-    pages = list(dash.page_registry.values())
+def _filter_dropdown(key: str, who: access.Principal) -> dcc.Dropdown:
+    """A global filter; a tenant viewer's tenant filter holds one of their tenants, never "all"."""
+    if key == "tenant" and not who.reads_every_tenant and who.tenants:
+        return dcc.Dropdown(id="filter-tenant", className="filter-dropdown", options=list(who.tenants),
+                            value=who.tenants[0], clearable=False)
+    return dcc.Dropdown(id=f"filter-{key}", className="filter-dropdown", options=[], placeholder=_PLACEHOLDERS[key],
+                        clearable=True, persistence=True, persistence_type="session")
+
+
+def _who_box(who: access.Principal) -> html.Div | None:
+    """The signed-in user and the sign-out button (none in the open loopback mode)."""
+    if who.via != "session":
+        return None
+    role = who.role if who.reads_every_tenant else f"tenant {', '.join(who.tenants)}"
+    return html.Div(className="who", children=[
+        html.Span(f"{who.name} · {role}", className="who-name"),
+        html.Form(html.Button("Sign out", type="submit", className="who-signout", id="sign-out"),
+                  method="post", action="/signout"),
+    ])
+
+
+def _nav_pages(who: access.Principal | None = None) -> list[dict[str, Any]]:
+    who = who or access.OPEN
+    pages = [p for p in dash.page_registry.values()
+             if (who.is_admin or p["path"] not in ADMIN_PAGES)
+             and (who.reads_every_tenant or p["path"] not in FLEET_PAGES)]
     rank = {path: i for i, path in enumerate(NAV_ORDER)}
     return sorted(pages, key=lambda p: rank.get(p["path"], len(NAV_ORDER)))  # stable: registry order after
 

@@ -8,6 +8,7 @@ in are identifiers from analytics.query's fixed key table.
 
 from __future__ import annotations
 
+import copy
 import json
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
@@ -16,12 +17,14 @@ from typing import Any, Mapping, Sequence
 import flask
 import polars as pl
 
-from servelens.analytics.reports import registry as reports
+from servelens.analytics.reports import overview, registry as reports, series as series_report, traces_search
 from servelens.analytics.plan import jobs
 from servelens.analytics.query import ReportQuery, key_expr
 from servelens.analytics.triggers import engine as triggers_engine
-from servelens.dashboard.guard import Guard
+from servelens.core.auth.credentials import OPEN, Principal
 from servelens.core.config import Settings
+from servelens.dashboard import access
+from servelens.dashboard.guard import Forbidden, Guard
 
 # The time-range selector's choices, shortest first.
 RANGES: dict[str, timedelta] = {
@@ -138,33 +141,88 @@ class DataSource:
 
     def __init__(self, settings: Settings, store: Any, guard: Guard | None = None) -> None:
         self.settings = settings
-        self.store = store
+        self._store = store
         self.guard = guard or Guard()
         self.jobs = jobs.Jobs()  # the replays the Plan page and the API start, one at a time
+        self.principal: Principal = OPEN
+
+    # --- who reads (dashboard.access): a tenant viewer's view of the same source ----------
+
+    def for_principal(self, who: Principal) -> DataSource:
+        """This source as `who` reads it: itself for one who reads every tenant; for a
+        tenant viewer a view whose every report is filtered to their tenant, and whose
+        fleet-wide reads (the raw store, fleet-only reports) raise Forbidden."""
+        if who.reads_every_tenant:
+            return self
+        view = copy.copy(self)
+        view.principal = who
+        return view
+
+    @property
+    def restricted(self) -> bool:
+        return not self.principal.reads_every_tenant
+
+    @property
+    def store(self) -> Any:
+        """The store itself, for pages that query beyond the reports: not for tenant viewers."""
+        if self.restricted:
+            raise Forbidden("this page reads fleet-wide data: not open to tenant viewers")
+        return self._store
+
+    def _params(self, filters: Filters, extra: Mapping[str, Any], report: str | None = None) -> dict[str, Any]:
+        """The report parameters of filters and extra, narrowed to the reader's tenant."""
+        if report is not None and self.restricted and report not in access.TENANT_REPORTS:
+            raise Forbidden(f"the {report} report is fleet-wide: not open to tenant viewers")
+        params = {**filters.params(), **extra}
+        if self.restricted:
+            params["tenant"] = access.tenant_scope(self.principal, params.get("tenant"))
+        return params
 
     def report(self, name: str, filters: Filters, **extra: Any) -> dict[str, Any]:
         """analytics.reports.run for the filters' window (extra: e.g. by="model")."""
-        return reports.run(name, self.store, self.settings, {**filters.params(), **extra})
+        return reports.run(name, self._store, self.settings, self._params(filters, extra, name))
 
     def computed(self, fn: Any, filters: Filters, **extra: Any) -> list[dict[str, Any]]:
         """The rows of fn(store, settings, query) (a part of a report) as reports.run gives them."""
-        q = ReportQuery.from_params({**filters.params(), **extra})
-        return reports.to_records(fn(self.store, self.settings, q))
+        return reports.to_records(self.value(fn, filters, **extra))
 
     def value(self, fn: Any, filters: Filters, **extra: Any) -> Any:
-        """fn(store, settings, query): one value of a report, computed on its own."""
-        return fn(self.store, self.settings, ReportQuery.from_params({**filters.params(), **extra}))
+        """fn(store, settings, query): one value of a report, computed on its own (for a
+        tenant viewer only the functions that filter by tenant: _TENANT_VALUES)."""
+        if self.restricted and fn not in _TENANT_VALUES:
+            raise Forbidden("this number is fleet-wide: not open to tenant viewers")
+        return fn(self._store, self.settings, ReportQuery.from_params(self._params(filters, extra)))
+
+    def series(self, metric: str, params: Mapping[str, Any]) -> dict[str, Any]:
+        """analytics.reports.series.run, narrowed to the reader's tenant."""
+        params = dict(params)
+        if self.restricted:
+            if metric not in access.TENANT_SERIES:
+                raise Forbidden(f"the {metric} series is fleet-wide: not open to tenant viewers")
+            params["tenant"] = access.tenant_scope(self.principal, params.get("tenant"))
+        return series_report.run(metric, self._store, self.settings, params)
+
+    def trace_search(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        params = dict(params)
+        if self.restricted:
+            params["tenant"] = access.tenant_scope(self.principal, params.get("tenant"))
+        return traces_search.search(self._store, self.settings, params)
+
+    def trace(self, trace_id: str) -> dict[str, Any] | None:
+        """One trace, or None when it is not stored or not the reader's (access.may_see_trace)."""
+        found = traces_search.get_trace(self._store, self.settings, trace_id)
+        return found if access.may_see_trace(self.principal, found) else None
 
     def scheduled_rows(self, name: str, filters: Filters, now: datetime | None = None) -> tuple[list, datetime] | None:
         """The rows the analytics scheduler stored for report `name` over the last 24 h
         (analytics.scheduler: every analytics.interval, the window ending at its last
         boundary), when the filters ask for exactly that and the result is at most two
         intervals old; with its window's end. None otherwise: compute it live."""
-        if not self.range_is_default_window(filters):
-            return None
+        if self.restricted or not self.range_is_default_window(filters):
+            return None  # the scheduler's rows are every tenant's
         now = now or datetime.now(timezone.utc)
         fresh = now - 2 * self.settings.analytics.interval
-        row = self.store.client().query(
+        row = self._store.client().query(
             "SELECT until, argMax(rows, computed_at) FROM analytics_results WHERE report = {report:String} "
             "AND until >= {fresh:DateTime64(3)} AND dateDiff('second', since, until) = 86400 "
             "GROUP BY since, until ORDER BY until DESC LIMIT 1",
@@ -184,8 +242,8 @@ class DataSource:
 
     def frame(self, name: str, filters: Filters, **extra: Any) -> pl.DataFrame:
         """The report's frame itself: a page cuts it before any row becomes a Python dict."""
-        q = ReportQuery.from_params({**filters.params(), **extra}, default_by=reports.REPORTS[name][1])
-        return reports.compute(name, self.store, self.settings, q)
+        q = ReportQuery.from_params(self._params(filters, extra, name), default_by=reports.REPORTS[name][1])
+        return reports.compute(name, self._store, self.settings, q)
 
     def top(self, name: str, filters: Filters, key: str, measure: str | Sequence[str], search: str | None = None,
             n: int = TOP_N, **extra: Any) -> Top:
@@ -196,17 +254,20 @@ class DataSource:
     def triggers(self, filters: Filters, state: str = "all") -> list[dict[str, Any]]:
         """SPEC 5's trigger objects of the episodes overlapping the filters' window, newest first."""
         params = filters.params()
-        return triggers_engine.list_triggers(self.store, params["since"], params["until"], state)
+        found = triggers_engine.list_triggers(self._store, params["since"], params["until"], state)
+        return access.visible_triggers(self.principal, found)
 
     def trigger(self, episode_id: str) -> dict[str, Any] | None:
         """The episode with this id whenever it ran: an alert's link outlives any time range."""
-        return triggers_engine.get_trigger(self.store, episode_id)
+        found = triggers_engine.get_trigger(self._store, episode_id)
+        return found if found is None or access.visible_triggers(self.principal, [found]) else None
 
     def filter_options(self, range_key: str, now: datetime | None = None) -> dict[str, list[str]]:
         """Distinct non-empty values of each filter key over the window, sorted."""
         until = now or datetime.now(timezone.utc)
-        q = ReportQuery(until - RANGES.get(range_key, RANGES["30d"] if range_key == CUSTOM else RANGES[DEFAULT_RANGE]),
-                        until)
+        since = until - RANGES.get(range_key, RANGES["30d"] if range_key == CUSTOM else RANGES[DEFAULT_RANGE])
+        scope = {"tenant": access.tenant_scope(self.principal, None)} if self.restricted else {}
+        q = ReportQuery(since, until, filters=scope)
         where, params = q.where(self.settings.attributes)
         columns = []
         for key in FILTER_KEYS:
@@ -215,8 +276,11 @@ class DataSource:
             # toValidUTF8: a value that is not UTF-8 reads as the tables show it (U+FFFD)
             columns.append(f"arraySort(groupUniqArrayIf({OPTION_LIMIT})(toValidUTF8({expr}), {expr} != '')) AS {key}")
         sql = f"SELECT {', '.join(columns)} FROM llm_requests WHERE {where}"
-        row = self.store.client().query(sql, parameters=params).first_row
-        return {key: list(values) for key, values in zip(FILTER_KEYS, row)}
+        row = self._store.client().query(sql, parameters=params).first_row
+        options = {key: list(values) for key, values in zip(FILTER_KEYS, row)}
+        if self.restricted:  # every tenant of theirs, active in the window or not
+            options["tenant"] = sorted(self.principal.tenants)
+        return options
 
 
 # --- Top N ----------------------------------------------------------------------------------
@@ -332,5 +396,10 @@ def attach(server: flask.Flask, source: DataSource) -> None:
 
 
 def current() -> DataSource:
-    """The DataSource of the app serving the current request (callbacks run in one)."""
-    return flask.current_app.config[_CONFIG_KEY]
+    """The DataSource of the app serving the current request (callbacks run in one), as
+    the caller reads it (DataSource.for_principal)."""
+    return flask.current_app.config[_CONFIG_KEY].for_principal(access.principal())
+
+
+# The functions DataSource.value runs for a tenant viewer: each filters by tenant.
+_TENANT_VALUES = frozenset({overview.binding, overview.headline})

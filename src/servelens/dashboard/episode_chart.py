@@ -12,7 +12,6 @@ from typing import Any
 
 from dash import html
 
-from servelens.analytics.reports import series
 from servelens.analytics.query import FILTER_KEYS
 from servelens.dashboard import data, timecharts
 from servelens.dashboard.components import empty
@@ -55,7 +54,7 @@ def fetch(source: data.DataSource, trigger: dict[str, Any] | None) -> tuple | No
     metric, name, unit = SIGNALS[trigger["kind"]]
     since, until = span(trigger)
     subject = {k: str(v) for k, v in trigger["subject"].items() if k in FILTER_KEYS}
-    doc = series.run(metric, source.store, source.settings, {"since": since, "until": until, **subject})
+    doc = source.series(metric, {"since": since, "until": until, **subject})
     return trigger, Chart("signal", name, (Line(metric, name),), unit=unit, height=240), doc, (since, until)
 
 

@@ -49,6 +49,12 @@ class Failed(Refused):
     """An internal error: the message names only a reference into the log."""
 
 
+class Forbidden(Refused):
+    """What the caller may not read (dashboard.access); the message says what."""
+
+    status = 403
+
+
 def _timed_out(exc: BaseException) -> bool:
     # the engine's max_execution_time surfaces as ClickHouse's TIMEOUT_EXCEEDED (code 159)
     return isinstance(exc, sources.DeadlineExceeded) or getattr(exc, "code", None) == 159
@@ -77,7 +83,7 @@ class Guard:
         except FutureTimeout:
             log.warning("%s: no result within %.1f s", what, self.deadline_s)
             raise TimedOut(f"no result within {self.deadline_s:g} s: narrow the window or the filters") from None
-        except (QueryError, *_PASS_THROUGH):
+        except (QueryError, Refused, *_PASS_THROUGH):
             raise
         except BaseException as exc:  # noqa: BLE001 - panics included: see the module doc
             if _timed_out(exc):

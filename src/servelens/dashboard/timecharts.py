@@ -75,8 +75,7 @@ def _docs(source: data.DataSource, chart: Chart, params: dict[str, Any], control
     for line in chart.lines:
         if line.by == CONTROL:
             line = Line(line.metric, line.name, control, line.dash)
-        docs.append((line, series.run(line.metric, source.store, source.settings,
-                                      {**params, **({"by": line.by} if line.by else {})})))
+        docs.append((line, source.series(line.metric, {**params, **({"by": line.by} if line.by else {})})))
     return docs
 
 

@@ -30,15 +30,20 @@ class OtlpHttpApp:
     """The WSGI application. `extra_routes` maps GET paths to (content_type, body()) handlers."""
 
     def __init__(self, intake: Intake, max_request_bytes: int,
-                 extra_routes: dict[str, Callable[[], tuple[str, bytes]]] | None = None) -> None:
+                 extra_routes: dict[str, Callable[[], tuple[str, bytes]]] | None = None,
+                 guard_extra: Callable[[str | None], bool] | None = None) -> None:
         self.intake = intake
         self.max_request_bytes = max_request_bytes
         self.extra_routes = extra_routes or {}
+        self.guard_extra = guard_extra  # whether a bearer token may GET the extra routes
 
     def __call__(self, environ: dict[str, Any], start_response: Callable) -> Iterable[bytes]:
         path = environ.get("PATH_INFO", "")
         method = environ.get("REQUEST_METHOD", "GET")
         if method == "GET" and path in self.extra_routes:
+            if self.guard_extra is not None and not self.guard_extra(_bearer(environ.get("HTTP_AUTHORIZATION"))):
+                return _reply(start_response, 401, "text/plain", b"send a viewer or admin token: Authorization: Bearer ...\n",
+                              [("WWW-Authenticate", 'Bearer realm="servelens"')])
             content_type, body = self.extra_routes[path]()
             return _reply(start_response, 200, content_type, body)
         signal = ROUTES.get(path)

@@ -10,7 +10,7 @@ from dash import html
 from servelens.analytics.reports import overview
 from servelens.dashboard import data
 from servelens.dashboard import timecharts
-from servelens.dashboard.timecharts import CONTROL, Chart, Line
+from servelens.dashboard.timecharts import Chart, Line
 from servelens.collector.pipeline.spool import quarantine_summary
 from servelens.dashboard.components import LOADING, NO_REQUESTS, alert, card, integer, ms, page, panel, pct, register_refresh, search_box, show, top_table, updated_line, usd
 
@@ -94,7 +94,9 @@ def layout(**_query: str) -> html.Div:
 
 
 def fetch_cards(source: data.DataSource, filters: data.Filters) -> tuple[list[dict[str, Any]], dict[str, int]]:
-    return source.computed(overview.headline, filters), quarantine_summary(source.settings.spool_dir)
+    # the quarantine is the fleet's ingest health: not a tenant viewer's
+    quarantine = {"quarantined_batches": 0} if source.restricted else quarantine_summary(source.settings.spool_dir)
+    return source.computed(overview.headline, filters), quarantine
 
 
 def fetch_binding(source: data.DataSource, filters: data.Filters) -> tuple[str | None, Any]:

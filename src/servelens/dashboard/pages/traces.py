@@ -15,7 +15,6 @@ from typing import Any
 import dash
 from dash import Input, Output, dcc, html
 
-from servelens.analytics.reports import traces_search
 from servelens.analytics.query import QueryError, iso
 from servelens.dashboard import data, traces_links
 from servelens.dashboard.components import LOAD_FAILED, LOADING, NULL, alert, integer, ms, page, panel, register_refresh, show, table, usd
@@ -114,7 +113,7 @@ def fetch(source: data.DataSource, filters: data.Filters, *values: str | None) -
     form = dict(zip(CONTROLS, values))
     params = search_params(filters, form)
     try:
-        return form, params, traces_search.search(source.store, source.settings, params)["traces"], None
+        return form, params, source.trace_search(params)["traces"], None
     except QueryError as exc:  # the user's own typing: say what is wrong with it
         return form, params, None, str(exc)
 
@@ -290,8 +289,7 @@ def show_trace(trace_id: Any) -> Any:
         return None
     source = data.current()
     try:
-        return waterfall_panel(trace_id, source.guard.call("trace lookup", traces_search.get_trace, source.store,
-                                                           source.settings, trace_id))
+        return waterfall_panel(trace_id, source.guard.call("trace lookup", source.trace, trace_id))
     except QueryError as exc:
         return alert(f"Cannot open trace {trace_id[:64]}: {exc}.")
     except Refused as exc:
