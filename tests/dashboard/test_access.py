@@ -155,6 +155,20 @@ def test_a_tenant_viewer_reads_only_their_tenant_through_every_api_route(server,
         for marker in BETA_MARKERS:
             assert marker not in body, (url, marker, body[:300])
 
+    # trigger episodes: a tenant viewer sees those of their tenants only
+    now = datetime.now(timezone.utc)
+    episodes = [(f"ep-{n}", json.dumps(subject)) for n, subject in
+                enumerate(({"tenant": "tenant-alpha"}, {"tenant": "tenant-beta", "service": "svc-beta"},
+                           {"deployment": "shared-gpus"}))]
+    store.client().insert("trigger_episodes", [
+        [eid, "cost_anomaly", subject, subject, "active", "warning", now - timedelta(hours=1), now, f"{eid} summary",
+         "{}", now, "test", now] for eid, subject in episodes],
+        column_names=["id", "kind", "subject_key", "subject", "state", "severity", "started_at", "detected_at",
+                      "summary", "evidence", "window_until", "owner", "written_at"])
+    for who, expected in ((token, ["ep-0"]), (admin, ["ep-0", "ep-1", "ep-2"])):
+        status, body, _ = _call("GET", f"{server}/api/v1/triggers?{window}", who)
+        assert status == 200 and sorted(t["id"] for t in json.loads(body)["triggers"]) == expected
+
     # alpha's own numbers are there, whole
     status, body, _ = _call("GET", f"{server}/api/v1/reports/cost?by=tenant&{window}", token)
     rows = json.loads(body)["rows"]

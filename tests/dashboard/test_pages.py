@@ -120,7 +120,7 @@ def test_latency_and_stages(browser, dashboard, otlp_http, tmp_path):
     _wait(browser, _plots("#lat-chart"))
     assert [a.text for a in browser.find_elements(By.CSS_SELECTOR, ".nav-link")] == [
         "Overview", "Latency & stages", "Cost", "GPUs", "Quality", "Workload", "Reliability", "Triggers",
-        "Traces", "SLOs", "Plan", "Ingest"]
+        "Traces", "SLOs", "Plan", "Ingest", "Admin"]
     _finish(browser, "latency", tmp_path)
 
 

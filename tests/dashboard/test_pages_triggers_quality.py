@@ -217,7 +217,7 @@ def test_alert_link_and_quality_page_in_the_browser(browser, dashboard, store, h
     assert [r.find_elements(By.TAG_NAME, "td")[2].text for r in rows] == ["active", "resolved"]
     assert [a.text for a in browser.find_elements(By.CSS_SELECTOR, ".nav-link")] == [
         "Overview", "Latency & stages", "Cost", "GPUs", "Quality", "Workload", "Reliability", "Triggers",
-        "Traces", "SLOs", "Plan", "Ingest"]
+        "Traces", "SLOs", "Plan", "Ingest", "Admin"]
     _finish(browser, "triggers", tmp_path)
 
     window = _pass_rates(store, hour - 22 * HOUR, hour - 2 * HOUR)

@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import getpass
 import json
-import os
 import sys
 from typing import Any
 
 from servelens.core.auth import audit, passwords
-from servelens.core.auth.credentials import CredentialError, Credentials, is_loopback
+from servelens.core.auth.credentials import CredentialError, Credentials
 from servelens.core.config import ConfigError, Settings
 
 
@@ -103,24 +102,3 @@ def _tokens(args: Any, credentials: Credentials, store: Any) -> int:
     audit.record(store, "token_revoked", _actor(), token.token_id)
     print(f"token {token.token_id} revoked")
     return 0
-
-
-def ensure_admin(credentials: Credentials, settings: Settings, store: Any) -> None:
-    """Bound to a non-loopback address, the dashboard does not run open: with no admin it
-    creates one from SERVELENS_ADMIN_PASSWORD (user SERVELENS_ADMIN_USER, default admin),
-    else refuses to start."""
-    if is_loopback(settings.host) or credentials.has_admin():
-        return
-    password = os.environ.get("SERVELENS_ADMIN_PASSWORD")
-    if password:
-        name = os.environ.get("SERVELENS_ADMIN_USER") or "admin"
-        try:
-            credentials.add_user(name, password, "admin")
-        except CredentialError as exc:
-            raise ConfigError(f"SERVELENS_ADMIN_PASSWORD: {exc}") from None
-        audit.record(store, "user_saved", "env:SERVELENS_ADMIN_PASSWORD", name, detail="role admin")
-        return
-    raise ConfigError(
-        f"the dashboard would be open to the network on {settings.host} with no admin to sign in: create one "
-        "(`servelens users add NAME --role admin`, or auth.users in the config), or set SERVELENS_ADMIN_PASSWORD "
-        "to create it at start; or bind to 127.0.0.1")

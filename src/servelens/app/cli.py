@@ -30,6 +30,8 @@ def _common(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--otlp-http-port", type=int, metavar="PORT", help="OTLP/HTTP port (default 4318, 0 = any)")
     g.add_argument("--ui-port", type=int, metavar="PORT", help="dashboard + API port (default 8050, 0 = any)")
     g.add_argument("--public-url", metavar="URL", help="the dashboard's URL as its readers reach it (alert links)")
+    g.add_argument("--tls-cert", metavar="PEM", help="serve the dashboard, OTLP/HTTP and OTLP/gRPC over TLS (with --tls-key)")
+    g.add_argument("--tls-key", metavar="PEM", help="the private key of --tls-cert")
     g.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
 
 
@@ -168,7 +170,7 @@ TRIGGER_COMMANDS = ("up", "analytics", "dashboard", "triggers")
 def settings_from(args: argparse.Namespace) -> Settings:
     return load(args.config, clickhouse_url=args.clickhouse_url, data_dir=args.data_dir, host=args.host,
                 otlp_grpc_port=args.otlp_grpc_port, otlp_http_port=args.otlp_http_port, ui_port=args.ui_port,
-                public_url=args.public_url)
+                public_url=args.public_url, tls_cert=args.tls_cert, tls_key=args.tls_key)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

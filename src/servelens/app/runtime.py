@@ -54,7 +54,8 @@ def dashboard_url(settings: Settings, ui_port: int | None = None) -> str:
         host = socket.gethostname() or "127.0.0.1"
     elif ":" in host:
         host = f"[{host}]"  # an IPv6 literal
-    return f"http://{host}:{settings.ui_port if ui_port is None else ui_port}/"
+    scheme = "https" if settings.tls_cert else "http"
+    return f"{scheme}://{host}:{settings.ui_port if ui_port is None else ui_port}/"
 
 
 def with_demo_defaults(settings: Settings) -> Settings:
@@ -105,8 +106,8 @@ def run(command: str, settings: Settings, demo: bool = False, once: bool = False
     if command == "analytics" and once:
         return _analytics_once(store, settings)
     credentials = None
-    if command in ("up", "dashboard"):  # refused before anything listens (app.access_cli.ensure_admin)
-        from servelens.app.access_cli import ensure_admin
+    if command in ("up", "dashboard"):  # refused before anything listens (app.exposure)
+        from servelens.app.exposure import ensure_admin
         from servelens.core.auth.credentials import Credentials
 
         credentials = Credentials(store, settings)
@@ -159,7 +160,7 @@ def run(command: str, settings: Settings, demo: bool = False, once: bool = False
                     return catch_up(store, settings, dispatcher)
             server = DashboardServer(create_app(settings, store, stats, evaluate_triggers=on_demand,
                                                 credentials=credentials),
-                                     settings.host, settings.ui_port)
+                                     settings.host, settings.ui_port, tls_context=settings.tls_context())
             server.start()
             components.append(server)
             ports["ui"] = server.port

@@ -37,8 +37,10 @@ class Collector:
         app = OtlpHttpApp(self.intake, c.max_request_bytes,
                           extra_routes={"/metrics": lambda: ("text/plain; version=0.0.4", self.metrics.exposition())},
                           guard_extra=self.intake.may_read_metrics)
-        self.http = HttpReceiver(app, settings.host, settings.otlp_http_port)
-        self.grpc = GrpcReceiver(self.intake, settings.host, settings.otlp_grpc_port, c.max_request_bytes)
+        tls = settings.tls_context()
+        self.http = HttpReceiver(app, settings.host, settings.otlp_http_port, tls_context=tls)
+        self.grpc = GrpcReceiver(self.intake, settings.host, settings.otlp_grpc_port, c.max_request_bytes,
+                                 tls=(settings.tls_cert, settings.tls_key) if tls is not None else None)
         self.scrapers = Scrapers(settings.scrape.targets, self.writer, self.metrics)
 
     @property

@@ -452,12 +452,37 @@ class UserConfig(_Strict):
         return self
 
 
+class OidcConfig(_Strict):
+    """Single sign-on through an OpenID Connect provider (SPEC 9). A signed-in person's role
+    comes from `role_claim` (a string or a list of them) through `roles`; failing that,
+    `tenant_claim` makes them a tenant viewer of the tenants it names; failing both, the
+    sign-in is refused."""
+
+    issuer: str  # its /.well-known/openid-configuration is read at the first sign-in (dashboard.oidc)
+    client_id: str
+    client_secret_env: str = "SERVELENS_OIDC_CLIENT_SECRET"  # the env var holding the secret
+    scopes: list[str] = ["openid", "profile", "email"]
+    name_claim: str = "email"  # what the audit log and the top bar call them (else `sub`)
+    role_claim: str | None = None
+    roles: dict[str, Literal["admin", "viewer"]] = {}
+    tenant_claim: str | None = None
+    label: str = "Sign in with single sign-on"  # the sign-in page's button
+
+    @field_validator("issuer")
+    @classmethod
+    def _issuer(cls, v: str) -> str:
+        if not re.match(r"^https?://[^/\s]+", v):
+            raise ValueError("must be an http:// or https:// URL")
+        return v.rstrip("/")
+
+
 class AuthConfig(_Strict):
     """Sign-in, roles and API tokens (SPEC 9). Access control is on when any user exists
     (here or added with `servelens users add`) or the dashboard is bound to a non-loopback
     address; on loopback with no users the dashboard is open (the demo)."""
 
     users: list[UserConfig] = []
+    oidc: OidcConfig | None = None
     # Host names the dashboard answers besides the bound address, localhost and
     # public_url's host (a request naming any other is refused: DNS rebinding). "*": any.
     allowed_hosts: list[str] = []
@@ -534,6 +559,9 @@ class Settings(BaseSettings):
     # The dashboard's base URL as its readers reach it (proxy, --host 0.0.0.0): alert links
     # and the printed URL. Wins over alerts.dashboard_url.
     public_url: str | None = None
+    # TLS for the dashboard, OTLP/HTTP and OTLP/gRPC alike (PEM files; core.tls). Both or neither.
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
 
     store: StoreConfig = StoreConfig()
     collector: CollectorConfig = CollectorConfig()
@@ -570,6 +598,23 @@ class Settings(BaseSettings):
         if repeated:  # a name is the SLO's identity: its episodes, its report row
             raise ValueError(f"SLO names must be unique; repeated: {repeated}")
         return v
+
+    @model_validator(mode="after")
+    def _tls_pair(self) -> Settings:
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("tls_cert and tls_key go together: give both or neither")
+        return self
+
+    def tls_context(self) -> Any:
+        """The servers' ssl.SSLContext, or None without TLS; raises ConfigError on a bad file."""
+        if self.tls_cert is None or self.tls_key is None:
+            return None
+        from servelens.core.tls import TlsError, server_context
+
+        try:
+            return server_context(self.tls_cert, self.tls_key)
+        except TlsError as exc:
+            raise ConfigError(str(exc)) from None
 
     @field_validator("public_url")
     @classmethod

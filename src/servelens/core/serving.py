@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import logging
 import resource
+import ssl
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 from waitress import wasyncore
 from waitress.adjustments import Adjustments
@@ -109,13 +110,78 @@ class DeadlineChannel(HTTPChannel):
         return self.reading_since if self.reading_since is not None else self.last_activity
 
 
+class TlsChannel(DeadlineChannel):
+    """A DeadlineChannel over a TLS socket (the server's `tls_context`; core.tls says why
+    it reads and writes as it does)."""
+
+    def __init__(self, server: Any, sock: Any, addr: object, adj: Any, map: dict | None = None) -> None:  # noqa: A002
+        sock = server.tls_context.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
+        super().__init__(server, sock, addr, adj, map)
+        self.handshaken = False
+        self._retry_len: int | None = None  # a write TLS must be retried with (at most) the same bytes
+
+    def _handshake(self) -> bool:
+        if self.handshaken:
+            return True
+        try:
+            self.socket.do_handshake()
+        except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
+            return False
+        except (ssl.SSLError, OSError):  # not TLS (a plain HTTP request), or a bad hello
+            self.handle_close()
+            return False
+        self.handshaken = True
+        return True
+
+    def handle_read(self) -> None:
+        if not self._handshake():
+            return
+        while True:
+            try:
+                data = self.socket.recv(self.adj.recv_bytes)
+            except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
+                return
+            except (ssl.SSLError, OSError):
+                self.handle_close()
+                return
+            if not data:
+                self.connected = False  # the client closed (as waitress marks it)
+                return
+            self.last_activity = time.time()
+            self.received(data)
+            if not self.socket.pending():
+                return
+
+    def writable(self) -> bool:
+        return self.handshaken and super().writable()
+
+    def send(self, data: Any, do_close: bool = True) -> int:
+        if self._retry_len is not None:
+            data = data[:self._retry_len]
+        try:
+            sent = self.socket.send(data)
+        except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
+            self._retry_len = len(data)
+            return 0
+        except (ssl.SSLError, OSError):
+            if do_close:
+                self.handle_close()
+            return 0
+        self._retry_len = None
+        return sent
+
+
 class GuardedServer(TcpWSGIServer):
     """TcpWSGIServer with read deadlines and a connection cap that evicts instead of refusing."""
 
     channel_class = DeadlineChannel
 
-    def __init__(self, application: Callable, adj: Adjustments, limits: ClientLimits) -> None:
+    def __init__(self, application: Callable, adj: Adjustments, limits: ClientLimits,
+                 tls_context: ssl.SSLContext | None = None) -> None:
         self.limits = limits
+        self.tls_context = tls_context
+        if tls_context is not None:
+            self.channel_class = TlsChannel
         self.max_connections = connection_cap(limits)
         dispatcher = ThreadedTaskDispatcher()
         dispatcher.set_thread_count(adj.threads)
@@ -192,9 +258,13 @@ def _adjustments(host: str, port: int, threads: int, limits: ClientLimits, optio
 
 class WaitressServer:
     def __init__(self, wsgi_app: Callable, host: str, port: int, threads: int = 8, name: str = "http",
-                 limits: ClientLimits | None = None, **options: object) -> None:
+                 limits: ClientLimits | None = None, tls_context: ssl.SSLContext | None = None,
+                 **options: object) -> None:
         limits = limits or LIMITS
-        self._server = GuardedServer(wsgi_app, _adjustments(host, port, threads, limits, options), limits)
+        if tls_context is not None:
+            options.setdefault("url_scheme", "https")
+        self.scheme = "https" if tls_context is not None else "http"
+        self._server = GuardedServer(wsgi_app, _adjustments(host, port, threads, limits, options), limits, tls_context)
         self._name = name
         self.host = host
         self.port = int(self._server.effective_port)
@@ -204,7 +274,7 @@ class WaitressServer:
     def url(self) -> str:
         """Where a local client reaches it (a wildcard bind is reached on loopback)."""
         host = "127.0.0.1" if self.host in WILDCARD_HOSTS else self.host
-        return f"http://{host}:{self.port}"
+        return f"{self.scheme}://{host}:{self.port}"
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._server.run, name=self._name, daemon=True)

@@ -17,10 +17,11 @@ each one filters every row by tenant (the route-by-route test checks it with two
 from __future__ import annotations
 
 import json
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 from urllib.parse import urlsplit
 
 import flask
+from flask.sessions import SecureCookieSessionInterface
 from werkzeug.datastructures import ImmutableMultiDict
 
 from servelens.analytics.reports import series
@@ -77,6 +78,13 @@ POLICY: dict[str, str] = {
     "/_favicon.ico": PUBLIC,
     "_dash_assets.static": READ,
     "static": READ,
+}
+# Routes only some configurations have (kept apart: POLICY names exactly the routes every
+# app has, and tests/dashboard/test_access.py checks it both ways).
+OPTIONAL_POLICY: dict[str, str] = {
+    # single sign-on, where auth.oidc is set (dashboard.oidc)
+    "servelens_oidc.start": PUBLIC,
+    "servelens_oidc.callback": PUBLIC,
 }
 
 # Reports and series that filter every row by tenant; the rest are fleet-wide.
@@ -145,17 +153,15 @@ class Access:
     def install(self, server: flask.Flask) -> None:
         server.config.update(
             SESSION_COOKIE_NAME="servelens_session", SESSION_COOKIE_HTTPONLY=True, SESSION_COOKIE_SAMESITE="Lax",
-            SESSION_COOKIE_SECURE=(self.settings.public_url or "").startswith("https://"),
+            SESSION_COOKIE_SECURE=bool(self.settings.tls_cert) or (self.settings.public_url or "").startswith("https://"),
             PERMANENT_SESSION_LIFETIME=self.settings.auth.session_lifetime)
+        server.session_interface = _KeyedSessions(self.credentials.signing_key)
         server.before_request(self.check)
 
     # --- the hook --------------------------------------------------------------------------
 
     def check(self) -> flask.Response | None:
         request = flask.request
-        app = flask.current_app
-        if app.secret_key is None:  # read at the first request: the app is built before the store is needed
-            app.secret_key = self.credentials.signing_key()
         if self.hosts is not None and _host_name(request.host) not in self.hosts:
             return _error(400, f"this server does not answer for host {request.host[:100]!r}; "
                                "add it to auth.allowed_hosts, or set public_url")
@@ -163,7 +169,8 @@ class Access:
             return _error(403, "cross-site request refused (its Origin is not this dashboard)")
         who = self.identify()
         setattr(flask.g, _G_KEY, who or NOBODY)
-        policy = POLICY.get(request.endpoint or "", ADMIN)
+        endpoint = request.endpoint or ""
+        policy = POLICY.get(endpoint) or OPTIONAL_POLICY.get(endpoint, ADMIN)
         if policy == PUBLIC:
             return None
         if who is None:
@@ -219,6 +226,20 @@ class Access:
         args["tenant"] = tenant_scope(who, args.get("tenant"))
         request.args = ImmutableMultiDict(args)  # type: ignore[misc]
         return None
+
+
+class _KeyedSessions(SecureCookieSessionInterface):
+    """Flask's signed-cookie sessions, their key read from the store when the first request
+    opens its session (the app is built before the store is needed; a key set in a
+    before_request hook would come after that request's session was opened without one)."""
+
+    def __init__(self, key: Callable[[], str]) -> None:
+        self._key = key
+
+    def open_session(self, app: flask.Flask, request: flask.Request) -> Any:
+        if app.secret_key is None:
+            app.secret_key = self._key()
+        return super().open_session(app, request)
 
 
 def _refusal(who: Principal, policy: str) -> str | None:

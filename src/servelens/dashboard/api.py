@@ -21,6 +21,7 @@ from servelens.collector.pipeline.spool import quarantine_summary
 from servelens.analytics.plan import capacity, export, jobs, replay
 from servelens.analytics.triggers import engine as triggers_engine
 from servelens.analytics.triggers import replay as replays
+from servelens.core.auth import audit
 from servelens.dashboard import access
 from servelens.dashboard.guard import Guard, Refused
 from servelens.core.config import Settings
@@ -100,6 +101,7 @@ def blueprint(settings: Settings, store: Any, collector_stats: Callable[[], dict
 
     @api.post("/v1/analytics/run")
     def analytics_run() -> Any:
+        audit.record(store, "analytics_run", access.principal().name, remote=request.remote_addr or "")
         result = scheduler.run_all(store, settings)
         if evaluate_triggers is None:
             result["jobs"]["triggers"] = {"rows": 0, "seconds": 0.0,

@@ -16,6 +16,7 @@ import threading
 import time
 from collections import defaultdict, deque
 from typing import Any
+from urllib.parse import urlencode
 
 import flask
 
@@ -66,10 +67,11 @@ class Limiter:
 def blueprint(settings: Settings, credentials: Credentials, store: Any) -> flask.Blueprint:
     bp = flask.Blueprint("servelens_signin", __name__)
     limiter = Limiter(settings.auth.max_failed_signins, settings.auth.lockout.total_seconds())
+    sso = settings.auth.oidc.label if settings.auth.oidc is not None else None  # dashboard.oidc's link
 
     @bp.get("/signin")
     def form() -> Any:
-        return _form_page(access.safe_next(flask.request.args.get("next")))
+        return _form_page(access.safe_next(flask.request.args.get("next")), sso=sso)
 
     @bp.post("/signin")
     def sign_in() -> Any:
@@ -77,17 +79,17 @@ def blueprint(settings: Settings, credentials: Credentials, store: Any) -> flask
         target = access.safe_next(request.form.get("next"))
         cookie = request.cookies.get(_FORM_COOKIE, "")
         if not cookie or not secrets.compare_digest(cookie, request.form.get("csrf", "")):
-            return _form_page(target, "Your sign-in form expired: try again.", 400)
+            return _form_page(target, "Your sign-in form expired: try again.", 400, sso)
         name, password = request.form.get("name", "")[:128], request.form.get("password", "")[:1024]
         address = request.remote_addr or ""
         if limiter.locked(name, address):
             audit.record(store, "sign_in_failed", name, outcome="refused", remote=address, detail="locked out")
-            return _form_page(target, "Too many failed sign-ins: wait and try again later.", 429)
+            return _form_page(target, "Too many failed sign-ins: wait and try again later.", 429, sso)
         who = credentials.sign_in(name, password)
         if who is None:
             limiter.failed(name, address)
             audit.record(store, "sign_in_failed", name, outcome="refused", remote=address)
-            return _form_page(target, "Wrong user name or password.", 401)
+            return _form_page(target, "Wrong user name or password.", 401, sso)
         limiter.succeeded(name)
         flask.session.clear()
         flask.session.permanent = True
@@ -110,19 +112,26 @@ def blueprint(settings: Settings, credentials: Credentials, store: Any) -> flask
     return bp
 
 
-def _form_page(target: str, message: str = "", status: int = 200) -> flask.Response:
+def _form_page(target: str, message: str = "", status: int = 200, sso: str | None = None) -> flask.Response:
+    """The form; `sso`: the label of the link to single sign-on, where it is configured."""
     # One token per browser while its cookie lives: a second form page (another tab, the
     # browser's own request for /favicon.ico sent here) must not void the first one's.
     token = flask.request.cookies.get(_FORM_COOKIE) or ""
     if not (16 <= len(token) <= 64 and token.replace("-", "").replace("_", "").isalnum()):
         token = secrets.token_urlsafe(24)
-    page = _PAGE.format(next=html.escape(target, quote=True), csrf=token,
+    href = html.escape(_sso_href(target), quote=True)
+    link = "" if sso is None else f'<a class="sso" id="sign-in-sso" href="{href}">{html.escape(sso)}</a>'
+    page = _PAGE.format(next=html.escape(target, quote=True), csrf=token, sso=link,
                         message=f'<p class="error">{html.escape(message)}</p>' if message else "")
     response = flask.Response(page, status=status, mimetype="text/html")
     response.set_cookie(_FORM_COOKIE, token, httponly=True, samesite="Strict", path="/signin",
                         secure=flask.current_app.config.get("SESSION_COOKIE_SECURE", False))
     response.headers["Cache-Control"] = "no-store"
     return response
+
+
+def _sso_href(target: str) -> str:
+    return "/signin/oidc?" + urlencode({"next": target})
 
 
 _PAGE = """<!doctype html>
@@ -139,6 +148,7 @@ input[type=text], input[type=password] {{ width: 100%; box-sizing: border-box; p
 button {{ margin-top: 18px; width: 100%; padding: 9px; font-size: 14px; background: #2f6fed; color: #fff;
          border: 0; border-radius: 4px; cursor: pointer; }}
 .error {{ color: #c0392b; font-size: 13px; margin: 0 0 8px; }}
+.sso {{ display: block; margin-top: 14px; text-align: center; font-size: 14px; color: #2f6fed; }}
 </style></head>
 <body><form method="post" action="/signin">
 <h1>servelens</h1>{message}
@@ -146,6 +156,6 @@ button {{ margin-top: 18px; width: 100%; padding: 9px; font-size: 14px; backgrou
 <label for="name">User name</label><input id="name" name="name" type="text" autocomplete="username" required autofocus>
 <label for="password">Password</label>
 <input id="password" name="password" type="password" autocomplete="current-password" required>
-<button type="submit" id="sign-in">Sign in</button>
+<button type="submit" id="sign-in">Sign in</button>{sso}
 </form></body></html>
 """

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from concurrent import futures
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -23,6 +24,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 from servelens.collector.errors import INTERNAL, Answer, answer
 from servelens.collector.intake import Intake, export_response
 from servelens.collector.mapping.decode import PROTOBUF, decode
+from servelens.core.tls import grpc_credentials
 
 log = logging.getLogger(__name__)
 # google.rpc.Code -> grpcio's StatusCode
@@ -82,7 +84,9 @@ class _Export:
 
 
 class GrpcReceiver:
-    def __init__(self, intake: Intake, host: str, port: int, max_request_bytes: int, workers: int = 32) -> None:
+    def __init__(self, intake: Intake, host: str, port: int, max_request_bytes: int, workers: int = 32,
+                 tls: tuple[Path, Path] | None = None) -> None:
+        """`tls`: (certificate, key) PEM files to serve over TLS (core.tls)."""
         self._server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="otlp-grpc"),
             options=[("grpc.max_receive_message_length", max_request_bytes)],
@@ -96,7 +100,9 @@ class GrpcReceiver:
                 _Export(intake, signal).Export, request_deserializer=None,
                 response_serializer=response.SerializeToString)
             self._server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, {"Export": export}),))
-        self.port = self._server.add_insecure_port(f"{host}:{port}")
+        address = f"{host}:{port}"
+        self.port = self._server.add_secure_port(address, grpc_credentials(*tls)) if tls is not None \
+            else self._server.add_insecure_port(address)
         if self.port == 0:
             raise OSError(f"cannot bind OTLP/gRPC on {host}:{port}")
 

@@ -134,10 +134,10 @@ class HttpReceiver(WaitressServer):
 
     # Threads mostly wait for their batch's commit: enough of them lets the writer batch
     # many concurrent requests into one insert.
-    def __init__(self, app: OtlpHttpApp, host: str, port: int, threads: int = 32) -> None:
+    def __init__(self, app: OtlpHttpApp, host: str, port: int, threads: int = 32, tls_context: Any = None) -> None:
         # Export bodies are hundreds of KiB: read the socket in 256 KiB chunks, not
         # waitress' 8 KiB (32 event-loop turns and buffer appends per 256 KiB request).
         # Bodies up to inbuf_overflow stay in memory instead of a temporary file.
-        super().__init__(app, host, port, threads=threads, name="otlp-http",
+        super().__init__(app, host, port, threads=threads, name="otlp-http", tls_context=tls_context,
                          max_request_body_size=app.max_request_bytes + 1,
                          recv_bytes=256 * 1024, inbuf_overflow=4 * 1024 * 1024)

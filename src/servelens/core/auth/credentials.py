@@ -92,11 +92,20 @@ class CredentialError(ValueError):
     """A request to change users or tokens that cannot be done: the message says why."""
 
 
+@dataclass(frozen=True)
+class _Session:
+    user: str
+    expires_at: datetime
+    source: str = "password"  # password: the user's role as it is now; oidc: `role` and `tenants`
+    role: str = ""
+    tenants: tuple[str, ...] = ()
+
+
 @dataclass
 class _Snapshot:
     users: dict[str, User] = field(default_factory=dict)
     tokens: dict[str, Token] = field(default_factory=dict)
-    sessions: dict[str, tuple[str, datetime]] = field(default_factory=dict)  # sha256 -> (user, expires)
+    sessions: dict[str, _Session] = field(default_factory=dict)  # by the id's SHA-256
     read_at: float = float("-inf")
 
 
@@ -136,9 +145,9 @@ class Credentials:
         return any(u.role == "admin" for u in self.users().values())
 
     def required(self) -> bool:
-        """Whether the dashboard and the API ask who is calling: any user exists, or the
-        dashboard is bound to a non-loopback address."""
-        return self.has_users() or not is_loopback(self.settings.host)
+        """Whether the dashboard and the API ask who is calling: any user exists, single
+        sign-on is configured, or the dashboard is bound to a non-loopback address."""
+        return self.has_users() or self.settings.auth.oidc is not None or not is_loopback(self.settings.host)
 
     def sign_in(self, name: str, password: str) -> Principal | None:
         user = self.users().get(name)
@@ -149,11 +158,15 @@ class Credentials:
             return None
         return Principal(user.name, user.role, user.tenants, "session")
 
-    def start_session(self, name: str, lifetime: timedelta) -> str:
-        """A new session of user `name`: its id, for the cookie (only its hash is stored)."""
+    def start_session(self, name: str, lifetime: timedelta, signed_in: Principal | None = None) -> str:
+        """A new session: its id, for the cookie (only its hash is stored). Of user `name`
+        (a password sign-in: the role is the user's as it is at each request), or of a
+        principal an identity provider vouched for (`signed_in`: its role is kept)."""
         raw = secrets.token_urlsafe(32)
         now = datetime.now(timezone.utc)
-        self._insert_session(hash_token(raw), name, now, now + lifetime, None)
+        session = _Session(name, now + lifetime) if signed_in is None else \
+            _Session(signed_in.name, now + lifetime, "oidc", signed_in.role, signed_in.tenants)
+        self._insert_session(hash_token(raw), session, now, None)
         return raw
 
     def session(self, raw: str | None, now: datetime | None = None) -> Principal | None:
@@ -162,9 +175,11 @@ class Credentials:
         if not raw:
             return None
         found = self._read().sessions.get(hash_token(raw))
-        if found is None or (now or datetime.now(timezone.utc)) >= found[1]:
+        if found is None or (now or datetime.now(timezone.utc)) >= found.expires_at:
             return None
-        user = self.users().get(found[0])
+        if found.source == "oidc":
+            return Principal(found.user, found.role, found.tenants, "session")
+        user = self.users().get(found.user)
         return None if user is None else Principal(user.name, user.role, user.tenants, "session")
 
     def end_session(self, raw: str) -> None:
@@ -172,7 +187,7 @@ class Credentials:
         found = self._read().sessions.get(digest)
         if found is not None:
             now = datetime.now(timezone.utc)
-            self._insert_session(digest, found[0], now, found[1], now)
+            self._insert_session(digest, found, now, now)
 
     def token(self, raw: str | None, now: datetime | None = None) -> Principal | None:
         """The principal of a bearer token, or None for an unknown, expired or revoked one."""
@@ -279,8 +294,10 @@ class Credentials:
                 token_id, digest, name, role, tenants, by, created, expires, revoked = row
                 tokens[token_id] = Token(token_id, digest, name, role, tuple(tenants), by, _utc(created),
                                          _utc(expires), _utc(revoked))
-            sessions = {digest: (user, _utc(expires)) for digest, user, expires in client.query(
-                "SELECT session_sha256, argMax(user, updated_at), argMax(expires_at, updated_at) FROM auth_sessions "
+            sessions = {digest: _Session(user, _utc(expires), source, role, tuple(tenants))
+                        for digest, user, expires, source, role, tenants in client.query(
+                "SELECT session_sha256, argMax(user, updated_at), argMax(expires_at, updated_at), "
+                "argMax(source, updated_at), argMax(role, updated_at), argMax(tenants, updated_at) FROM auth_sessions "
                 "WHERE expires_at > now64(3) GROUP BY session_sha256 HAVING argMax(ended_at, updated_at) IS NULL"
             ).result_rows}
             self._snapshot = _Snapshot(users, tokens, sessions, time.monotonic())
@@ -296,11 +313,12 @@ class Credentials:
             column_names=["name", "password_hash", "role", "tenants", "removed", "updated_at"])
         self._invalidate()
 
-    def _insert_session(self, digest: str, user: str, created: datetime, expires: datetime,
-                        ended: datetime | None) -> None:
+    def _insert_session(self, digest: str, s: _Session, created: datetime, ended: datetime | None) -> None:
         self.store.client().insert(
-            "auth_sessions", [[digest, user, created, expires, ended, datetime.now(timezone.utc)]],
-            column_names=["session_sha256", "user", "created_at", "expires_at", "ended_at", "updated_at"])
+            "auth_sessions", [[digest, s.user, s.source, s.role, list(s.tenants), created, s.expires_at, ended,
+                               datetime.now(timezone.utc)]],
+            column_names=["session_sha256", "user", "source", "role", "tenants", "created_at", "expires_at",
+                          "ended_at", "updated_at"])
         self._invalidate()
 
     def _insert_token(self, t: Token, now: datetime) -> None:

@@ -31,6 +31,9 @@ ORDER BY token_id;
 CREATE TABLE IF NOT EXISTS auth_sessions (
     session_sha256 String,
     user String,
+    source LowCardinality(String),       -- password (role from the user as it is now) | oidc (role below)
+    role LowCardinality(String),         -- oidc: the role its claims mapped to at sign-in
+    tenants Array(String),
     created_at DateTime64(3, 'UTC'),
     expires_at DateTime64(3, 'UTC'),
     ended_at Nullable(DateTime64(3, 'UTC')),
