@@ -286,3 +286,18 @@ def test_token_roles_expiry_revocation_csrf_and_host(server, store, credentials)
     actions = {a for (a,) in store.client().query("SELECT action FROM audit_log").result_rows}
     assert {"token_created", "token_revoked"} <= actions
     assert admin_token.role == "admin"
+
+
+@pytest.mark.parametrize("trusted", [None, "127.0.0.1"], ids=["no-proxy", "trusted-proxy"])
+def test_a_forwarded_client_address_is_read_only_from_the_trusted_proxy(settings, store, credentials, trusted):
+    srv = DashboardServer(create_app(settings, store, credentials=credentials), "127.0.0.1", 0, trusted_proxy=trusted)
+    srv.start()
+    try:
+        raw, _ = credentials.create_token("admin", "admin")
+        status, _, _ = _call("POST", f"{srv.url}/api/v1/analytics/run",
+                             {"Authorization": f"Bearer {raw}", "X-Forwarded-For": "203.0.113.7"}, b"")
+        assert status == 200
+    finally:
+        srv.shutdown()
+    [(remote,)] = store.client().query("SELECT remote FROM audit_log WHERE action = 'analytics_run'").result_rows
+    assert remote == ("203.0.113.7" if trusted else "127.0.0.1")

@@ -160,7 +160,8 @@ def run(command: str, settings: Settings, demo: bool = False, once: bool = False
                     return catch_up(store, settings, dispatcher)
             server = DashboardServer(create_app(settings, store, stats, evaluate_triggers=on_demand,
                                                 credentials=credentials),
-                                     settings.host, settings.ui_port, tls_context=settings.tls_context())
+                                     settings.host, settings.ui_port, tls_context=settings.tls_context(),
+                                     trusted_proxy=settings.auth.trusted_proxy)
             server.start()
             components.append(server)
             ports["ui"] = server.port

@@ -486,6 +486,10 @@ class AuthConfig(_Strict):
     # Host names the dashboard answers besides the bound address, localhost and
     # public_url's host (a request naming any other is refused: DNS rebinding). "*": any.
     allowed_hosts: list[str] = []
+    # The address of a reverse proxy in front of the dashboard: its X-Forwarded-For and
+    # X-Forwarded-Proto name the client (sign-in limits per address, the audit log) and
+    # the scheme. Unset, those headers are dropped (a client could forge them).
+    trusted_proxy: str | None = None
     session_lifetime: timedelta = timedelta(hours=12)
     # After this many wrong passwords for one user name within lockout, sign-in for that
     # name is refused until lockout has passed since the last failure.

@@ -10,5 +10,9 @@ from servelens.core.serving import WaitressServer
 
 
 class DashboardServer(WaitressServer):
-    def __init__(self, app: dash.Dash, host: str, port: int, threads: int = 8, tls_context: Any = None) -> None:
-        super().__init__(app.server, host, port, threads=threads, name="dashboard", tls_context=tls_context)
+    def __init__(self, app: dash.Dash, host: str, port: int, threads: int = 8, tls_context: Any = None,
+                 trusted_proxy: str | None = None) -> None:
+        """`trusted_proxy`: auth.trusted_proxy, whose forwarding headers waitress then reads."""
+        proxy: dict[str, Any] = {} if trusted_proxy is None else {
+            "trusted_proxy": trusted_proxy, "trusted_proxy_headers": {"x-forwarded-for", "x-forwarded-proto"}}
+        super().__init__(app.server, host, port, threads=threads, name="dashboard", tls_context=tls_context, **proxy)
