@@ -11,6 +11,7 @@ import sys
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 import yaml
@@ -83,49 +84,47 @@ def _export(url: str, token: str | None) -> SpanExportResult:
     return results[0]
 
 
-@pytest.mark.integration
-def test_the_collector_asks_for_the_stored_ingest_tokens(store, settings) -> None:
-    credentials = Credentials(store, settings, refresh_s=0)
+@pytest.fixture
+def receiver(store, settings) -> Iterator[tuple[Credentials, str]]:
+    """A running collector whose credentials re-read the store at every request, and a
+    Credentials of its own to change them: (credentials, the OTLP/HTTP base URL)."""
     collector = Collector(settings, store)
     collector.credentials.refresh_s = 0
     collector.start()
-    url = f"http://127.0.0.1:{collector.http.port}"
-    try:
-        assert _export(url, None) == SpanExportResult.SUCCESS  # no tokens anywhere: open
-        raw, token = credentials.create_token("ci", "ingest", ("acme",))
-        viewer, _ = credentials.create_token("dash", "viewer")
-        assert _export(url, None) == SpanExportResult.FAILURE  # 401 now: a token exists
-        assert _export(url, viewer) == SpanExportResult.FAILURE  # a viewer's token writes nothing
-        assert _export(url, raw) == SpanExportResult.SUCCESS
-        tenants = {t for (t,) in store.client().query("SELECT SpanAttributes['app.tenant'] FROM otel_traces")
-                   .result_rows}
-        assert "acme" in tenants
-        credentials.revoke_token(token.token_id)
-        assert _export(url, raw) == SpanExportResult.FAILURE
-    finally:
-        collector.shutdown()
+    yield Credentials(store, settings, refresh_s=0), f"http://127.0.0.1:{collector.http.port}"
+    collector.shutdown()
 
 
 @pytest.mark.integration
-def test_metrics_need_a_token_once_access_control_is_on(store, settings) -> None:
-    credentials = Credentials(store, settings, refresh_s=0)
-    collector = Collector(settings, store)
-    collector.credentials.refresh_s = 0
-    collector.start()
-    url = f"http://127.0.0.1:{collector.http.port}/metrics"
-    try:
-        with urllib.request.urlopen(url, timeout=10) as resp:  # loopback, no users: open
-            assert resp.status == 200
-        credentials.add_user("ops", PASSWORD, "admin")
-        with pytest.raises(urllib.error.HTTPError) as refused:
-            urllib.request.urlopen(url, timeout=10)
-        assert refused.value.code == 401
-        viewer, _ = credentials.create_token("prometheus", "viewer")
-        request = urllib.request.Request(url, headers={"Authorization": f"Bearer {viewer}"})
-        with urllib.request.urlopen(request, timeout=10) as resp:
-            assert b"servelens_" in resp.read()
-    finally:
-        collector.shutdown()
+def test_the_collector_asks_for_the_stored_ingest_tokens(store, receiver) -> None:
+    credentials, url = receiver
+    assert _export(url, None) == SpanExportResult.SUCCESS  # no tokens anywhere: open
+    raw, token = credentials.create_token("ci", "ingest", ("acme",))
+    viewer, _ = credentials.create_token("dash", "viewer")
+    assert _export(url, None) == SpanExportResult.FAILURE  # 401 now: a token exists
+    assert _export(url, viewer) == SpanExportResult.FAILURE  # a viewer's token writes nothing
+    assert _export(url, raw) == SpanExportResult.SUCCESS
+    tenants = {t for (t,) in store.client().query("SELECT SpanAttributes['app.tenant'] FROM otel_traces")
+               .result_rows}
+    assert "acme" in tenants
+    credentials.revoke_token(token.token_id)
+    assert _export(url, raw) == SpanExportResult.FAILURE
+
+
+@pytest.mark.integration
+def test_metrics_need_a_token_once_access_control_is_on(receiver) -> None:
+    credentials, base = receiver
+    url = f"{base}/metrics"
+    with urllib.request.urlopen(url, timeout=10) as resp:  # loopback, no users: open
+        assert resp.status == 200
+    credentials.add_user("ops", PASSWORD, "admin")
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(url, timeout=10)
+    assert refused.value.code == 401
+    viewer, _ = credentials.create_token("prometheus", "viewer")
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {viewer}"})
+    with urllib.request.urlopen(request, timeout=10) as resp:
+        assert b"servelens_" in resp.read()
 
 
 @pytest.mark.integration

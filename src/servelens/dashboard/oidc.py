@@ -36,7 +36,7 @@ from authlib.integrations.flask_client import OAuth
 from servelens.core.auth import audit
 from servelens.core.auth.credentials import Credentials, Principal
 from servelens.core.config import ConfigError, OidcConfig, Settings
-from servelens.dashboard import access
+from servelens.dashboard import access, signin
 
 log = logging.getLogger(__name__)
 
@@ -169,22 +169,8 @@ def _strings(value: Any) -> list[str]:
 
 
 def _page(status: int, message: str) -> flask.Response:
-    page = _PAGE.format(message=html.escape(message))
+    page = signin.plain_page(f'<main><h1>servelens</h1><p class="error" id="sign-in-error">{html.escape(message)}</p>'
+                             '<p><a href="/signin">Back to sign-in</a></p></main>')
     response = flask.Response(page, status=status, mimetype="text/html")
     response.headers["Cache-Control"] = "no-store"
     return response
-
-
-_PAGE = """<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><title>Sign in · servelens</title>
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<style>
-body {{ font-family: -apple-system, BlinkMacSystemFont, "Segoe UI", Roboto, Arial, sans-serif; background: #f4f6fa;
-       color: #1d2330; display: flex; justify-content: center; padding-top: 12vh; margin: 0; }}
-main {{ background: #fff; padding: 28px 32px; border-radius: 8px; box-shadow: 0 1px 4px rgba(0,0,0,.12); width: 300px; }}
-h1 {{ font-size: 20px; margin: 0 0 18px; }}
-.error {{ color: #c0392b; font-size: 14px; }}
-</style></head>
-<body><main><h1>servelens</h1><p class="error" id="sign-in-error">{message}</p>
-<p><a href="/signin">Back to sign-in</a></p></main></body></html>
-"""
