@@ -301,3 +301,17 @@ def test_a_forwarded_client_address_is_read_only_from_the_trusted_proxy(settings
         srv.shutdown()
     [(remote,)] = store.client().query("SELECT remote FROM audit_log WHERE action = 'analytics_run'").result_rows
     assert remote == ("203.0.113.7" if trusted else "127.0.0.1")
+
+
+def test_servelens_report_asks_a_running_server_with_a_token(server, otlp_http, credentials, capsys, monkeypatch):
+    from servelens.app import cli
+
+    _send(otlp_http, "tenant-alpha", 3, 300)
+    _send(otlp_http, "tenant-beta", 4, 700)
+    raw, _ = credentials.create_token("alpha script", "tenant", ("tenant-alpha",))
+    assert cli.main(["report", "cost", "--by", "tenant", "--format", "json", "--server", server]) == 2
+    assert "401" in capsys.readouterr().err
+    monkeypatch.setenv("SERVELENS_TOKEN", raw)
+    assert cli.main(["report", "cost", "--by", "tenant", "--format", "json", "--server", server]) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    assert [(r["tenant"], r["requests"]) for r in rows] == [("tenant-alpha", 3)]

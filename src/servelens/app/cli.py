@@ -8,6 +8,7 @@ import csv
 import io
 import json
 import logging
+import os
 import sys
 from datetime import datetime
 from pathlib import Path
@@ -61,6 +62,10 @@ def build_parser() -> argparse.ArgumentParser:
     for key in ("service", "deployment", "model", "tenant", "feature"):
         report.add_argument(f"--{key}", help=f"only this {key}")
     report.add_argument("--format", choices=REPORT_FORMATS, default="table")
+    report.add_argument("--server", metavar="URL", help="ask a running dashboard's API instead of opening the store "
+                                                         "(with a token: --token or SERVELENS_TOKEN)")
+    report.add_argument("--token", help="an API token for --server (default: $SERVELENS_TOKEN)")
+    report.add_argument("--ca-file", metavar="PEM", help="--server over https with a certificate this CA signed")
     _common(report)
     prices = sub.add_parser("prices", help="the price catalog: the config's models, and how given models resolve")
     prices.add_argument("--models", metavar="M1,M2", help="models to resolve (a provider prefix is allowed: openai/gpt-4o)")
@@ -223,6 +228,17 @@ def _report(args: argparse.Namespace, settings: Settings) -> int:
     from servelens.analytics.reports import registry as reports
 
     params = {k: getattr(args, k) for k in ("since", "until", "by", "service", "deployment", "model", "tenant", "feature")}
+    if args.server:
+        from servelens.app.api_client import ApiError, get_json
+
+        try:
+            document = get_json(args.server, f"/api/v1/reports/{args.name}", params,
+                                args.token or os.environ.get("SERVELENS_TOKEN"), args.ca_file)
+        except ApiError as exc:
+            print(f"servelens: {exc}", file=sys.stderr)
+            return 2
+        print(format_report(document, args.format))
+        return 0
     document = _on_store(settings, lambda store: reports.run(args.name, store, settings, params))
     if document is None:
         return 2
