@@ -136,13 +136,13 @@ _MERGED = f"""
 
 
 def request_stats_sql(q: ReportQuery, settings: Settings, by: str | None,
-                      bucket_s: int | None = None) -> tuple[str, dict[str, Any]]:
+                      bucket_s: int | None = None, rollup: bool = True) -> tuple[str, dict[str, Any]]:
     """Per key (and time bucket): request counts, token sums and the TTFT, latency, TPOT
-    and queue sketches (p50, p95, p99), from the rollups where they answer, else raw rows.
-    A bucket is a multiple of 60 s; of 3600 s to use the hour rollup."""
+    and queue sketches (p50, p95, p99), from the rollups where they answer (and `rollup`),
+    else raw rows. A bucket is a multiple of 60 s; of 3600 s to use the hour rollup."""
     params: dict[str, Any] = {}
     bounds = q.bounds()
-    use_rollup = answerable(q, settings, REQUEST_DIMS, by)
+    use_rollup = rollup and answerable(q, settings, REQUEST_DIMS, by)
     grains = tuple(g for g in REQUEST_GRAINS if bucket_s is None or bucket_s % g[1] == 0) if use_rollup else ()
     parts = []
     for i, piece in enumerate(pieces(bounds["since_ns"], bounds["until_ns"], grains)):

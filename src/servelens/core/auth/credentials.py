@@ -274,7 +274,14 @@ class Credentials:
     # --- the tables ------------------------------------------------------------------------
 
     def _read(self) -> _Snapshot:
-        with self._lock:
+        snapshot = self._snapshot
+        if time.monotonic() - snapshot.read_at < self.refresh_s:
+            return snapshot
+        # One thread re-reads; the others go on with the last snapshot meanwhile (a store
+        # busy with reports must not hold every request up behind this read).
+        if not self._lock.acquire(blocking=snapshot.read_at == float("-inf")):
+            return snapshot
+        try:
             if time.monotonic() - self._snapshot.read_at < self.refresh_s:
                 return self._snapshot
             client = self.store.client()
@@ -302,6 +309,8 @@ class Credentials:
             ).result_rows}
             self._snapshot = _Snapshot(users, tokens, sessions, time.monotonic())
             return self._snapshot
+        finally:
+            self._lock.release()
 
     def _invalidate(self) -> None:
         with self._lock:
