@@ -125,7 +125,7 @@ def run(command: str, settings: Settings, demo: bool = False, once: bool = False
         if command in ("up", "collector"):
             from servelens.collector.service import Collector
 
-            collector = Collector(settings, store)
+            collector = Collector(settings, store, credentials)
             collector.start()
             components.append(collector)
             ports.update(collector.ports)

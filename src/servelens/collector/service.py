@@ -20,7 +20,9 @@ log = logging.getLogger(__name__)
 
 
 class Collector:
-    def __init__(self, settings: Settings, store: Store) -> None:
+    def __init__(self, settings: Settings, store: Store, credentials: Credentials | None = None) -> None:
+        """`credentials`: the process's (all-in-one: shared with the dashboard, one read of
+        the tables for both); by default the collector's own."""
         c = settings.collector
         self.metrics = SelfMetrics()
         spool = Spool(settings.spool_dir, c.spool_max_bytes) if c.spool_max_bytes else None
@@ -29,7 +31,7 @@ class Collector:
             flush_interval=c.flush_interval.total_seconds(), store_retry=c.store_retry.total_seconds(),
             acknowledge=c.acknowledge, linger=c.spool_linger.total_seconds(),
         ), self.metrics, spool)
-        self.credentials = Credentials(store, settings)
+        self.credentials = credentials or Credentials(store, settings)
         self.intake = Intake(self.writer, self.metrics, tuple(settings.attributes.tenant), self.credentials,
                              write_timeout=c.write_timeout.total_seconds(),
                              trace_mapping=engine_spans.resolve(c.trace_mapping, store),
