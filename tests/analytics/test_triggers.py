@@ -52,6 +52,12 @@ class Recorder:
     def publish(self, trigger: dict[str, Any], transition: str) -> None:
         self.sent.append((transition, trigger))
 
+    def restore(self, active: list[dict[str, Any]]) -> None:
+        """Nothing to re-post: a recorder has no sink that expires alerts."""
+
+    def retain(self, active_ids: set[str]) -> None:
+        """Nothing kept alive: a recorder has no sink that expires alerts."""
+
 
 def run_windows(store: Any, settings: Any, first_until: datetime, count: int, kinds: list[str],
                 dispatcher: Any = None) -> list[list[dict[str, Any]]]:
