@@ -145,7 +145,7 @@ def time_callbacks(url: str, rounds: int, refreshes: tuple[str, ...] = REFRESHES
 
 # True once no callback is pending in the Dash renderer (its redux state: a callback is
 # pending from requested to stored) and the page's refresh has drawn (its "-updated" line).
-IDLE_JS = """
+IDLE_JS = r"""
     const s = window.store && window.store.getState();
     const queues = ['requested', 'prioritized', 'blocked', 'executing', 'watched', 'executed', 'stored'];
     const pending = s && s.callbacks ? queues.reduce(function (n, q) { return n + s.callbacks[q].length; }, 0) : -1;

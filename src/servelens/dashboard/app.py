@@ -221,16 +221,31 @@ def _register_callbacks(app: dash.Dash) -> None:
         return data.Filters.from_store({"range": range_key, "since": since, "until": until,
                                         **dict(zip(data.FILTER_KEYS, values))}).to_store()
 
-    # A click on a chart's point opens the requests of its bucket (timecharts._hrefs).
+    # A click on a chart's point opens the requests of its bucket: the line's link
+    # (timecharts._link, in its trace's meta) with the clicked bucket as since/until.
     app.clientside_callback(
-        """function () {
+        r"""function (clicks, figures) {
+            const none = window.dash_clientside.no_update;
             const t = (window.dash_clientside.callback_context.triggered || [])[0];
             const p = t && t.value && t.value.points && t.value.points[0];
-            return p && typeof p.customdata === "string" && p.customdata.indexOf("/traces?") === 0
-                ? p.customdata : window.dash_clientside.no_update;
+            if (!p) { return none; }
+            const shown = JSON.stringify(t.value);
+            const i = (clicks || []).findIndex(function (c) { return c && JSON.stringify(c) === shown; });
+            const trace = i >= 0 && figures[i] && figures[i].data && figures[i].data[p.curveNumber];
+            const link = trace && trace.meta;
+            if (!link || typeof link.href !== "string" || link.href.indexOf("/traces") !== 0) { return none; }
+            let x = String(p.x).replace(" ", "T");
+            if (!/(Z|[+-]\d\d:?\d\d)$/.test(x)) { x += "Z"; }  // Plotly writes date axes' x without a zone
+            const since = new Date(x);
+            if (isNaN(since.getTime())) { return none; }
+            const until = new Date(since.getTime() + link.step_s * 1000);
+            const iso = function (d) { return d.toISOString().replace(".000Z", "Z"); };
+            return link.href + (link.href.indexOf("?") < 0 ? "?" : "&")
+                + "since=" + encodeURIComponent(iso(since)) + "&until=" + encodeURIComponent(iso(until));
         }""",
         Output("url", "href"),
         Input({"type": timecharts.CHART_TYPE, "page": ALL, "name": ALL}, "clickData"),
+        State({"type": timecharts.CHART_TYPE, "page": ALL, "name": ALL}, "figure"),
         prevent_initial_call=True,
     )
 

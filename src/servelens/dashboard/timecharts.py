@@ -10,11 +10,11 @@ Where a page has a ceiling or band to show (a stage budget, a baseline), `marks`
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any, Callable, Sequence
 
 import dash
-import plotly.graph_objects as go
+import plotly.io as pio
 from dash import dcc, html
 
 from servelens.analytics import memo
@@ -97,19 +97,25 @@ def _drill(metric: str) -> dict[str, str]:
     return {}
 
 
-def _hrefs(line: Line, key: Any, points: Sequence[Sequence[Any]], bucket: str, filters: data.Filters) -> list[str]:
-    """Per point: the Traces page for that bucket's requests (and the line's key)."""
-    step = timedelta(seconds=series.BUCKETS[bucket])
+def _link(line: Line, key: Any, bucket: str, filters: data.Filters) -> dict[str, Any]:
+    """How a click on one of the line's points opens that bucket's requests: the Traces
+    page's query less its window, and the bucket's length (the browser adds since/until
+    from the point: app.py). One per line, not one href per point: those were most of a
+    refresh's bytes (BENCHMARKS.md "Dashboard cardinality")."""
     narrowed = {line.by: key} if line.by in traces_links.FILTER_KEYS and key is not None else {}
-    out = []
-    for t, _ in points:
-        start = datetime.fromisoformat(t.replace("Z", "+00:00"))
-        out.append(traces_links.href(filters, since=start, until=start + step, **narrowed, **_drill(line.metric)))
-    return out
+    units = {k: getattr(filters, k) for k in data.FILTER_KEYS if getattr(filters, k)}
+    return {"href": traces_links.href(None, **{**units, **narrowed, **_drill(line.metric)}),
+            "step_s": series.BUCKETS[bucket]}
+
+
+# The figure as Plotly.js reads it, built as plain data: plotly.graph_objects validates
+# and deep-copies its template on every figure, 50 ms each, most of a page's chart refresh
+# (BENCHMARKS.md "Dashboard cardinality"). The template's layout part is read once.
+_TEMPLATE = {"layout": pio.templates["plotly_white"].to_plotly_json()["layout"]}
 
 
 def figure(chart: Chart, docs: Sequence[tuple[Line, dict]], marks: Sequence[dict[str, Any]],
-           filters: data.Filters) -> go.Figure:
+           filters: data.Filters) -> dict[str, Any]:
     traces = []
     scale = _SCALE.get(chart.unit, 1.0)
     colors = iter(SERIES_COLORS * 4)
@@ -117,29 +123,43 @@ def figure(chart: Chart, docs: Sequence[tuple[Line, dict]], marks: Sequence[dict
         for s in doc["series"]:
             key = next(iter(s["key"].values()), None) if s["key"] else None
             name = line.name if key is None else f"{label(key)} · {line.name}" if len(chart.lines) > 1 else label(key)
-            xs = [p[0] for p in s["points"]]
-            ys = [None if p[1] is None else p[1] * scale for p in s["points"]]
-            traces.append(go.Scatter(
-                x=xs, y=ys, name=name, mode="lines", line=dict(width=1.6, dash=line.dash, color=next(colors)),
-                stackgroup="one" if chart.stacked else None, connectgaps=False,
-                customdata=_hrefs(line, key, s["points"], doc["bucket"], filters),
-                hovertemplate=f"%{{fullData.name}}<br>%{{x}}: {_HOVER.get(chart.unit, _HOVER[''])}<extra></extra>"))
-    fig = go.Figure(traces)
+            trace = {"type": "scatter", "name": name, "mode": "lines", "connectgaps": False,
+                     "x": [p[0] for p in s["points"]],
+                     "y": [None if p[1] is None else p[1] * scale for p in s["points"]],
+                     "line": {"width": 1.6, "dash": line.dash, "color": next(colors)},
+                     "meta": _link(line, key, doc["bucket"], filters),
+                     "hovertemplate": f"%{{fullData.name}}<br>%{{x}}: {_HOVER.get(chart.unit, _HOVER[''])}<extra></extra>"}
+            if chart.stacked:
+                trace["stackgroup"] = "one"
+            traces.append(trace)
     since, until = filters.window()
-    fig.update_layout(**chart_layout(chart.height, dragmode="zoom", hovermode="x unified",
-                                     showlegend=len(traces) > 1))
-    fig.update_xaxes(range=[since.isoformat(), until.isoformat()], type="date")
-    fig.update_yaxes(rangemode="tozero", fixedrange=True,
-                     ticksuffix={"ms": " ms", "%": " %"}.get(chart.unit, ""),
-                     tickprefix="$" if chart.unit == "$" else "")
-    for mark in marks:
-        if "y" in mark:  # a ceiling
-            fig.add_hline(y=mark["y"] * scale, line_dash="dot", line_color=mark.get("color", "#c0392b"),
-                          annotation_text=label(mark.get("text", "")), annotation_position="top left")
-        else:  # an episode: a shaded span
-            fig.add_vrect(x0=mark["x0"], x1=mark["x1"], fillcolor=mark.get("color", "#c0392b"), opacity=0.12,
-                          line_width=0, annotation_text=label(mark.get("text", "")), annotation_position="top left")
-    return fig
+    layout = chart_layout(chart.height, dragmode="zoom", hovermode="x unified", showlegend=len(traces) > 1)
+    layout.update(template=_TEMPLATE,
+                  xaxis={"range": [since.isoformat(), until.isoformat()], "type": "date"},
+                  yaxis={"rangemode": "tozero", "fixedrange": True,
+                         "ticksuffix": {"ms": " ms", "%": " %"}.get(chart.unit, ""),
+                         "tickprefix": "$" if chart.unit == "$" else ""},
+                  shapes=[_shape(mark, scale) for mark in marks],
+                  annotations=[_annotation(mark, scale) for mark in marks if mark.get("text")])
+    return {"data": traces, "layout": layout}
+
+
+def _shape(mark: dict[str, Any], scale: float) -> dict[str, Any]:
+    color = mark.get("color", "#c0392b")
+    if "y" in mark:  # a ceiling: a dotted line across the chart
+        y = mark["y"] * scale
+        return {"type": "line", "xref": "x domain", "x0": 0, "x1": 1, "yref": "y", "y0": y, "y1": y,
+                "line": {"dash": "dot", "color": color}}
+    # an episode: a shaded span
+    return {"type": "rect", "xref": "x", "x0": mark["x0"], "x1": mark["x1"], "yref": "y domain", "y0": 0, "y1": 1,
+            "fillcolor": color, "opacity": 0.12, "line": {"width": 0}, "layer": "above"}
+
+
+def _annotation(mark: dict[str, Any], scale: float) -> dict[str, Any]:
+    """A mark's text at its top left, as Plotly's add_hline/add_vrect place it."""
+    where = ({"xref": "x domain", "x": 0, "yref": "y", "y": mark["y"] * scale, "yanchor": "bottom"} if "y" in mark
+             else {"xref": "x", "x": mark["x0"], "yref": "y domain", "y": 1, "yanchor": "top"})
+    return {"text": label(mark["text"]), "showarrow": False, "xanchor": "left", **where}
 
 
 def render(chart: Chart, prefix: str, fetched: tuple[list[tuple[Line, dict]], list], filters: data.Filters) -> tuple:

@@ -124,6 +124,7 @@ _RAW_MEASURES = f"""
 _ROLLUP_MEASURES = """Requests, Errors, Retries, Fallbacks, RateLimited, WithTtft,
        InputTokens AS InputTokens_, OutputTokens AS OutputTokens_, CachedInputTokens AS CachedInputTokens_,
        LatencySum, Ttft, Latency, Tpot, Queue"""
+_EXACT = "quantilesExactInclusive(0.5, 0.95, 0.99)"  # as the exact reports rank (sources/requests.py)
 _MERGED = f"""
        sum(Requests) AS requests, sum(Errors) AS errors, sum(Retries) AS retries,
        sum(Fallbacks) AS fallbacks, sum(RateLimited) AS rate_limited, sum(WithTtft) AS with_ttft,
@@ -140,16 +141,33 @@ def request_stats_sql(q: ReportQuery, settings: Settings, by: str | None,
     """Per key (and time bucket): request counts, token sums and the TTFT, latency, TPOT
     and queue sketches (p50, p95, p99), from the rollups where they answer (and `rollup`),
     else raw rows. A bucket is a multiple of 60 s; of 3600 s to use the hour rollup."""
+    if not (rollup and answerable(q, settings, REQUEST_DIMS, by)):
+        return _raw_request_stats_sql(q, settings, by, bucket_s)
+    parts, params = _request_pieces(q, settings, by, bucket_s, _RAW_MEASURES, _ROLLUP_MEASURES)
+    bucket = f", toStartOfInterval(t, INTERVAL {int(bucket_s)} SECOND) AS bucket" if bucket_s else ""
+    group = "key, bucket" if bucket_s else "key"
+    sql = f"""
+        SELECT toString(key) AS key{bucket}, {_MERGED}
+        FROM ({' UNION ALL '.join(parts)})
+        GROUP BY {group}
+        HAVING requests > 0
+        ORDER BY {group}"""
+    return sql, params
+
+
+def _request_pieces(q: ReportQuery, settings: Settings, by: str | None, bucket_s: int | None,
+                    raw_measures: str, rollup_measures: str) -> tuple[list[str], dict[str, Any]]:
+    """The window's pieces (`pieces`) as SELECTs of (key, minute t, measures): rollup rows
+    where a grain covers, raw rows aggregated per minute at the edges."""
     params: dict[str, Any] = {}
     bounds = q.bounds()
-    use_rollup = rollup and answerable(q, settings, REQUEST_DIMS, by)
-    grains = tuple(g for g in REQUEST_GRAINS if bucket_s is None or bucket_s % g[1] == 0) if use_rollup else ()
+    grains = tuple(g for g in REQUEST_GRAINS if bucket_s is None or bucket_s % g[1] == 0)
     parts = []
     for i, piece in enumerate(pieces(bounds["since_ns"], bounds["until_ns"], grains)):
         if piece.table:
             key = REQUEST_DIMS[by] if by else "''"
             where = f"{time_range('Minute', piece, i, params, raw=False)} AND {filter_sql(q, REQUEST_DIMS, params)}"
-            parts.append(f"SELECT {key} AS key, Minute AS t, {_ROLLUP_MEASURES} FROM {piece.table} WHERE {where}")
+            parts.append(f"SELECT {key} AS key, Minute AS t, {rollup_measures} FROM {piece.table} WHERE {where}")
         else:
             filtered = ReportQuery(q.since, q.until, filters=q.filters)
             filters, fparams = filtered.where(settings.attributes)
@@ -157,16 +175,46 @@ def request_stats_sql(q: ReportQuery, settings: Settings, by: str | None,
             key, kparams = _raw_key(by, settings)
             params.update(kparams)
             where = f"{time_range('Timestamp', piece, i, params, raw=True)} AND {filters}"
-            parts.append(f"SELECT {key} AS key, toStartOfMinute(Timestamp) AS t, {_RAW_MEASURES} "
+            parts.append(f"SELECT {key} AS key, toStartOfMinute(Timestamp) AS t, {raw_measures} "
                          f"FROM llm_requests WHERE {where} GROUP BY key, t")
     if not parts:
-        parts.append(f"SELECT '' AS key, toDateTime(0) AS t, {_RAW_MEASURES} FROM llm_requests WHERE 0 GROUP BY key, t")
+        parts.append(f"SELECT '' AS key, toDateTime(0) AS t, {raw_measures} FROM llm_requests WHERE 0 GROUP BY key, t")
     params.update(bounds)
-    bucket = f", toStartOfInterval(t, INTERVAL {int(bucket_s)} SECOND) AS bucket" if bucket_s else ""
+    return parts, params
+
+
+# request_stats_sql's columns straight from raw rows, percentiles exact: the window is
+# small or not in the rollups, and building a sketch state per minute only to merge it
+# again cost 8x the exact ranking (BENCHMARKS.md "Dashboard cardinality").
+_RAW_STATS = f"""
+       count() AS requests, countIf(IsError) AS errors, countIf(RetryAttempt > 0) AS retries,
+       countIf(Fallback) AS fallbacks, countIf(HttpStatusCode = 429) AS rate_limited,
+       countIf(TtftSeconds IS NOT NULL) AS with_ttft,
+       sum(toUInt64(InputTokens)) AS input_tokens, sum(toUInt64(OutputTokens)) AS output_tokens,
+       sum(toUInt64(CachedInputTokens)) AS cached_tokens, sum(LatencySeconds) AS latency_sum,
+       {_EXACT}(TtftSeconds) AS ttft,
+       {_EXACT}(LatencySeconds) AS latency,
+       {_EXACT}(if(OutputTokens > 1 AND TtftSeconds IS NOT NULL AND LatencySeconds > assumeNotNull(TtftSeconds),
+                   (LatencySeconds - assumeNotNull(TtftSeconds)) / (OutputTokens - 1), NULL)) AS tpot,
+       {_EXACT}(QueueSeconds) AS queue"""
+
+
+def _raw_request_stats_sql(q: ReportQuery, settings: Settings, by: str | None,
+                           bucket_s: int | None) -> tuple[str, dict[str, Any]]:
+    bounds = q.bounds()
+    filters, params = ReportQuery(q.since, q.until, filters=q.filters).where(settings.attributes)
+    key, kparams = _raw_key(by, settings)
+    params.update(kparams)
+    piece = Piece("", bounds["since_ns"], bounds["until_ns"])
+    where = f"{time_range('Timestamp', piece, 0, params, raw=True)} AND {filters}"
+    bucket = (f", toStartOfInterval(toStartOfMinute(Timestamp), INTERVAL {int(bucket_s)} SECOND) AS bucket"
+              if bucket_s else "")
     group = "key, bucket" if bucket_s else "key"
+    params.update(bounds)
     sql = f"""
-        SELECT toString(key) AS key{bucket}, {_MERGED}
-        FROM ({' UNION ALL '.join(parts)})
+        SELECT toString({key}) AS key{bucket}, {_RAW_STATS}
+        FROM llm_requests
+        WHERE {where}
         GROUP BY {group}
         HAVING requests > 0
         ORDER BY {group}"""
@@ -243,9 +291,8 @@ def cost_source_sql(q: ReportQuery, settings: Settings, params: dict[str, Any]) 
 
 
 def request_count(store: StoreLike, settings: Settings, q: ReportQuery) -> int:
-    """Requests in q's window under its filters (which the request rollups answer)."""
-    sql, params = request_stats_sql(q, settings, None)
-    # only the counts: the sketches of the same pieces are not merged
-    sql = sql.replace(_MERGED, " sum(Requests) AS requests").replace("HAVING requests > 0", "")
-    found = frame(store, f"SELECT sum(requests) AS n FROM ({sql})", params)
+    """Requests in q's window under its filters (which the request rollups answer): the
+    same pieces as request_stats_sql, reading only their counts."""
+    parts, params = _request_pieces(q, settings, None, None, "count() AS Requests", "Requests")
+    found = frame(store, f"SELECT sum(Requests) AS n FROM ({' UNION ALL '.join(parts)})", params)
     return int(found.item()) if found.height and found.item() is not None else 0

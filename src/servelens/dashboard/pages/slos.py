@@ -4,7 +4,6 @@ over the selected range (analytics.slo). Without SLOs configured, how to configu
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
 from typing import Any
 
 import dash
@@ -99,15 +98,13 @@ def not_configured() -> html.Div:
 
 
 def _links(figure: Any, rows: list[dict[str, Any]], doc: dict[str, Any]) -> None:
-    """A click on a point lists the budget-spending requests of that SLO in that bucket."""
-    step = timedelta(seconds=series.BUCKETS[doc["bucket"]])
+    """A click on a point lists the budget-spending requests of that SLO in that bucket
+    (the trace's link, as timecharts._link: the browser adds the bucket's since/until)."""
     by_name = {r["name"]: r for r in rows}
-    for trace, s in zip(figure.data, doc["series"]):
+    for trace, s in zip(figure["data"], doc["series"]):
         row = by_name.get(s["key"]["slo"])
-        if row is None:
-            continue
-        starts = [datetime.fromisoformat(t.replace("Z", "+00:00")) for t, _ in s["points"]]
-        trace.customdata = [_bad_requests(row, t, t + step) for t in starts]
+        if row is not None:
+            trace["meta"] = {"href": _bad_requests(row, None, None), "step_s": series.BUCKETS[doc["bucket"]]}
 
 
 def render(fetched: tuple[list[dict[str, Any]], dict[str, Any]] | None, filters: data.Filters) -> tuple:
