@@ -241,11 +241,15 @@ def scenario(server: Servelens, mode: str, per_port: int, seconds: float) -> dic
 
 # --- report -------------------------------------------------------------------------------
 
-def render(runs: list[dict], per_port: int, seconds: float) -> str:
+# collector.acknowledge (the product's default is spooled): when an export is answered
+ANSWERED = {"spooled": "its rows are fsynced in the write-ahead log", "stored": "its rows are committed"}
+
+
+def render(runs: list[dict], per_port: int, seconds: float, acknowledge: str) -> str:
     when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     lines = [
         f"Measured {when} on {os.cpu_count()} cores ({cpu_model()}), Python {platform.python_version()}, by "
-        f"`.venv/bin/python -m bench.slow_clients --slow {per_port} --seconds {seconds:g}`: `servelens up` "
+        f"`.venv/bin/python -m bench.slow_clients --slow {per_port} --seconds {seconds:g} --acknowledge {acknowledge}`: `servelens up` "
         f"(embedded chDB, no demo traffic) in a subprocess pinned to core {COLLECTOR_CORE}, the slow sockets in "
         f"a second one and the normal client in a third, both pinned to core {CLIENT_CORE}, all on 127.0.0.1; "
         f"\"others\" is the CPU that other processes on the machine took meanwhile. {per_port} slow connections to the OTLP/HTTP "
@@ -254,7 +258,7 @@ def render(runs: list[dict], per_port: int, seconds: float) -> str:
         f"(from accept for a connection's first request), whole request {LIMITS.read_timeout:g} s, idle "
         f"keep-alive {LIMITS.idle_timeout} s. The normal client opens a fresh connection per request, one "
         f"every {PROBE_EVERY * 1e3:.0f} ms, the two routes alternating (POST /v1/traces: 2 spans, answered "
-        f"once stored), latency from connect to the end of the answer, {seconds:g} s per scenario.",
+        f"once {ANSWERED[acknowledge]}), latency from connect to the end of the answer, {seconds:g} s per scenario.",
         "",
         "| slow sockets | POST /v1/traces p50 / p99 / max ms | GET /api/v1/health p50 / p99 / max ms "
         "| errors | closed by the server: count (lifetime median / max s) | servelens open files "
@@ -287,7 +291,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--seconds", type=float, default=30.0, help="probe time per scenario (default 30)")
     parser.add_argument("--modes", default="none,drip,silent")
     parser.add_argument("--no-write", action="store_true", help="print only; leave BENCHMARKS.md alone")
-    parser.add_argument("--acknowledge", choices=("stored", "spooled"), default="stored",
+    parser.add_argument("--acknowledge", choices=tuple(ANSWERED), default="spooled",
                         help="collector.acknowledge: answer once committed, or once in the write-ahead log")
     args = parser.parse_args(argv)
     _pin(CLIENT_CORE)
@@ -298,7 +302,7 @@ def main(argv: list[str]) -> int:
             runs = [scenario(server, mode, args.slow, args.seconds) for mode in args.modes.split(",")]
         finally:
             server.stop()
-    text = render(runs, args.slow, args.seconds)
+    text = render(runs, args.slow, args.seconds, args.acknowledge)
     print(text)
     if not args.no_write:
         write_section("slow-clients", "Slow clients", text)

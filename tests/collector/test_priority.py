@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from servelens.collector.pipeline import priority
+from servelens.core import priority
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="thread priorities via /proc")
 

@@ -31,6 +31,7 @@ from servelens.analytics.query import DEFAULT_WINDOW, ReportQuery, iso
 from servelens.analytics.reports import registry as reports
 from servelens.analytics.triggers.engine import active_triggers, evaluate_due
 from servelens.core.config import Settings
+from servelens.core import priority
 
 log = logging.getLogger(__name__)
 
@@ -117,6 +118,7 @@ class Scheduler:
             self._dispatcher.retain({t["id"] for t in active_triggers(self._store)})
 
     def _loop(self) -> None:
+        priority.lower_this_thread()  # a scheduled report can wait; a receiver or a page should not
         # The first tick runs at start: windows that closed while no runner was up (an
         # outage, a back-filled history) are evaluated now, not one interval later.
         interval = self._settings.analytics.interval.total_seconds()

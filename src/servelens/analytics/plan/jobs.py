@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from servelens.analytics.query import QueryError
+from servelens.core import priority
 
 
 class Busy(RuntimeError):
@@ -69,6 +70,7 @@ class Jobs:
             job.progress = min(1.0, max(job.progress, fraction))
 
         def run() -> None:
+            priority.lower_this_thread()  # a replay runs for minutes: pages and ingest first
             try:
                 job.result = work(progress)
                 job.progress, job.state = 1.0, "done"

@@ -12,7 +12,7 @@ their own that the spool records before the insert (Spool.begin_group), so a cra
 before their removal re-inserts exactly that group and the store deduplicates it. A
 batch spooled after an insert attempt was made with its own token (stored mode) goes
 alone, under that token, for the same reason. The mode's background work runs at a
-lower CPU priority and collects garbage when the inserter says (pipeline.priority,
+lower CPU priority and collects garbage when the inserter says (core.priority,
 pipeline.collection).
 """
 
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
-from servelens.collector.pipeline import priority
+from servelens.core import priority
 from servelens.collector.pipeline.collection import Collection
 from servelens.collector.pipeline.durability import Refusals, report_spool
 from servelens.collector.pipeline.queue import concat

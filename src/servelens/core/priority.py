@@ -1,11 +1,12 @@
-"""CPU priority for background work in write-ahead mode (Linux; elsewhere a no-op).
+"""CPU priority for background work (Linux; elsewhere a no-op).
 
-With `collector.acknowledge: spooled` nobody waits on an insert: a request is answered
-once its rows are in the log. So when the cores are contended, the receivers (parse,
-map, log, answer) should run first and the inserts and merges catch up from the log.
-The inserter thread lowers its own priority; the embedded engine's pools (the threads
-Python does not know) are lowered as they appear. Lowering a priority needs
-no privilege; a failure leaves the thread as it was.
+One process serves ingest, the dashboard and the analytics (the embedded store allows one
+process per data directory), so when the cores are contended the receivers (parse, map,
+log, answer) should run first. Work nobody waits on lowers its priority: with
+`collector.acknowledge: spooled` the inserter thread (a request is answered once its rows
+are in the log) and the embedded engine's pools (the threads Python does not know, lowered
+as they appear); the analytics scheduler and plan jobs. Lowering a priority needs no
+privilege; a failure leaves the thread as it was.
 """
 
 from __future__ import annotations
