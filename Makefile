@@ -27,8 +27,13 @@ browser:
 # engine, ~1 GiB); TEST_JOBS=0 runs it in this process.
 TEST_JOBS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); [ $$n -gt 4 ] && n=4; echo $$n)
 
+# Then the dashboard's API and pages again with access control on (tests/conftest.py
+# TEST_AUTH): every request signed in as an admin, the access layer run whole.
+AUTH_SUITES := tests/dashboard/test_api.py tests/dashboard/test_pages.py
+
 test: $(STAMP) browser
 	$(BIN)/pytest -q -n $(TEST_JOBS)
+	SERVELENS_TEST_AUTH=1 $(BIN)/pytest -q -n $(TEST_JOBS) $(AUTH_SUITES)
 
 test-fast: $(STAMP)
 	$(BIN)/pytest -q -m "not browser"
