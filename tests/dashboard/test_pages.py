@@ -139,6 +139,9 @@ def test_cost(browser, dashboard, otlp_http, tmp_path):
     _wait(browser, lambda d: "fully loaded" in _text(d, "cost-updated"))
     _wait(browser, _plots("#cost-chart"))
     assert acme in _row(browser, "cost-table", "acme")  # API-priced: no GPU cost to load
+    # the caching panel drew its rows (test_cost_cache_panel checks them to the cent)
+    _wait(browser, lambda d: any(t in _text(d, "cost-cache") for t in ("Provider prompt cache", "No caching measured")))
+    assert _text(browser, "cost-cache-alert") == ""
     _finish(browser, "cost", tmp_path)
     assert [e for e in browser.get_log("browser") if e["level"] == "SEVERE"] == []
 

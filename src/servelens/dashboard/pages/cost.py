@@ -12,7 +12,7 @@ from dash import dcc, html
 from servelens.dashboard import data, traces_links
 from servelens.dashboard import timecharts
 from servelens.dashboard.timecharts import CONTROL, Chart, Line
-from servelens.dashboard.components import CHART_GROUPS, FONT, LOADING, NO_REQUESTS, NULL, card, chart_layout, empty, graph, integer, label, page, pct, plain, register_refresh, search_box, top_table, updated_line, usd
+from servelens.dashboard.components import CHART_GROUPS, FONT, LOADING, NO_REQUESTS, NULL, card, chart_layout, empty, graph, integer, label, page, pct, plain, register_refresh, search_box, table, top_table, updated_line, usd
 
 dash.register_page(__name__, path="/cost", name="Cost", title="Cost · servelens")
 
@@ -141,6 +141,37 @@ def change_panel(rows: list[dict[str, Any]], range_label: str) -> html.Div | lis
     ]
 
 
+# The cache report's rows (analytics/reports/cache.py), one kind of cache each.
+CACHE_KINDS = {"provider": "Provider prompt cache", "prefix": "Prefix KV cache (vLLM)",
+               "response": "Response cache (app.cache.hit)"}
+CACHE_COLUMNS = (
+    ("what", "Cache", str), ("key", "Model / deployment / service", str), ("unit", "Counted in", plain),
+    ("lookups", "Looked up", integer), ("hits", "Hits", integer), ("writes", "Written", integer),
+    ("hit_rate", "Hit rate", pct), ("saved_usd", "Saved", usd), ("saved_prefill_s", "Prefill saved", "seconds"),
+    ("note", "Note", plain),
+)
+NO_CACHE = ("No caching measured in this window: no cached input tokens from a provider, no vLLM "
+            "prefix-cache counters, no spans with app.cache.hit.")
+
+
+def _seconds(value: float) -> str:
+    return f"{value:,.1f} s"
+
+
+def cache_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The cache report's rows as the panel lists them: caches that saw a lookup, the
+    largest saving first within each kind (an unpriced saving last, never as 0)."""
+    shown = [{**r, "what": CACHE_KINDS.get(r["kind"], r["kind"])} for r in rows if r.get("lookups")]
+    order = {kind: i for i, kind in enumerate(CACHE_KINDS)}
+    return sorted(shown, key=lambda r: (order.get(r["kind"], len(order)), r.get("saved_usd") is None,
+                                        -(r.get("saved_usd") or 0.0), str(r.get("key"))))
+
+
+def cache_panel(rows: list[dict[str, Any]]) -> Any:
+    columns = tuple((k, h, _seconds if f == "seconds" else f) for k, h, f in CACHE_COLUMNS)
+    return table(cache_rows(rows), columns, NO_CACHE)
+
+
 CHARTS = (
     Chart("spend", "Spend over time", (Line("cost_usd", "spend", CONTROL),), unit="$", stacked=True, control="by"),
     Chart("per-request", "Cost per request over time", (Line("cost_per_request_usd", "per request"),), unit="$"),
@@ -172,6 +203,14 @@ def layout(**_query: str) -> html.Div:
         html.Section(className="panel gap-above", children=[html.Div(id="cost-table", children=LOADING),
                                                             html.Div(PRICES_NOTE, className="muted table-note",
                                                                      id="cost-prices-note")]),
+        html.Section(className="panel gap-above", children=[
+            html.H2("What caching saves"), html.Div(id="cost-cache-alert"),
+            html.Div(id="cost-cache", children=LOADING),
+            html.Div("Provider: input tokens read from (and written to) the provider's prompt cache, saved against "
+                     "the full input price. Prefix KV: vLLM's prefix-cache tokens and the prefill time they did "
+                     "not cost (an upper bound). Response: lookups of spans with app.cache.hit, each hit valued "
+                     "at its service's mean cost per request.", className="muted table-note"),
+        ]),
     )
 
 
@@ -194,6 +233,10 @@ def render(fetched: tuple, filters: data.Filters) -> tuple:
             updated_line(filters, VIEWS[view].lower()))
 
 
+def fetch_cache(source: data.DataSource, filters: data.Filters) -> list[dict[str, Any]]:
+    return source.rows("cache", filters)
+
+
 def fetch_change(source: data.DataSource, filters: data.Filters) -> list[dict[str, Any]]:
     return source.rows(CHANGE_REPORT, filters)
 
@@ -202,6 +245,8 @@ def register_callbacks(app: dash.Dash) -> None:
     register_refresh(app, "cost", ("cards", "title", "chart", "table", "updated"), fetch, render,
                      controls=("by", "view", "search"))
     timecharts.register(app, "cost", CHARTS)
+    register_refresh(app, "cost", ("cache",), fetch_cache, lambda rows, _filters: (cache_panel(rows),),
+                     alert_name="cache-alert")
     # Its own refresh: the change's decomposition can take far longer than the spend itself.
     register_refresh(app, "cost", ("change",), fetch_change,
                      lambda rows, filters: (change_panel(rows, filters.range_label),),
