@@ -90,6 +90,7 @@ class Provider:
 
     def serve(self, redirect_uri: str, accounts: dict[str, dict[str, Any]]) -> None:
         client = {"client_id": CLIENT_ID, "client_secret": SECRET, "redirect_uris": [redirect_uri],
+                  "post_logout_redirect_uris": [redirect_uri.replace("/signin/oidc/callback", "/signin")],
                   "token_endpoint_auth_method": "client_secret_basic"}
         assert self.process.stdin is not None
         self.process.stdin.write(json.dumps({"client": client, "accounts": accounts}) + "\n")
@@ -320,17 +321,26 @@ def test_forged_callbacks_and_provider_errors_answer_400_or_502_never_500(dashbo
     assert any("code exchange" in d and "invalid_grant" in d for d in details), details
 
 
-def test_sign_out_ends_the_session_single_sign_on_started(dashboard, store):
+def test_sign_out_ends_the_session_here_and_at_the_provider(dashboard, store, provider):
     browser = requests.Session()
     assert _sign_in(browser, dashboard, "ada").status_code == 200
     cookie = browser.cookies.get("servelens_session")
     assert _whoami(browser, dashboard)[1]["role"] == "admin"
     out = browser.post(f"{dashboard}/signout", headers={"Origin": dashboard}, allow_redirects=False, timeout=30)
-    assert out.status_code == 302 and out.headers["Location"].endswith("/signin")
+    # RP-initiated logout: to the provider's end-session endpoint, with this sign-in's ID token as the hint
+    assert out.status_code == 302 and out.headers["Location"].startswith(f"{provider.issuer}/session/end?")
+    asked = parse_qs(urlsplit(out.headers["Location"]).query)
+    assert asked["post_logout_redirect_uri"] == [f"{dashboard}/signin"] and asked["id_token_hint"][0].count(".") == 2
     assert _whoami(browser, dashboard)[0] == 401
+    confirm = browser.get(out.headers["Location"], timeout=30)
+    back = _submit(browser, confirm, logout="yes")  # the provider's "sign me out" button
+    assert back.status_code == 200 and urlsplit(back.url).path == "/signin"
     # the old cookie no longer signs anyone in: the session ended on the server, not only in the browser
     replay = requests.get(f"{dashboard}/api/v1/whoami", cookies={"servelens_session": cookie}, timeout=30)
     assert replay.status_code == 401
     assert ("sign_out", "ada@example.test") in [(a, actor) for a, actor, _, _ in _audit(store)]
     ended = store.client().query("SELECT argMax(ended_at, updated_at) FROM auth_sessions GROUP BY session_sha256")
     assert [row[0] is not None for row in ended.result_rows] == [True]
+    # signed out at the provider too: signing in again asks for the login (_sign_in checks), not straight back in
+    assert _sign_in(browser, dashboard, "ada").status_code == 200
+    assert _whoami(browser, dashboard)[1]["role"] == "admin"

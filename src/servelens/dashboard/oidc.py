@@ -11,6 +11,10 @@ browser was given, the signature by the provider's JWKS, issuer, audience, nonce
 The claims are the ID token's, plus the userinfo endpoint's when a claim the mapping reads
 is not in the ID token (many providers put little more than `sub` there).
 
+Signing out ends the session here, then sends the browser to the provider's end-session
+endpoint (RP-initiated logout), which brings it back to the sign-in form: a shared computer
+is not left signed in at the provider.
+
 The mapping (`principal_from_claims`): the role claim's value or values through
 auth.oidc.roles, admin before viewer when several match; failing that, the tenant claim
 makes a tenant viewer of the tenants it names; failing both, the sign-in is refused. The
@@ -28,6 +32,7 @@ import html
 import logging
 import os
 from typing import Any, Mapping
+from urllib.parse import urlencode
 
 import flask
 from authlib.integrations.base_client import MismatchingStateError
@@ -67,6 +72,11 @@ def blueprint(settings: Settings, credentials: Credentials, store: Any) -> flask
         if settings.public_url:
             return settings.public_url.rstrip("/") + flask.url_for(".callback")
         return flask.url_for(".callback", _external=True)
+
+    def signin_url() -> str:
+        if settings.public_url:
+            return settings.public_url.rstrip("/") + flask.url_for("servelens_signin.form")
+        return flask.url_for("servelens_signin.form", _external=True)
 
     def refuse(status: int, message: str, detail: str, actor: str = "") -> flask.Response:
         audit.record(store, "sign_in_failed", actor, outcome="refused", remote=flask.request.remote_addr or "",
@@ -116,11 +126,28 @@ def blueprint(settings: Settings, credentials: Credentials, store: Any) -> flask
         flask.session.permanent = True
         flask.session[access.SESSION_ID] = credentials.start_session(who.name, settings.auth.session_lifetime,
                                                                      signed_in=who)
+        ending = _end_session_url(client, token, config, signin_url())
+        if ending:
+            flask.session[signin.AFTER_SIGN_OUT] = ending
         role = who.role if who.reads_every_tenant else f"tenant {', '.join(who.tenants)}"
         audit.record(store, "sign_in", who.name, remote=flask.request.remote_addr or "", detail=f"oidc role {role}")
         return flask.redirect(target)
 
     return bp
+
+
+def _end_session_url(client: Any, token: Mapping[str, Any], config: OidcConfig, back: str) -> str | None:
+    """RP-initiated logout (OpenID Connect RP-Initiated Logout 1.0): the provider's
+    end_session_endpoint with this sign-in's ID token as the hint and the sign-in form as
+    where to come back (which the provider must allow as a post-logout redirect URI).
+    None where the provider offers no such endpoint: signing out then ends the session here
+    only."""
+    endpoint = client.load_server_metadata().get("end_session_endpoint")
+    id_token = token.get("id_token")
+    if not isinstance(endpoint, str) or not endpoint or not isinstance(id_token, str):
+        return None
+    query = urlencode({"id_token_hint": id_token, "post_logout_redirect_uri": back, "client_id": config.client_id})
+    return f"{endpoint}{'&' if '?' in endpoint else '?'}{query}"
 
 
 def principal_from_claims(config: OidcConfig, claims: Mapping[str, Any]) -> Principal | None:

@@ -72,6 +72,11 @@ class Limiter:
         return len(times)
 
 
+# Where signing out goes once the session has ended here, when the way the user signed in
+# set one (dashboard.oidc: the identity provider's end-session endpoint); else the form.
+AFTER_SIGN_OUT = "after_sign_out"
+
+
 def blueprint(settings: Settings, credentials: Credentials, store: Any) -> flask.Blueprint:
     bp = flask.Blueprint("servelens_signin", __name__)
     limiter = Limiter(settings.auth.max_failed_signins, settings.auth.lockout.total_seconds())
@@ -117,10 +122,13 @@ def blueprint(settings: Settings, credentials: Credentials, store: Any) -> flask
     def sign_out() -> Any:
         sid = flask.session.get(access.SESSION_ID)
         who = credentials.session(sid) if isinstance(sid, str) else None
+        after = flask.session.get(AFTER_SIGN_OUT)
         flask.session.clear()
         if who is not None:
             credentials.end_session(sid)
             audit.record(store, "sign_out", who.name, remote=flask.request.remote_addr or "")
+        if isinstance(after, str) and after:
+            return flask.redirect(after)  # the identity provider's sign-out, back to the form from there
         return flask.redirect(flask.url_for("servelens_signin.form"))
 
     return bp
