@@ -5,6 +5,7 @@ answered by a closed connection while the server goes on."""
 from __future__ import annotations
 
 import datetime as dt
+import time
 import ipaddress
 import json
 import socket
@@ -33,16 +34,15 @@ from servelens.dashboard.server import DashboardServer
 pytestmark = pytest.mark.integration
 
 
-def _self_signed(directory: Path) -> tuple[Path, Path]:
+def _self_signed(directory: Path, names: tuple[str, ...] = ("localhost", "127.0.0.1")) -> tuple[Path, Path]:
     key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, names[0])])
+    alt = [x509.IPAddress(ipaddress.ip_address(n)) if n.replace(".", "").isdigit() else x509.DNSName(n) for n in names]
     now = dt.datetime.now(dt.timezone.utc)
     cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
             .serial_number(x509.random_serial_number()).not_valid_before(now - dt.timedelta(minutes=5))
             .not_valid_after(now + dt.timedelta(days=1))
-            .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost"),
-                                                        x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-                           critical=False)
+            .add_extension(x509.SubjectAlternativeName(alt), critical=False)
             .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
             .sign(key, hashes.SHA256()))
     cert_path, key_path = directory / "cert.pem", directory / "key.pem"
@@ -125,3 +125,41 @@ def test_a_missing_or_unmatched_key_is_a_clear_config_error(make_settings, pem, 
     other = _self_signed(tmp_path / "other" if (tmp_path / "other").mkdir() is None else tmp_path)
     with pytest.raises(ConfigError, match="cannot load the TLS certificate"):
         make_settings(tls_cert=str(pem[0]), tls_key=str(other[1])).tls_context()
+
+
+def test_the_demo_sends_over_tls_to_its_own_receiver_trusting_only_its_certificate(make_settings, tmp_path):
+    """`up --demo --tls-cert ...`: the demo dials 127.0.0.1, which a real certificate does
+    not name; it trusts exactly the certificate its process serves, and no other."""
+    from servelens.core.migrate import migrate
+    from servelens.core.store import Store
+    from servelens.core.tls import pinned_client_context
+    from servelens.demo.traffic import DemoTraffic
+
+    cert, key = _self_signed(tmp_path, ("servelens.example.test",))  # no loopback name in it
+    settings = make_settings(tls_cert=str(cert), tls_key=str(key))
+    store = Store(settings.store_url, settings.store.database)
+    migrate(store.client())
+    collector = Collector(settings, store)
+    collector.start()
+    url = f"https://127.0.0.1:{collector.http.port}"
+    try:
+        demo = DemoTraffic(url, rate_per_s=0.5, seed=5, tls=pinned_client_context(cert))
+        try:
+            sent = demo.backfill(minutes=10)
+        finally:
+            demo.shutdown(10.0)
+        assert sent > 0
+        assert store.client().query("SELECT count() FROM llm_requests").first_row[0] > 0
+        assert store.client().query("SELECT count() FROM gpu_samples").first_row[0] == demo.gpus.sent_samples > 0
+        # a certificate the server does not hold is refused: the pin is a pin
+        other, _ = _self_signed(tmp_path / "other" if (tmp_path / "other").mkdir() is None else tmp_path)
+        impostor = DemoTraffic(url, rate_per_s=0.5, seed=6, tls=pinned_client_context(other))
+        try:
+            with pytest.raises(urllib.error.URLError, match="CERTIFICATE_VERIFY_FAILED"):
+                impostor.gpus.sample(time.time())
+        finally:
+            impostor.shutdown(5.0)
+    finally:
+        collector.shutdown()
+        store.client().command(f"DROP DATABASE IF EXISTS `{settings.store.database}`")
+

@@ -39,3 +39,15 @@ def grpc_credentials(cert: Path, key: Path) -> Any:
 
     server_context(cert, key)  # the same checks and messages before grpc sees the files
     return grpc.ssl_server_credentials([(Path(key).read_bytes(), Path(cert).read_bytes())])
+
+
+def pinned_client_context(cert: Path) -> ssl.SSLContext:
+    """A client context that trusts exactly `cert`, the certificate this process serves,
+    whatever name it was issued for: for a connection to our own receiver on loopback (the
+    demo's traffic), where 127.0.0.1 need not be one of the certificate's names. The chain
+    is still verified: only a server holding that certificate's key is accepted."""
+    context = ssl.create_default_context(cafile=str(cert))
+    context.verify_flags |= ssl.VERIFY_X509_PARTIAL_CHAIN  # a leaf may be its own anchor
+    context.check_hostname = False
+    return context
+

@@ -21,6 +21,7 @@ import hashlib
 import logging
 import math
 import random
+import ssl
 import time
 import urllib.error
 import urllib.request
@@ -123,10 +124,12 @@ class GpuFleet:
     """Emits the fleet's DCGM samples: `backfill()` history, `sample()` one live sample."""
 
     def __init__(self, endpoint: str, diurnal: Callable[[float], float], rng: Callable[[str], random.Random],
-                 timeout: float = 10.0) -> None:
+                 timeout: float = 10.0, tls: ssl.SSLContext | None = None) -> None:
         """`endpoint`: the OTLP/HTTP base URL; `diurnal`: the traffic's day curve (1.0 at the
-        peak); `rng`: a random stream by name (seeded by the demo, or not)."""
+        peak); `rng`: a random stream by name (seeded by the demo, or not); `tls`: the client
+        context for an https endpoint."""
         self.url = f"{endpoint.rstrip('/')}/v1/metrics"
+        self._tls = tls
         self.diurnal = diurnal
         self.timeout = timeout
         self.sent_samples = 0  # one per GPU and sample time
@@ -274,7 +277,8 @@ class GpuFleet:
             request = urllib.request.Request(self.url, data=body, method="POST", headers={
                 "Content-Type": "application/x-protobuf", "Content-Encoding": "gzip"})
             try:
-                with urllib.request.urlopen(request, timeout=self.timeout) as response:  # noqa: S310 - our receiver
+                with urllib.request.urlopen(request, timeout=self.timeout,  # noqa: S310 - our receiver
+                                            context=self._tls) as response:
                     reply = ExportMetricsServiceResponse.FromString(response.read())
                 if reply.partial_success.rejected_data_points:
                     log.warning("demo GPUs: %d points rejected: %s", reply.partial_success.rejected_data_points,

@@ -30,12 +30,14 @@ import json
 import logging
 import math
 import random
+import ssl
 import threading
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
+import requests
 from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
@@ -409,11 +411,36 @@ def _langfuse(span: _Span) -> None:
 _COMPLETION_START = "langfuse.observation.completion_start_time"
 
 
+class _TlsAdapter(requests.adapters.HTTPAdapter):
+    """requests' adapter with a given TLS context (and no name check of its own: the
+    context decides, core.tls.pinned_client_context)."""
+
+    def __init__(self, context: ssl.SSLContext) -> None:
+        self._context = context
+        super().__init__()
+
+    def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.update(ssl_context=self._context, assert_hostname=False)
+        super().init_poolmanager(*args, **kwargs)
+
+
+def _session(tls: ssl.SSLContext | None) -> requests.Session | None:
+    if tls is None:
+        return None
+    session = requests.Session()
+    session.trust_env = False  # REQUESTS_CA_BUNDLE and proxies are for the world, not our own port
+    session.mount("https://", _TlsAdapter(tls))
+    return session
+
+
 class DemoTraffic:
     """Sends demo traces and GPU samples to an OTLP/HTTP endpoint: `backfill()` history,
     `start()` live traffic."""
 
-    def __init__(self, endpoint: str, rate_per_s: float = 20.0, seed: int | None = None) -> None:
+    def __init__(self, endpoint: str, rate_per_s: float = 20.0, seed: int | None = None,
+                 tls: ssl.SSLContext | None = None) -> None:
+        """`tls`: the client context for an https endpoint (core.tls.pinned_client_context
+        where the demo sends to its own process)."""
         if rate_per_s <= 0:
             raise ValueError("rate_per_s must be positive")
         url = endpoint.rstrip("/")
@@ -427,14 +454,14 @@ class DemoTraffic:
             provider = TracerProvider(resource=Resource.create({
                 "service.name": service, "cloud.region": region, "deployment.environment.name": "prod"}))
             provider.add_span_processor(BatchSpanProcessor(
-                OTLPSpanExporter(endpoint=self.endpoint, timeout=10), max_queue_size=20000,
+                OTLPSpanExporter(endpoint=self.endpoint, timeout=10, session=_session(tls)), max_queue_size=20000,
                 schedule_delay_millis=500, max_export_batch_size=512))
             self._providers[service] = provider
             self._tracers[service] = provider.get_tracer("servelens.demo")
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.sent_traces = 0
-        self.gpus = GpuFleet(base, _diurnal, self._rng)
+        self.gpus = GpuFleet(base, _diurnal, self._rng, tls=tls)
 
     def _rng(self, stream: str) -> random.Random:
         return random.Random(f"{self.seed}-{stream}") if self.seed is not None else random.Random()
