@@ -127,19 +127,14 @@ def test_a_missing_or_unmatched_key_is_a_clear_config_error(make_settings, pem, 
         make_settings(tls_cert=str(pem[0]), tls_key=str(other[1])).tls_context()
 
 
-def test_the_demo_sends_over_tls_to_its_own_receiver_trusting_only_its_certificate(make_settings, tmp_path):
+def test_the_demo_sends_over_tls_to_its_own_receiver_trusting_only_its_certificate(make_settings, store, tmp_path):
     """`up --demo --tls-cert ...`: the demo dials 127.0.0.1, which a real certificate does
     not name; it trusts exactly the certificate its process serves, and no other."""
-    from servelens.core.migrate import migrate
-    from servelens.core.store import Store
     from servelens.core.tls import pinned_client_context
     from servelens.demo.traffic import DemoTraffic
 
     cert, key = _self_signed(tmp_path, ("servelens.example.test",))  # no loopback name in it
-    settings = make_settings(tls_cert=str(cert), tls_key=str(key))
-    store = Store(settings.store_url, settings.store.database)
-    migrate(store.client())
-    collector = Collector(settings, store)
+    collector = Collector(make_settings(tls_cert=str(cert), tls_key=str(key)), store)  # the test's database
     collector.start()
     url = f"https://127.0.0.1:{collector.http.port}"
     try:
@@ -161,5 +156,4 @@ def test_the_demo_sends_over_tls_to_its_own_receiver_trusting_only_its_certifica
             impostor.shutdown(5.0)
     finally:
         collector.shutdown()
-        store.client().command(f"DROP DATABASE IF EXISTS `{settings.store.database}`")
 
