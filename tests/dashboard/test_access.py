@@ -182,7 +182,7 @@ def test_a_tenant_viewer_reads_only_their_tenant_through_every_api_route(server,
         assert answered.get(url, _call("GET", server + url, token)[0]) == 403, url
 
 
-def test_sign_in_lock_out_sign_out_and_the_audit_log(server, store, settings):
+def test_sign_in_lock_out_sign_out_and_the_audit_log(server, store, settings, credentials):
     def form(opener: Any) -> str:
         with opener.open(f"{server}/signin", timeout=30) as resp:
             return re.search(r'name="csrf" value="([^"]+)"', resp.read().decode()).group(1)
@@ -229,6 +229,23 @@ def test_sign_in_lock_out_sign_out_and_the_audit_log(server, store, settings):
     # a form posted without its cookie (another site's form) is refused
     data = urllib.parse.urlencode({"name": "ops", "password": PASSWORD, "csrf": "forged"}).encode()
     assert _call("POST", f"{server}/signin", {"Content-Type": "application/x-www-form-urlencoded"}, data)[0] == 400
+
+    # each attempt counted at the dashboard's /metrics, which an admin or viewer token reads
+    viewer, _ = credentials.create_token("scraper", "viewer")
+    tenant, _ = credentials.create_token("alpha scraper", "tenant", ("tenant-alpha",))
+    assert _call("GET", f"{server}/metrics")[0] == 401
+    assert _call("GET", f"{server}/metrics", {"Authorization": f"Bearer {tenant}"})[0] == 403
+    status, text, _ = _call("GET", f"{server}/metrics", {"Authorization": f"Bearer {viewer}"})
+    counted = dict(re.findall(r'^servelens_dashboard_signins_total\{method="password",result="(\w+)"\} (\S+)$',
+                              text, flags=re.M))
+    assert status == 200 and {k: float(v) for k, v in counted.items()} == {
+        "ok": 2.0, "wrong_password": settings.auth.max_failed_signins + 1.0, "locked_out": 1.0, "expired_form": 1.0}
+    # report calls by outcome: one answered, one refused as a bad parameter
+    assert _call("GET", f"{server}/api/v1/reports/overview", {"Authorization": f"Bearer {viewer}"})[0] == 200
+    assert _call("GET", f"{server}/api/v1/reports/overview?since=yesterday", {"Authorization": f"Bearer {viewer}"})[0] == 400
+    text = _call("GET", f"{server}/metrics", {"Authorization": f"Bearer {viewer}"})[1]
+    outcomes = dict(re.findall(r'^servelens_dashboard_reports_total\{outcome="(\w+)"\} (\S+)$', text, flags=re.M))
+    assert float(outcomes["ok"]) >= 1 and float(outcomes["bad_request"]) == 1
 
     events = store.client().query("SELECT action, actor, outcome FROM audit_log ORDER BY time").result_rows
     actions = [(a, who) for a, who, _ in events]

@@ -63,6 +63,8 @@ POLICY: dict[str, str] = {
     "servelens_admin.add_user": ADMIN,
     "servelens_admin.remove_user": ADMIN,
     "servelens_admin.audit_log": ADMIN,
+    # the dashboard's own metrics (dashboard.telemetry)
+    "servelens_metrics.exposition": FLEET,
     # sign-in (dashboard.signin)
     "servelens_signin.form": PUBLIC,
     "servelens_signin.sign_in": PUBLIC,

@@ -18,7 +18,7 @@ import flask
 from dash import ALL, Input, Output, State, dcc, html
 
 from servelens.core.auth.credentials import Credentials
-from servelens.dashboard import access, admin_api, api, data, oidc, signin, timecharts
+from servelens.dashboard import access, admin_api, api, data, oidc, signin, telemetry, timecharts
 from servelens.dashboard.components import pause_when_hidden
 from servelens.dashboard.guard import Guard
 from servelens.core.config import Settings
@@ -58,8 +58,9 @@ def create_app(settings: Settings, store: Any,
     guard = guard or Guard()
     credentials = credentials or Credentials(store, settings)
     access.Access(settings, credentials).install(app.server)
-    app.server.register_blueprint(signin.blueprint(settings, credentials, store))
-    sso = oidc.blueprint(settings, credentials, store)
+    app.server.register_blueprint(signin.blueprint(settings, credentials, store, guard.metrics))
+    app.server.register_blueprint(telemetry.blueprint(guard.metrics))
+    sso = oidc.blueprint(settings, credentials, store, guard.metrics)
     if sso is not None:
         app.server.register_blueprint(sso)
     app.server.register_blueprint(admin_api.blueprint(credentials, store))

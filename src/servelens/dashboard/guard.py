@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -18,6 +19,7 @@ from typing import Any, Callable, TypeVar
 
 from servelens.analytics import sources
 from servelens.analytics.query import QueryError
+from servelens.dashboard.telemetry import DashboardMetrics
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -55,14 +57,19 @@ class Forbidden(Refused):
     status = 403
 
 
+_OUTCOMES = {Busy: "busy", TimedOut: "timeout", Forbidden: "forbidden", Failed: "failed"}
+
+
 def _timed_out(exc: BaseException) -> bool:
     # the engine's max_execution_time surfaces as ClickHouse's TIMEOUT_EXCEEDED (code 159)
     return isinstance(exc, sources.DeadlineExceeded) or getattr(exc, "code", None) == 159
 
 
 class Guard:
-    def __init__(self, deadline_s: float = DEADLINE_S, max_in_flight: int = MAX_IN_FLIGHT) -> None:
+    def __init__(self, deadline_s: float = DEADLINE_S, max_in_flight: int = MAX_IN_FLIGHT,
+                 metrics: DashboardMetrics | None = None) -> None:
         self.deadline_s = deadline_s
+        self.metrics = metrics or DashboardMetrics()  # every report call counted by outcome
         self._slots = threading.BoundedSemaphore(max_in_flight)
         self._pool = ThreadPoolExecutor(max_in_flight, thread_name_prefix="report")
 
@@ -71,6 +78,22 @@ class Guard:
         or a Refused; anything else fn raises is logged here with a reference and becomes
         Failed. A call past its deadline keeps its slot until its work stops (the engine
         ends the query at the same deadline), so abandoned work cannot pile up."""
+        started, outcome = time.perf_counter(), "failed"
+        try:
+            result = self._call(what, fn, *args)
+            outcome = "ok"
+            return result
+        except QueryError:
+            outcome = "bad_request"
+            raise
+        except Refused as refused:
+            outcome = _OUTCOMES.get(type(refused), "failed")
+            raise
+        finally:
+            self.metrics.reports.labels(outcome).inc()
+            self.metrics.report_seconds.observe(time.perf_counter() - started)
+
+    def _call(self, what: str, fn: Callable[..., T], *args: Any) -> T:
         if not self._slots.acquire(blocking=False):
             raise Busy("the server is busy with other reports; retry in a moment")
         try:

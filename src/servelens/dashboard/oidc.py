@@ -42,6 +42,7 @@ from servelens.core.auth import audit
 from servelens.core.auth.credentials import Credentials, Principal
 from servelens.core.config import ConfigError, OidcConfig, Settings
 from servelens.dashboard import access, signin
+from servelens.dashboard.telemetry import DashboardMetrics
 
 log = logging.getLogger(__name__)
 
@@ -49,9 +50,12 @@ CLIENT = "oidc"  # the client's name in Authlib's registry (and its session keys
 PROVIDER_TIMEOUT_S = 10.0  # every request to the provider: a hung one must not hold a server thread
 _NEXT = "oidc_next"  # where to go after the round trip, in the session
 _NAME_MAX = 128
+# A refused single sign-on by its answer's status, as the sign-in metric counts it.
+_REFUSALS = {400: "bad_callback", 403: "no_role", 502: "provider_error"}
 
 
-def blueprint(settings: Settings, credentials: Credentials, store: Any) -> flask.Blueprint | None:
+def blueprint(settings: Settings, credentials: Credentials, store: Any,
+              metrics: DashboardMetrics) -> flask.Blueprint | None:
     """The sign-in routes of auth.oidc, or None where no provider is configured."""
     config = settings.auth.oidc
     if config is None:
@@ -81,6 +85,7 @@ def blueprint(settings: Settings, credentials: Credentials, store: Any) -> flask
     def refuse(status: int, message: str, detail: str, actor: str = "") -> flask.Response:
         audit.record(store, "sign_in_failed", actor, outcome="refused", remote=flask.request.remote_addr or "",
                      detail=f"oidc: {detail}"[:1024])
+        metrics.signed_in("oidc", _REFUSALS.get(status, "refused"))
         return _page(status, message)
 
     @bp.get("/signin/oidc")
@@ -131,6 +136,7 @@ def blueprint(settings: Settings, credentials: Credentials, store: Any) -> flask
             flask.session[signin.AFTER_SIGN_OUT] = ending
         role = who.role if who.reads_every_tenant else f"tenant {', '.join(who.tenants)}"
         audit.record(store, "sign_in", who.name, remote=flask.request.remote_addr or "", detail=f"oidc role {role}")
+        metrics.signed_in("oidc", "ok")
         return flask.redirect(target)
 
     return bp

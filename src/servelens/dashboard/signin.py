@@ -27,6 +27,7 @@ from servelens.core.auth import audit
 from servelens.core.auth.credentials import Credentials
 from servelens.core.config import Settings
 from servelens.dashboard import access
+from servelens.dashboard.telemetry import DashboardMetrics
 
 _FORM_COOKIE = "servelens_signin"  # double-submit token of the sign-in form
 PER_ADDRESS_FACTOR = 4
@@ -77,7 +78,7 @@ class Limiter:
 AFTER_SIGN_OUT = "after_sign_out"
 
 
-def blueprint(settings: Settings, credentials: Credentials, store: Any) -> flask.Blueprint:
+def blueprint(settings: Settings, credentials: Credentials, store: Any, metrics: DashboardMetrics) -> flask.Blueprint:
     bp = flask.Blueprint("servelens_signin", __name__)
     limiter = Limiter(settings.auth.max_failed_signins, settings.auth.lockout.total_seconds())
     verifying = threading.BoundedSemaphore(MAX_VERIFYING)
@@ -93,13 +94,16 @@ def blueprint(settings: Settings, credentials: Credentials, store: Any) -> flask
         target = access.safe_next(request.form.get("next"))
         cookie = request.cookies.get(_FORM_COOKIE, "")
         if not cookie or not secrets.compare_digest(cookie, request.form.get("csrf", "")):
+            metrics.signed_in("password", "expired_form")
             return _form_page(target, "Your sign-in form expired: try again.", 400, sso)
         name, password = request.form.get("name", "")[:128], request.form.get("password", "")[:1024]
         address = request.remote_addr or ""
         if limiter.locked(name, address):
             audit.record(store, "sign_in_failed", name, outcome="refused", remote=address, detail="locked out")
+            metrics.signed_in("password", "locked_out")
             return _form_page(target, "Too many failed sign-ins: wait and try again later.", 429, sso)
         if not verifying.acquire(timeout=VERIFY_WAIT_S):
+            metrics.signed_in("password", "busy")
             return _form_page(target, "Too many sign-ins at once: try again in a moment.", 503)
         try:
             who = credentials.sign_in(name, password)
@@ -108,12 +112,14 @@ def blueprint(settings: Settings, credentials: Credentials, store: Any) -> flask
         if who is None:
             limiter.failed(name, address)
             audit.record(store, "sign_in_failed", name, outcome="refused", remote=address)
+            metrics.signed_in("password", "wrong_password")
             return _form_page(target, "Wrong user name or password.", 401, sso)
         limiter.succeeded(name)
         flask.session.clear()
         flask.session.permanent = True
         flask.session[access.SESSION_ID] = credentials.start_session(who.name, settings.auth.session_lifetime)
         audit.record(store, "sign_in", who.name, remote=address, detail=f"role {who.role}")
+        metrics.signed_in("password", "ok")
         response = flask.redirect(target)
         response.delete_cookie(_FORM_COOKIE, path="/signin")
         return response
