@@ -62,7 +62,8 @@ def test_the_panel_lists_each_cache_with_what_it_saved(settings, store, otlp_htt
     assert (response["key"], response["lookups"], response["hits"]) == ("chat", 10, 3)
     assert [r["kind"] for r in rows] == ["provider", "response"]  # no vLLM counters: no prefix row
 
-    panel = page.cache_panel(rows)
+    panel, more = page.cache_panel(rows)
+    assert more is None  # every row listed
     cells = [[str(td.children) for td in tr.children] for tr in panel.children[1].children]
     assert cells[0][:2] == ["Provider prompt cache", "m-cached"]
     assert pct(0.4) in cells[0] and usd(0.0175) in cells[0]
@@ -73,5 +74,17 @@ def test_without_caching_the_panel_says_what_it_looks_for(settings, store) -> No
     create_app(settings, store)
     from servelens.dashboard.pages import cost as page
 
-    panel = page.cache_panel(page.fetch_cache(data.DataSource(settings, store), data.Filters()))
+    panel, _ = page.cache_panel(page.fetch_cache(data.DataSource(settings, store), data.Filters()))
     assert "No caching measured" in str(panel.children)
+
+
+def test_the_panel_lists_the_first_rows_of_each_kind_and_counts_the_rest(settings, store) -> None:
+    create_app(settings, store)
+    from servelens.dashboard.pages import cost as page
+
+    rows = [{"kind": "provider", "key": f"m-{i}", "unit": "input tokens", "lookups": 1000, "hits": i, "writes": 0,
+             "hit_rate": i / 1000, "saved_usd": i / 100, "saved_prefill_s": None, "note": None} for i in range(60)]
+    panel, more = page.cache_panel(rows, n=25)
+    keys = [str(tr.children[1].children) for tr in panel.children[1].children]
+    assert keys == [f"m-{i}" for i in range(59, 34, -1)]  # the largest savings first
+    assert "35 more not listed" in str(more.children)

@@ -167,9 +167,17 @@ def cache_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                                         -(r.get("saved_usd") or 0.0), str(r.get("key"))))
 
 
-def cache_panel(rows: list[dict[str, Any]]) -> Any:
+def cache_panel(rows: list[dict[str, Any]], n: int = data.TOP_N) -> Any:
+    """The first n rows of each kind (thousands of models would be thousands of rows), and
+    how many more there are."""
     columns = tuple((k, h, _seconds if f == "seconds" else f) for k, h, f in CACHE_COLUMNS)
-    return table(cache_rows(rows), columns, NO_CACHE)
+    listed = cache_rows(rows)
+    shown = [r for kind in dict.fromkeys(r["kind"] for r in listed)
+             for r in [x for x in listed if x["kind"] == kind][:n]]
+    more = len(listed) - len(shown)
+    note = html.Div(f"{more:,} more not listed (the cache report has them all: GET /api/v1/reports/cache)",
+                    className="muted", id="cost-cache-more") if more else None
+    return [table(shown, columns, NO_CACHE), note]
 
 
 CHARTS = (
