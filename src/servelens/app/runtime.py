@@ -173,13 +173,11 @@ def run(command: str, settings: Settings, demo: bool = False, once: bool = False
         if demo and command == "up":
             from servelens.demo.traffic import DemoTraffic
 
-            if settings.tls_cert:  # the receiver speaks TLS only: the demo trusts its certificate
-                from servelens.core.tls import pinned_client_context
+            from servelens.core.tls import pinned_client_context
 
-                traffic = DemoTraffic(f"https://127.0.0.1:{ports['otlp-http']}",
-                                      tls=pinned_client_context(settings.tls_cert))
-            else:
-                traffic = DemoTraffic(f"http://127.0.0.1:{ports['otlp-http']}")
+            # the receiver speaks TLS only where a certificate is set: the demo trusts exactly that one
+            tls = pinned_client_context(settings.tls_cert) if settings.tls_cert else None
+            traffic = DemoTraffic(f"{'https' if tls else 'http'}://127.0.0.1:{ports['otlp-http']}", tls=tls)
             components.append(traffic)
             traffic.backfill(minutes=120)  # two hours of history, so every chart has a shape
             traffic.start()

@@ -201,16 +201,12 @@ _RAW_STATS = f"""
 
 def _raw_request_stats_sql(q: ReportQuery, settings: Settings, by: str | None,
                            bucket_s: int | None) -> tuple[str, dict[str, Any]]:
-    bounds = q.bounds()
-    filters, params = ReportQuery(q.since, q.until, filters=q.filters).where(settings.attributes)
+    where, params = ReportQuery(q.since, q.until, filters=q.filters).where(settings.attributes)  # window + filters
     key, kparams = _raw_key(by, settings)
     params.update(kparams)
-    piece = Piece("", bounds["since_ns"], bounds["until_ns"])
-    where = f"{time_range('Timestamp', piece, 0, params, raw=True)} AND {filters}"
     bucket = (f", toStartOfInterval(toStartOfMinute(Timestamp), INTERVAL {int(bucket_s)} SECOND) AS bucket"
               if bucket_s else "")
     group = "key, bucket" if bucket_s else "key"
-    params.update(bounds)
     sql = f"""
         SELECT toString({key}) AS key{bucket}, {_RAW_STATS}
         FROM llm_requests

@@ -3,6 +3,7 @@ per outcome, and what changed since the previous window."""
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import dash
@@ -144,18 +145,20 @@ def change_panel(rows: list[dict[str, Any]], range_label: str) -> html.Div | lis
 # The cache report's rows (analytics/reports/cache.py), one kind of cache each.
 CACHE_KINDS = {"provider": "Provider prompt cache", "prefix": "Prefix KV cache (vLLM)",
                "response": "Response cache (app.cache.hit)"}
-CACHE_COLUMNS = (
-    ("what", "Cache", str), ("key", "Model / deployment / service", str), ("unit", "Counted in", plain),
-    ("lookups", "Looked up", integer), ("hits", "Hits", integer), ("writes", "Written", integer),
-    ("hit_rate", "Hit rate", pct), ("saved_usd", "Saved", usd), ("saved_prefill_s", "Prefill saved", "seconds"),
-    ("note", "Note", plain),
-)
-NO_CACHE = ("No caching measured in this window: no cached input tokens from a provider, no vLLM "
-            "prefix-cache counters, no spans with app.cache.hit.")
 
 
 def _seconds(value: float) -> str:
     return f"{value:,.1f} s"
+
+
+CACHE_COLUMNS = (
+    ("what", "Cache", str), ("key", "Model / deployment / service", str), ("unit", "Counted in", plain),
+    ("lookups", "Looked up", integer), ("hits", "Hits", integer), ("writes", "Written", integer),
+    ("hit_rate", "Hit rate", pct), ("saved_usd", "Saved", usd), ("saved_prefill_s", "Prefill saved", _seconds),
+    ("note", "Note", plain),
+)
+NO_CACHE = ("No caching measured in this window: no cached input tokens from a provider, no vLLM "
+            "prefix-cache counters, no spans with app.cache.hit.")
 
 
 def cache_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -170,14 +173,12 @@ def cache_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def cache_panel(rows: list[dict[str, Any]], n: int = data.TOP_N) -> Any:
     """The first n rows of each kind (thousands of models would be thousands of rows), and
     how many more there are."""
-    columns = tuple((k, h, _seconds if f == "seconds" else f) for k, h, f in CACHE_COLUMNS)
-    listed = cache_rows(rows)
-    shown = [r for kind in dict.fromkeys(r["kind"] for r in listed)
-             for r in [x for x in listed if x["kind"] == kind][:n]]
+    listed = cache_rows(rows)  # sorted by kind
+    shown = [r for _, group in itertools.groupby(listed, key=lambda r: r["kind"]) for r in list(group)[:n]]
     more = len(listed) - len(shown)
     note = html.Div(f"{more:,} more not listed (the cache report has them all: GET /api/v1/reports/cache)",
                     className="muted", id="cost-cache-more") if more else None
-    return [table(shown, columns, NO_CACHE), note]
+    return [table(shown, CACHE_COLUMNS, NO_CACHE), note]
 
 
 CHARTS = (
