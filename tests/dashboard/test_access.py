@@ -34,8 +34,9 @@ PRICING = {"models": [{"model": "model-alpha", "input_per_mtok": 1.0, "output_pe
 BETA_MARKERS = ("tenant-beta", "svc-beta", "model-beta", "feat-beta")
 
 
-def _send(otlp_http: str, tenant: str, n: int, seed_ms: int) -> list[str]:
-    """n LLM requests of one tenant through the SDK's OTLP/HTTP exporter; their trace ids."""
+def _send(otlp_http: str, tenant: str, n: int, seed_ms: int, deployment: str | None = None) -> list[str]:
+    """n LLM requests of one tenant through the SDK's OTLP/HTTP exporter (on `deployment`
+    when given, else their service's own); their trace ids."""
     name = tenant.removeprefix("tenant-")
     provider = TracerProvider(resource=Resource.create({"service.name": f"svc-{name}"}))
     provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=f"{otlp_http}/v1/traces", timeout=10),
@@ -48,7 +49,8 @@ def _send(otlp_http: str, tenant: str, n: int, seed_ms: int) -> list[str]:
         span = tracer.start_span(f"chat model-{name}", kind=SpanKind.CLIENT, start_time=start, attributes={
             "gen_ai.operation.name": "chat", "gen_ai.request.model": f"model-{name}",
             "gen_ai.usage.input_tokens": 100 + i, "gen_ai.usage.output_tokens": 10 + i,
-            "app.tenant": tenant, "app.feature": f"feat-{name}", "gen_ai.response.time_to_first_chunk": 0.05})
+            "app.tenant": tenant, "app.feature": f"feat-{name}", "gen_ai.response.time_to_first_chunk": 0.05,
+            **({"app.deployment": deployment} if deployment else {})})
         span.end(end_time=start + (seed_ms + i) * 1_000_000)
         traces.append(format(span.get_span_context().trace_id, "032x"))
     assert provider.force_flush(30_000)

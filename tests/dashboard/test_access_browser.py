@@ -13,16 +13,24 @@ from selenium.webdriver.support.ui import WebDriverWait
 
 from servelens.core.auth.credentials import Credentials
 from servelens.dashboard.app import create_app
+from servelens.dashboard.components import usd
 from servelens.dashboard.server import DashboardServer
 from tests.dashboard.test_access import BETA_MARKERS, PASSWORD, PRICING, _send
+from tests.dashboard.test_pages import GPU_HOST, GPU_RATE, GPU_SAMPLES, GPU_UTILS, send_gpu_samples
 from tests.dashboard.test_browser import browser, pytestmark  # noqa: F401 - the fixture and the marks
 
 SETTLE_S = 30
 
 
+# One self-hosted deployment both tenants' requests run on (tokens weighted 1 : 3).
+SHARED = "shared-gpus"
+DEPLOYMENTS = [{"name": SHARED, "gpus": {"hosts": [GPU_HOST]}, "gpu_hourly_usd": GPU_RATE,
+                "cost_weights": {"input": 1, "output": 3}}]
+
+
 @pytest.fixture
 def settings(make_settings):
-    return make_settings(pricing=PRICING)
+    return make_settings(pricing=PRICING, deployments=DEPLOYMENTS)
 
 
 @pytest.fixture
@@ -62,8 +70,8 @@ def test_a_tenant_viewer_sees_their_tenant_only_and_signs_out(browser, server, o
     assert browser.current_url.endswith("/cost")
 
     nav = {e.text for e in browser.find_elements(By.CLASS_NAME, "nav-link")}
-    assert {"Overview", "Cost", "Latency & stages", "Traces"} <= nav
-    assert not nav & {"GPUs", "Plan", "Admin", "Ingest", "SLOs"}, nav
+    assert {"Overview", "Cost", "Latency & stages", "Traces", "GPUs"} <= nav
+    assert not nav & {"Plan", "Admin", "Ingest", "SLOs"}, nav
     assert "alpha-viewer" in browser.find_element(By.CLASS_NAME, "who").text
 
     pages = {"/": "overview", "/cost": "cost", "/latency": "lat", "/workload": "wl", "/reliability": "rel",
@@ -79,14 +87,43 @@ def test_a_tenant_viewer_sees_their_tenant_only_and_signs_out(browser, server, o
     WebDriverWait(browser, SETTLE_S).until(lambda d: "tenant-alpha" in d.find_element(By.ID, "filter-tenant").text)
 
     # a fleet page typed in by hand says it is not theirs, and shows nothing of it
-    browser.get(f"{server}/gpus")
-    _settled(browser, "gpus")
-    assert "not open to tenant viewers" in browser.find_element(By.ID, "gpus-alert").text
+    browser.get(f"{server}/plan")
+    WebDriverWait(browser, SETTLE_S).until(
+        lambda d: "not open to tenant viewers" in d.find_element(By.ID, "plan-alert").text)
 
     browser.find_element(By.ID, "sign-out").click()
     WebDriverWait(browser, SETTLE_S).until(lambda d: "/signin" in d.current_url)
     browser.get(f"{server}/cost")
     WebDriverWait(browser, SETTLE_S).until(lambda d: "/signin" in d.current_url)
+
+
+def test_a_tenant_viewer_reads_their_share_of_a_shared_deployments_gpu_cost(browser, server, otlp_http):  # noqa: F811
+    """Both tenants' requests run on one deployment: alpha's viewer reads what alpha was
+    allocated of its GPU cost (busy, and with the idle time spread), and nothing of the
+    fleet's utilization or of beta."""
+    send_gpu_samples(otlp_http)
+    _send(otlp_http, "tenant-alpha", 4, 300, deployment=SHARED)
+    _send(otlp_http, "tenant-beta", 6, 700, deployment=SHARED)
+    # _send's request i carries 100 + i input and 10 + i output tokens
+    def weighted(n: int) -> float:
+        return sum((100 + i) * 1 + (10 + i) * 3 for i in range(n))
+    share = weighted(4) / (weighted(4) + weighted(6))
+    hours = GPU_SAMPLES * 15 / 3600
+    provisioned = len(GPU_UTILS) * hours * GPU_RATE
+    busy = sum(hours * GPU_RATE * sum(u) / len(u) / 100 for u in GPU_UTILS.values())
+
+    _sign_in(browser, server, "alpha-viewer", "/gpus")
+    WebDriverWait(browser, SETTLE_S).until(lambda d: SHARED in d.find_element(By.ID, "gpus-share").text)
+    row = browser.find_element(By.XPATH, f"//*[@id='gpus-share']//tr[td[1][normalize-space()='{SHARED}']]").text
+    assert row.split() == [SHARED, "4", f"{sum(100 + i for i in range(4)):,}", f"{sum(10 + i for i in range(4)):,}",
+                           usd(busy * share), usd(provisioned * share)], row
+    assert usd(busy * share) in browser.find_element(By.ID, "gpus-total").text
+    source = browser.page_source
+    for hidden in (*BETA_MARKERS, usd(busy), usd(provisioned)):
+        assert hidden not in source, hidden
+    assert not browser.find_elements(By.ID, "gpus-d0-util-mean") and not browser.find_elements(By.ID, "gpus-d0-idle")
+    assert not browser.find_elements(By.CSS_SELECTOR, ".js-plotly-plot")  # the fleet's charts are not drawn
+    assert [e for e in browser.get_log("browser") if e["level"] == "SEVERE"] == []
 
 
 def test_an_admin_sees_every_page_and_the_audit_log(browser, server):  # noqa: F811

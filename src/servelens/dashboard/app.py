@@ -33,8 +33,9 @@ _OPTIONS_REFRESH_MS = 60_000  # new services/models appear without a reload
 NAV_ORDER = ("/", "/latency", "/cost", "/gpus", "/quality", "/workload", "/reliability", "/triggers", "/traces",
              "/slos", "/plan", "/ingest", "/admin")
 # Pages that only show fleet-wide numbers: not in a tenant viewer's navigation (their
-# callbacks refuse them anyway: dashboard.data.DataSource.for_principal).
-FLEET_PAGES = frozenset({"/gpus", "/slos", "/plan", "/ingest"})
+# callbacks refuse them anyway: dashboard.data.DataSource.for_principal). The GPUs page is
+# theirs: it shows a tenant viewer their share of the GPU cost (pages/gpus.py).
+FLEET_PAGES = frozenset({"/slos", "/plan", "/ingest"})
 ADMIN_PAGES = frozenset({"/admin"})
 _PLACEHOLDERS = {"service": "All services", "deployment": "All deployments",
                  "model": "All models", "tenant": "All tenants"}

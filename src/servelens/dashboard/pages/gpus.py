@@ -1,4 +1,9 @@
-"""GPUs: utilization per deployment and what its idle part costs, then every GPU."""
+"""GPUs: utilization per deployment and what its idle part costs, then every GPU.
+
+A tenant viewer reads their share instead (SPEC 9): what their requests were allocated of
+each self-hosted deployment's GPU cost, busy and fully loaded, from the cost report filtered
+to their tenant on the server. The deployments' utilization, GPUs and idle cost are the
+fleet's (other tenants' load), so they are not on their page."""
 
 from __future__ import annotations
 
@@ -7,10 +12,10 @@ from typing import Any
 import dash
 from dash import html
 
-from servelens.dashboard import data
+from servelens.dashboard import access, data
 from servelens.dashboard import timecharts
 from servelens.dashboard.timecharts import Chart, Line
-from servelens.dashboard.components import LOADING, NULL, card, empty, integer, page, panel, pct, register_refresh, search_box, show, top_table, updated_line, usd
+from servelens.dashboard.components import LOADING, NULL, card, empty, integer, page, panel, pct, register_refresh, search_box, show, table, top_table, updated_line, usd
 
 dash.register_page(__name__, path="/gpus", name="GPUs", title="GPUs · servelens")
 
@@ -80,7 +85,46 @@ CHARTS = (
 )
 
 
+SHARE_COLUMNS = (
+    ("deployment", "Deployment", str), ("requests", "Requests", integer),
+    ("input_tokens", "Input tokens", integer), ("output_tokens", "Output tokens", integer),
+    ("busy_cost_usd", "Busy GPU cost", usd), ("loaded_cost_usd", "Fully loaded", usd),
+)
+
+
+def tenant_shares(source: data.DataSource, filters: data.Filters) -> list[dict[str, Any]]:
+    """The reader's requests' share of each self-hosted deployment's GPU cost: the cost
+    report by deployment (narrowed to their tenant by the source), busy and fully loaded."""
+    self_hosted = {d.name for d in source.settings.deployments}
+    busy, loaded = (source.rows("cost", filters, by="deployment", view=view) for view in ("busy", "fully_loaded"))
+    loaded_cost = {r["deployment"]: r.get("cost_usd") for r in loaded}
+    return [{**r, "busy_cost_usd": r.get("cost_usd"), "loaded_cost_usd": loaded_cost.get(r["deployment"])}
+            for r in busy if r["deployment"] in self_hosted]
+
+
+def share_totals(rows: list[dict[str, Any]]) -> str:
+    busy = [r["busy_cost_usd"] for r in rows if r.get("busy_cost_usd") is not None]
+    loaded = [r["loaded_cost_usd"] for r in rows if r.get("loaded_cost_usd") is not None]
+    if not busy and not loaded:
+        return ""
+    return (f"Your share of GPU cost {usd(sum(busy)) if busy else NULL} busy, "
+            f"{usd(sum(loaded)) if loaded else NULL} fully loaded")
+
+
+SHARE_NOTE = ("Each deployment's GPU cost is shared among its requests by weighted tokens; these are your "
+              "requests' shares. Busy: the GPUs' busy time; fully loaded: their idle time spread too. "
+              "Utilization and idle cost are the whole fleet's and are shown to admins and viewers.")
+
+
 def layout(**_query: str) -> html.Div:
+    if not access.principal().reads_every_tenant:
+        return page(
+            "gpus", "GPUs",
+            html.Div(id="gpus-total", className="page-summary"),
+            html.Div(id="gpus-deployments", children=LOADING),
+            # the fleet's per-GPU parts stay in the tree, hidden: the page's one refresh reads them
+            html.Div(hidden=True, children=[search_box("gpus-search", "GPUs"), html.Div(id="gpus-table")]),
+        )
     return page(
         "gpus", "GPUs",
         html.Div(id="gpus-total", className="page-summary"),
@@ -91,12 +135,21 @@ def layout(**_query: str) -> html.Div:
 
 
 def fetch(source: data.DataSource, filters: data.Filters, search: str | None) -> tuple:
+    if source.restricted:
+        return "share", tenant_shares(source, filters)
     # deployments are the configured ones (a bounded list); GPUs are whatever reports samples
     return (source.rows("utilization", filters, by="deployment"),
             source.top("utilization", filters, "gpu", "idle_cost_usd", search))
 
 
 def render(fetched: tuple, filters: data.Filters) -> tuple:
+    if fetched[0] == "share":
+        shares = fetched[1]
+        return (panel("Your share of GPU cost", html.P(SHARE_NOTE, className="muted"),
+                      html.Div(id="gpus-share", children=table(
+                          shares, SHARE_COLUMNS, "None of your requests ran on a self-hosted deployment in this "
+                                                 "window."))),
+                None, share_totals(shares), updated_line(filters))
     deployments, gpus = fetched
     return (deployment_panels(deployments),
             top_table(gpus, GPU_COLUMNS, "No GPU samples in this window.", "GPUs", "idle cost"),
