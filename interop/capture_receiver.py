@@ -4,7 +4,8 @@ POST /v1/traces, /v1/metrics, /v1/logs (and any path ending in those, such as
 Langfuse's /api/public/otel/v1/traces) are answered 200 with an empty
 Export{Trace,Metrics,Logs}ServiceResponse -- a message with no fields set, whose
 protobuf encoding is zero bytes -- and the request body is written verbatim to
-<outdir>/<signal>-<seq>.binpb (seq counts per signal from 001). A body sent with
+<outdir>/<signal>-<seq>.binpb (seq counts per signal from 001). A chunked body
+(Transfer-Encoding: chunked, as OTel JS sends) is de-chunked; one sent with
 Content-Encoding: gzip is stored decompressed, so every file is a plain
 Export*ServiceRequest. A JSON body (application/json) is kept as .json.
 
@@ -60,9 +61,22 @@ def make_handler(outdir: str, log_path: str):
             self._log({"method": "GET", "path": self.path})
             self._answer(200, b"{}", "application/json")
 
+        def _read_chunked(self) -> bytes:
+            # OTel JS's OTLP/HTTP exporters pipe the body: Transfer-Encoding: chunked, no Content-Length.
+            parts = []
+            while True:
+                size = int(self.rfile.readline().split(b";", 1)[0].strip() or b"0", 16)
+                if size == 0:
+                    while self.rfile.readline() not in (b"\r\n", b"\n", b""):  # trailers
+                        pass
+                    return b"".join(parts)
+                parts.append(self.rfile.read(size))
+                self.rfile.readline()  # the CRLF after each chunk
+
         def do_POST(self):
+            chunked = "chunked" in (self.headers.get("Transfer-Encoding") or "").lower()
             n = int(self.headers.get("Content-Length") or 0)
-            raw = self.rfile.read(n) if n else b""
+            raw = self._read_chunked() if chunked else (self.rfile.read(n) if n else b"")
             path = self.path.split("?", 1)[0].rstrip("/")
             signal = next((s for s in SIGNALS if path.endswith("/v1/" + s)), None)
             ctype = (self.headers.get("Content-Type") or "").split(";")[0].strip().lower()
@@ -70,7 +84,8 @@ def make_handler(outdir: str, log_path: str):
             entry = {"method": "POST", "path": self.path, "content_type": ctype,
                      "content_encoding": enc or None, "bytes": len(raw),
                      "user_agent": self.headers.get("User-Agent"),
-                     "authorization": bool(self.headers.get("Authorization"))}
+                     "authorization": bool(self.headers.get("Authorization")),
+                     "transfer_encoding": "chunked" if chunked else None}
             if signal is None:
                 self._log(entry)
                 self._answer(200, b"{}", "application/json")

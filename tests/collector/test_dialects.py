@@ -1,9 +1,10 @@
-"""The dialect table against the real output of six instrumentation libraries.
+"""The dialect table against the real output of the instrumentation libraries.
 
 tests/interop/captures/<lib>/ holds what each library exported while driving the real
-`openai` client against a fake OpenAI server (interop/, `make interop-capture`), and the
-manifest of what that server answered. Each capture goes through the real receiver
-(both span mappings) into the real store; then:
+`openai` client (the Vercel AI SDK: its own) against a fake OpenAI server (interop/,
+`make interop-capture`), and the manifest of what that server answered. Each capture goes
+through the real receiver (both span mappings; chunked where the library streamed its
+body) into the real store; then:
 - the llm_requests view and the Python reading (collector.dialects.request_fields) give
   the same fields for every span;
 - every call is one row, with the tokens, cache tokens, TTFT, error flag and tenant the
@@ -12,10 +13,11 @@ manifest of what that server answered. Each capture goes through the real receiv
 
 from __future__ import annotations
 
+import http.client
 import json
 import time
+import urllib.parse
 from datetime import datetime, timedelta
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -30,9 +32,9 @@ pytestmark = pytest.mark.integration
 CAPTURES = Path(__file__).resolve().parents[1] / "interop" / "captures"
 LIBRARIES = sorted(p.name for p in CAPTURES.iterdir() if (p / "manifest.json").is_file())
 # What each library carries (interop/README.md): a missing carrier is no failure of ours.
-SENDS_CACHED = {"traceloop", "openlit", "openinference", "langfuse"}
-SENDS_REASONING = {"openinference", "langfuse"}  # traceloop: on non-streamed calls only
-SENDS_TTFT = {"traceloop", "openlit", "openinference", "langfuse"}
+SENDS_CACHED = {"traceloop", "openlit", "openinference", "langfuse", "vercel_ai"}
+SENDS_REASONING = {"openinference", "langfuse", "vercel_ai"}  # traceloop: on non-streamed calls only
+SENDS_TTFT = {"traceloop", "openlit", "openinference", "langfuse", "vercel_ai"}
 SENDS_REQUEST_MODEL = set(LIBRARIES) - {"langfuse"}  # Langfuse names one model, not both
 
 COLUMNS = {  # llm_requests column -> request_fields key
@@ -70,14 +72,29 @@ def _shifted(body: bytes, by_ns: int) -> bytes:
 
 
 def _replay(library: str, url: str) -> None:
-    bodies = [p.read_bytes() for p in sorted((CAPTURES / library).glob("traces-*.binpb"))]
+    """Each export request of the capture, sent as the library sent it: OTel JS streams its
+    body (Transfer-Encoding: chunked, no Content-Length), the Python exporters do not."""
+    exports = {e["file"]: e for e in json.loads((CAPTURES / library / "manifest.json").read_text())["exports"]}
+    files = sorted((CAPTURES / library).glob("traces-*.binpb"))
+    bodies = [p.read_bytes() for p in files]
     first = min(s.start_time_unix_nano for b in bodies for rs in ExportTraceServiceRequest.FromString(b).resource_spans
                 for ss in rs.scope_spans for s in ss.spans)
     shift = time.time_ns() - 3600 * 10**9 - first
-    for body in bodies:
-        request = urllib.request.Request(f"{url}/v1/traces", data=_shifted(body, shift),
-                                         headers={"Content-Type": "application/x-protobuf"})
-        assert urllib.request.urlopen(request, timeout=30).status == 200
+    host, port = urllib.parse.urlsplit(url).hostname, urllib.parse.urlsplit(url).port
+    for path, body in zip(files, bodies):
+        body = _shifted(body, shift)
+        chunked = exports.get(path.name, {}).get("transfer_encoding") == "chunked"
+        connection = http.client.HTTPConnection(host, port, timeout=30)
+        try:
+            if chunked:  # in pieces of 4 KiB, as a stream would arrive
+                connection.request("POST", "/v1/traces", body=(body[i:i + 4096] for i in range(0, len(body), 4096)),
+                                   headers={"Content-Type": "application/x-protobuf"}, encode_chunked=True)
+            else:
+                connection.request("POST", "/v1/traces", body=body, headers={"Content-Type": "application/x-protobuf"})
+            response = connection.getresponse()
+            assert response.status == 200, (library, path.name, response.status, response.read()[:300])
+        finally:
+            connection.close()
 
 
 @pytest.fixture(params=["python", "engine"])

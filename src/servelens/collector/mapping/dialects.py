@@ -99,6 +99,8 @@ STRING_FIELDS: dict[str, tuple[Carrier, ...]] = {
     "session": (
         *_a(SEMCONV, "gen_ai.conversation.id", "session.id"), *_a(LANGFUSE, "langfuse.session.id"),
         *_a(OPENLLMETRY, "traceloop.association.properties.session_id"),
+        # Vercel AI SDK: the app's telemetry metadata (6 and before), its context (7)
+        *_a(VERCEL, "ai.telemetry.metadata.sessionId", "ai.settings.context.sessionId"),
     ),
 }
 # Operations spelled otherwise by a dialect, and the span-kind markers that name one.
@@ -118,6 +120,7 @@ TOKEN_FIELDS: dict[str, tuple[Carrier, ...]] = {
         *_a(SEMCONV, "gen_ai.usage.input_tokens", "gen_ai.usage.prompt_tokens"),
         *_a(OPENLLMETRY, "llm.usage.prompt_tokens"), *_a(OPENINFERENCE, "llm.token_count.prompt"),
         *_usage("input", "prompt_tokens", "input_tokens"), *_a(VERCEL, "ai.usage.inputTokens", "ai.usage.promptTokens"),
+        *_a(VERCEL, "ai.usage.tokens"),  # an embedding's (ai.embed.doEmbed) only count
     ),
     "output_tokens": (
         *_a(SEMCONV, "gen_ai.usage.output_tokens", "gen_ai.usage.completion_tokens"),
@@ -149,6 +152,8 @@ SECONDS_FIELDS: dict[str, tuple[Carrier, ...]] = {
     "ttft": (
         # the server's own measure first (vLLM), then the client's
         *_a(VLLM, "gen_ai.latency.time_to_first_token"), *_a(SEMCONV, "gen_ai.response.time_to_first_chunk"),
+        # the client's operation attribute (Vercel AI SDK 7's @ai-sdk/otel): seconds, streams only
+        *_a(SEMCONV, "gen_ai.client.operation.time_to_first_chunk"),
         Carrier(OPENLIT, "gen_ai.server.time_to_first_token", streamed_only=True),
         Carrier(VERCEL, "ai.response.msToFirstChunk", scale=0.001),
         Carrier(OPENLLMETRY, "gen_ai.content.completion.chunk", "event"),
@@ -164,7 +169,8 @@ CLIENT_COST = (*_a(OPENLIT, "gen_ai.usage.cost"), *_a(LITELLM, "gen_ai.cost.tota
 STREAM_FLAGS = (*_a(SEMCONV, "gen_ai.request.stream"), *_a(OPENLLMETRY, "gen_ai.is_streaming"),
                 *_a(LITELLM, "llm.is_streaming"))
 STREAM_EVENTS = ("gen_ai.content.completion.chunk", "First Token Stream Event")
-STREAM_STARTS = ("langfuse.observation.completion_start_time", "ai.response.msToFirstChunk")
+STREAM_STARTS = ("langfuse.observation.completion_start_time", "ai.response.msToFirstChunk",
+                 "gen_ai.client.operation.time_to_first_chunk")
 ERROR_LEVEL = (LANGFUSE, "langfuse.observation.level", "ERROR")
 HTTP_STATUS = (*_a(SEMCONV, "http.response.status_code"), *_a(LITELLM, "error.code"))
 
@@ -175,7 +181,8 @@ UNIT_KEYS = keys.UNIT_KEYS
 # unless its operation is a pipeline step (a stage of a request, not a request).
 REQUEST_MARKERS = ("gen_ai.operation.name", "gen_ai.request.model", "gen_ai.usage.input_tokens",
                    "gen_ai.usage.prompt_tokens", "llm.request.type", "gen_ai.latency.e2e")
-PIPELINE_OPERATIONS = ("retrieval", "execute_tool", "create_agent", "invoke_agent")
+PIPELINE_OPERATIONS = ("retrieval", "execute_tool", "create_agent", "invoke_agent",
+                       "agent_step")  # Vercel AI SDK 7: one step of an agent, around its model call
 
 
 # --- the Python reading ----------------------------------------------------------------------
@@ -379,9 +386,19 @@ def _seconds(span: SpanView, c: Carrier) -> float | None:
 # --- the ClickHouse reading (the llm_requests view) --------------------------------------------
 # Over otel_traces with `a` = SpanAttributes and `r` = ResourceAttributes; every function
 # mirrors its Python twin above.
+#
+# The engine analyses the view's SELECT on every insert into otel_traces, at a cost that
+# grows with the number of distinct expressions in it (BENCHMARKS.md, "an insert costs
+# about 270 ms of CPU"; migrations/0026): a list of places is read by one lambda over
+# constant arrays (the keys, the JSON paths), not spelled out once per place; what two
+# columns share is a WITH alias (its copies cost little next to a second spelling).
 
 def _q(text: str) -> str:
     return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def _sql_array(items: Sequence[str]) -> str:
+    return f"[{', '.join(items)}]"
 
 
 def _sql_read(c: Carrier) -> str:
@@ -391,71 +408,142 @@ def _sql_read(c: Carrier) -> str:
     return m
 
 
-def _sql_first(reads: Sequence[str]) -> str:
-    """The first non-empty of `reads` ('' when none): each expression written once, so
-    the view stays small (the engine analyses it on every insert)."""
-    if len(reads) == 1:
-        return reads[0]
-    return f"arrayFirst(v -> v != '', [{', '.join(reads)}])"
+def _sql_reads(carriers: Sequence[Carrier]) -> str:
+    """Every carrier's value (_read), in order, as one array: one lambda over the carriers'
+    attribute keys and, for JSON carriers, the keys of their paths (parallel constant
+    arrays; '' where a carrier has no such key: an attribute read as it is, a shorter
+    path). Only when a carrier is a resource attribute is the map a lambda argument too
+    (`m`, from an array of `a` and `r`)."""
+    assert all(c.kind in ("attr", "json") for c in carriers), carriers
+    assert all(all(c.path) for c in carriers if c.kind == "json"), "no JSON path holds an empty key"
+    depth = max((len(c.path) for c in carriers if c.kind == "json"), default=0)
+    paths = [f"p{i}" for i in range(1, depth + 1)]
+    args = ["k", *paths]
+    arrays = [_sql_array([_q(c.key) for c in carriers])]
+    arrays += [_sql_array([_q(c.path[i] if c.kind == "json" and i < len(c.path) else "") for c in carriers])
+               for i in range(depth)]
+    m = "a"
+    if any(c.resource for c in carriers):
+        args.insert(0, "m")
+        arrays.insert(0, _sql_array(["r" if c.resource else "a" for c in carriers]))
+        m = "m"
+    value = f"{m}[k]"
+    if depth:
+        extract = f"JSONExtractString({value}, p1)"
+        for n in range(2, depth + 1):
+            extract = f"if(p{n} = '', {extract}, JSONExtractString({value}, {', '.join(paths[:n])}))"
+        value = f"if(p1 = '', {value}, if({value} = '', '', {extract}))"
+    params = args[0] if len(args) == 1 else f"({', '.join(args)})"
+    return f"arrayMap({params} -> {value}, {', '.join(arrays)})"
+
+
+def _sql_first(carriers: Sequence[Carrier]) -> str:
+    """The first non-empty value of `carriers` ('' when none)."""
+    if len(carriers) == 1:
+        return _sql_read(carriers[0])
+    return f"arrayFirst(v -> v != '', {_sql_reads(carriers)})"
 
 
 _SQL_DECODE = ("v -> if(length(v) >= 2 AND startsWith(v, '\"') AND endsWith(v, '\"') AND isValidJSON(v), "
                "JSONExtractString(v), v)")
 
 
-def _sql_unit_lookup(m: str, key: str) -> str:
-    base, _, inner = key.rpartition(".")
-    direct = f"{m}[{_q(key)}]"
-    if not base:
-        return direct
-    inside = f"{m}[{_q(base)}]"
-    return f"if({direct} != '', {direct}, if({inside} = '', '', JSONExtractString({inside}, {_q(inner)})))"
-
-
 def sql_unit(keys: Sequence[str]) -> str:
-    lookups = ", ".join(_sql_unit_lookup(m, k) for m in ("a", "r") for k in keys)
-    return f"arrayFirst(v -> v != '', arrayMap({_SQL_DECODE}, [{lookups}]))"
+    """unit_value: each key's value on the span, then on the resource, as one array literal
+    (a['k1'], ..., r['k1'], ...: tests/analytics/test_sql_fragments.py reads the keys back
+    from the live view); where one is empty, the inner key of its JSON parent
+    (`<parent>.<inner>`, _unit_lookup: the parents and inner keys in parallel constant
+    arrays, '' for a key without a dot); each decoded; the first non-empty."""
+    split = [key.rpartition(".") for key in keys]
+    reads = _sql_array([f"{m}[{_q(key)}]" for m in ("a", "r") for key in keys])
+    maps = _sql_array([m for m in ("a", "r") for _ in keys])
+    parents = _sql_array([_q(base) for _ in ("a", "r") for base, _, _ in split])
+    inners = _sql_array([_q(inner if base else "") for _ in ("a", "r") for base, _, inner in split])
+    lookup = f"(v, m, p, f) -> if(v != '' OR p = '', v, if(m[p] = '', '', JSONExtractString(m[p], f)))"
+    looked_up = f"arrayMap({lookup}, {reads}, {maps}, {parents}, {inners})"
+    return f"arrayFirst(v -> v != '', arrayMap({_SQL_DECODE}, {looked_up}))"
 
 
 SQL_STREAMED = " OR ".join([
-    *(f"lower(a[{_q(c.key)}]) = 'true'" for c in STREAM_FLAGS),
-    f"hasAny(Events.Name, [{', '.join(map(_q, STREAM_EVENTS))}])",
-    *(f"a[{_q(k)}] != ''" for k in STREAM_STARTS),
+    f"arrayExists(k -> lower(a[k]) = 'true', {_sql_array([_q(c.key) for c in STREAM_FLAGS])})",
+    f"hasAny(Events.Name, {_sql_array([_q(name) for name in STREAM_EVENTS])})",
+    f"arrayExists(k -> a[k] != '', {_sql_array([_q(key) for key in STREAM_STARTS])})",
     "positionCaseInsensitive(a['ai.operationId'], 'stream') > 0",
 ])
 
 
-def _sql_seconds(c: Carrier) -> str:
-    if c.kind == "event":
-        value = (f"if(has(Events.Name, {_q(c.key)}), (toUnixTimestamp64Nano(arrayMin(arrayFilter((t, n) -> "
-                 f"n = {_q(c.key)}, Events.Timestamp, Events.Name))) - toUnixTimestamp64Nano(Timestamp)) / 1e9, NULL)")
-    elif c.kind == "start":
-        text = f"arrayMap({_SQL_DECODE}, [{_sql_read(c)}])[1]"
-        value = (f"(toUnixTimestamp64Nano(parseDateTime64BestEffortOrNull({text}, 6, 'UTC')) "
-                 f"- toUnixTimestamp64Nano(Timestamp)) / 1e9")
-    else:
-        value = f"toFloat64OrNull({_sql_read(c)})" + (f" * {c.scale!r}" if c.scale != 1.0 else "")
+def _sql_event_seconds(event: str) -> str:
+    """The first event named `event` (an expression), seconds after the span's start; NULL
+    when there is none."""
+    return (f"if(has(Events.Name, {event}), (toUnixTimestamp64Nano(arrayMin(arrayFilter((t, n) -> n = {event}, "
+            f"Events.Timestamp, Events.Name))) - toUnixTimestamp64Nano(Timestamp)) / 1e9, NULL)")
+
+
+def _sql_attr_seconds(c: Carrier) -> str:
+    value = f"toFloat64OrNull({_sql_read(c)})" + (f" * {c.scale!r}" if c.scale != 1.0 else "")
     return f"if(streamed_, {value}, NULL)" if c.streamed_only else value
 
 
-def sql_seconds(name: str) -> list[tuple[str, str]]:
-    """WITH aliases for a seconds field: every carrier's value, and the first that has one."""
+def _sql_seconds(c: Carrier) -> str:
+    if c.kind == "event":
+        return _sql_event_seconds(_q(c.key))
+    if c.kind == "start":
+        text = f"arrayMap({_SQL_DECODE}, [{_sql_read(c)}])[1]"
+        return (f"(toUnixTimestamp64Nano(parseDateTime64BestEffortOrNull({text}, 6, 'UTC')) "
+                f"- toUnixTimestamp64Nano(Timestamp)) / 1e9")
+    return _sql_attr_seconds(c)
+
+
+def _sql_seconds_run(run: Sequence[Carrier]) -> str:
+    """The values of consecutive carriers of one kind, as an Array(Nullable(Float64)): attributes
+    by one lambda over their keys (with their scales and streamed-only flags where any
+    has one), events by one lambda over their names."""
+    if len(run) == 1:
+        return f"[toNullable(toFloat64({_sql_seconds(run[0])}))]"
+    if run[0].kind == "event":
+        names = _sql_array([_q(c.key) for c in run])
+        return f"arrayMap(e -> toNullable(toFloat64({_sql_event_seconds('e')})), {names})"
+    assert run[0].kind == "attr" and not any(c.resource for c in run), run
+    args, arrays, value = ["k"], [_sql_array([_q(c.key) for c in run])], "toFloat64OrNull(a[k])"
+    if any(c.scale != 1.0 for c in run):
+        args.append("s")
+        arrays.append(_sql_array([repr(float(c.scale)) for c in run]))
+        value += " * s"
+    if any(c.streamed_only for c in run):
+        args.append("o")
+        arrays.append(_sql_array(["1" if c.streamed_only else "0" for c in run]))
+        value = f"if(o AND NOT streamed_, NULL, {value})"
+    return f"arrayMap(({', '.join(args)}) -> toNullable(toFloat64({value})), {', '.join(arrays)})"
+
+
+def sql_seconds(name: str) -> str:
+    """_first_seconds as a tuple: (the first carrier's value that is not NULL, its source),
+    (NULL, '') when none; the carriers' values read by kind (_sql_seconds_run), in order."""
     carriers = SECONDS_FIELDS[name]
-    values = ", ".join(f"toNullable(toFloat64({_sql_seconds(c)}))" for c in carriers)
-    return [(f"{name}_all_", f"[{values}]"), (f"{name}_at_", f"arrayFirstIndex(x -> isNotNull(x), {name}_all_)")]
-
-
-def _sql_seconds_columns(name: str) -> tuple[str, str]:
-    sources = ", ".join(_q(c.source) for c in SECONDS_FIELDS[name])
-    return f"if({name}_at_ = 0, NULL, {name}_all_[{name}_at_])", f"[{sources}][{name}_at_]"
+    runs: list[list[Carrier]] = []
+    for c in carriers:
+        if runs and runs[-1][0].kind == c.kind and c.kind in ("attr", "event"):
+            runs[-1].append(c)
+        else:
+            runs.append([c])
+    parts = [_sql_seconds_run(run) for run in runs]
+    values = parts[0] if len(parts) == 1 else f"arrayConcat({', '.join(parts)})"
+    return f"arrayFirst(x -> isNotNull(x.1), arrayZip({values}, {_sql_array([_q(c.source) for c in carriers])}))"
 
 
 def sql_operation() -> str:
-    aliases = ", ".join(map(_q, OPERATION_ALIASES)), ", ".join(map(_q, OPERATION_ALIASES.values()))
-    branches = [f"a[{_q(key)}] = {_q(value)}, {_q(op)}" for _, key, values in KIND_MARKERS for value, op in values.items()]
-    vercel = ", ".join(map(_q, VERCEL_CALLS)), ", ".join(map(_q, VERCEL_CALLS.values()))
-    return (f"multiIf(operation_ != '', transform(operation_, [{aliases[0]}], [{aliases[1]}], operation_), "
-            f"{', '.join(branches)}, transform(a['ai.operationId'], [{vercel[0]}], [{vercel[1]}], ''))")
+    """_operation: the operation named (a dialect's spelling mapped), else the span-kind
+    markers' and the Vercel call's; each a transform that gives '' when it does not apply,
+    the first non-empty wins."""
+    named = _sql_first(STRING_FIELDS["operation"])
+    parts = [f"transform({named}, {_sql_array(map(_q, OPERATION_ALIASES))}, "
+             f"{_sql_array(map(_q, OPERATION_ALIASES.values()))})"]
+    assert all(OPERATION_ALIASES.values()) and all(op for _, _, values in KIND_MARKERS for op in values.values())
+    for _, key, values in KIND_MARKERS:
+        parts.append(f"transform(a[{_q(key)}], {_sql_array(map(_q, values))}, {_sql_array(map(_q, values.values()))}, '')")
+    parts.append(f"transform(a['ai.operationId'], {_sql_array(map(_q, VERCEL_CALLS))}, "
+                 f"{_sql_array(map(_q, VERCEL_CALLS.values()))}, '')")
+    return f"arrayFirst(v -> v != '', [{', '.join(parts)}])"
 
 
 def sql_is_request() -> str:
@@ -466,44 +554,49 @@ def sql_is_request() -> str:
     return f"({markers}\n       OR {kinds}\n       OR {calls})\n  AND a['gen_ai.operation.name'] NOT IN ({pipeline})"
 
 
+def _sql_seconds_value(name: str) -> str:
+    """A seconds field's value alone (its source not kept)."""
+    carriers = SECONDS_FIELDS[name]
+    if len(carriers) == 1:
+        return f"toNullable(toFloat64({_sql_seconds(carriers[0])}))"
+    return f"tupleElement({sql_seconds(name)}, 1)"
+
+
 def with_sql() -> list[tuple[str, str]]:
-    """The view's WITH aliases the columns below use (besides `a` and `r`)."""
-    return [("streamed_", f"({SQL_STREAMED})"),
-            ("operation_", _sql_first([_sql_read(c) for c in STRING_FIELDS["operation"]])),
-            *sql_seconds("ttft"), *sql_seconds("tpot")]
+    """The view's WITH aliases the columns below use (besides `a` and `r`): what two
+    columns share."""
+    return [("streamed_", f"({SQL_STREAMED})"), ("ttft_", sql_seconds("ttft"))]
 
 
 def _tokens(field: str) -> str:
-    return f"toUInt32OrZero({_sql_first([_sql_read(c) for c in TOKEN_FIELDS[field]])})"
+    return f"toUInt32OrZero({_sql_first(TOKEN_FIELDS[field])})"
 
 
 def select_sql() -> dict[str, str]:
     """The llm_requests columns the dialect table decides, as SELECT expressions."""
-    ttft, ttft_source = _sql_seconds_columns("ttft")
-    tpot, _ = _sql_seconds_columns("tpot")
     return {
-        "Model": _sql_first([_sql_read(c) for c in STRING_FIELDS["model"]]),
-        "RequestModel": _sql_first([_sql_read(c) for c in STRING_FIELDS["request_model"]]),
-        "Provider": _sql_first([_sql_read(c) for c in STRING_FIELDS["provider"]]),
+        "Model": _sql_first(STRING_FIELDS["model"]),
+        "RequestModel": _sql_first(STRING_FIELDS["request_model"]),
+        "Provider": _sql_first(STRING_FIELDS["provider"]),
         "Operation": sql_operation(),
         "Tenant": sql_unit(UNIT_KEYS["tenant"]),
         "Feature": sql_unit(UNIT_KEYS["feature"]),
         "Team": sql_unit(UNIT_KEYS["team"]),
         "UserId": sql_unit(UNIT_KEYS["user"]),
-        "SessionId": _sql_first([_sql_read(c) for c in STRING_FIELDS["session"]]),
+        "SessionId": _sql_first(STRING_FIELDS["session"]),
         "InputTokens": _tokens("input_tokens"),
         "OutputTokens": _tokens("output_tokens"),
         "CachedInputTokens": _tokens("cache_read_tokens"),
         "CacheWriteInputTokens": _tokens("cache_write_tokens"),
         "ReasoningOutputTokens": _tokens("reasoning_tokens"),
-        "TtftSeconds": ttft,
-        "TtftSource": ttft_source,
-        "TpotSeconds": tpot,
+        "TtftSeconds": "ttft_.1",
+        "TtftSource": "ttft_.2",
+        "TpotSeconds": _sql_seconds_value("tpot"),
         "Streaming": "toUInt8(streamed_)",
         "ClientCostUsd": f"coalesce({', '.join(f'toFloat64OrNull({_sql_read(c)})' for c in CLIENT_COST)})",
         "IsError": "StatusCode = 'STATUS_CODE_ERROR' OR a['error.type'] != '' "
                    f"OR a[{_q(ERROR_LEVEL[1])}] = {_q(ERROR_LEVEL[2])}",
-        "ErrorType": _sql_first([_sql_read(c) for c in STRING_FIELDS["error_type"]]),
+        "ErrorType": _sql_first(STRING_FIELDS["error_type"]),
         "HttpStatusCode": f"arrayFirst(x -> x != 0, [{', '.join(f'toUInt16OrZero({_sql_read(c)})' for c in HTTP_STATUS)}])",
         "Dialect": sql_dialect(),
     }
@@ -551,7 +644,7 @@ COLUMN_ORDER = (
 # The migration holding the current rendering of the view; a change to the table above
 # goes into a new migration (ADD COLUMN, DROP VIEW, the view) named here, rendered by
 # `python -m collector.dialects`.
-VIEW_MIGRATION = "0021_llm_requests_request_model.sql"
+VIEW_MIGRATION = "0026_llm_requests_view_analysis.sql"
 
 
 def llm_requests_view_sql() -> str:
