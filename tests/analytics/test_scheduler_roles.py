@@ -183,3 +183,38 @@ def test_servelens_dashboard_alone_evaluates_the_triggers(tmp_path) -> None:
     reports, heartbeats = json.loads(out.strip().splitlines()[-1])
     assert reports.get(engine.JOB, 0) >= 1 and reports.get("workload", 0) >= 1, reports
     assert heartbeats == 0  # a standby never claims to be the runner
+
+
+def test_a_stopping_scheduler_finishes_the_window_in_progress_and_starts_no_other(store, make_settings,
+                                                                                   monkeypatch) -> None:
+    """The process closes the store once the scheduler's shutdown returns (closing the embedded
+    engine under a query crashed `up` on SIGINT): shutdown returns only after the window being
+    evaluated ends, and no report or window starts once it is asked to stop."""
+    settings = make_settings()
+    in_window, release, evaluated = threading.Event(), threading.Event(), []
+
+    def slow(store: Any, settings: Any, at: Any) -> list[Finding]:
+        evaluated.append(at.until)
+        in_window.set()
+        release.wait(30)  # a window that takes a while, as on a loaded machine
+        return []
+
+    monkeypatch.setattr(engine, "DETECTORS", {"error_rate_spike": slow})
+    monkeypatch.setattr(scheduler.reports, "REPORTS", {"workload": scheduler.reports.REPORTS["workload"]})
+    monkeypatch.setattr(engine, "first_data", lambda _store: H0 - 6 * HOUR)  # several windows are due
+    sched = Scheduler(store, settings)
+    sched.start()
+    assert in_window.wait(60), "the first due window started"
+    stopping = threading.Thread(target=sched.shutdown, args=(0.2,))
+    stopping.start()
+    stopping.join(1.0)
+    assert stopping.is_alive(), "shutdown waits for the window in progress"
+    release.set()
+    stopping.join(30)
+    assert not stopping.is_alive() and not sched._thread.is_alive()
+    assert len(evaluated) == 1, "no window started after the stop"
+
+    stop = threading.Event()
+    stop.set()
+    assert scheduler.run_all(store, settings, stop=stop)["jobs"] == {}
+    assert engine.catch_up(store, settings, stop=stop)["windows"] == []

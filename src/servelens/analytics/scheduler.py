@@ -37,10 +37,11 @@ log = logging.getLogger(__name__)
 
 
 def run_all(store: Any, settings: Settings, now: datetime | None = None, scheduled: bool = False,
-            owner: str | None = None) -> dict[str, Any]:
+            owner: str | None = None, stop: threading.Event | None = None) -> dict[str, Any]:
     """{"jobs": {name: {"rows": n, "seconds": s}}} as SPEC 5's analytics/run returns it.
 
     Scheduled runs skip the reports another runner holds the window of ("skipped": true).
+    Once `stop` is set no further report starts (the process is stopping).
     """
     now = now or datetime.now(timezone.utc)
     owner = owner or runner_id()
@@ -51,6 +52,8 @@ def run_all(store: Any, settings: Settings, now: datetime | None = None, schedul
     # is computed once (analytics.memo) and dropped when the run ends.
     with memo.run():
         for name, (_job, default_by) in reports.REPORTS.items():
+            if stop is not None and stop.is_set():
+                break
             if scheduled and not leases.acquire(name, until, now):
                 jobs[name] = {"rows": 0, "seconds": 0.0, "skipped": True}
                 continue
@@ -112,9 +115,9 @@ class Scheduler:
                     self._dispatcher.restore(active_triggers(self._store))
         else:
             heartbeat(self._store, self._owner, now)
-        self.last = run_all(self._store, self._settings, now=now, scheduled=True, owner=self._owner)
-        evaluate_due(self._store, self._settings, self._dispatcher, owner=self._owner, now=now)
-        if self._dispatcher is not None:
+        self.last = run_all(self._store, self._settings, now=now, scheduled=True, owner=self._owner, stop=self._stop)
+        evaluate_due(self._store, self._settings, self._dispatcher, owner=self._owner, now=now, stop=self._stop)
+        if self._dispatcher is not None and not self._stop.is_set():
             self._dispatcher.retain({t["id"] for t in active_triggers(self._store)})
 
     def _loop(self) -> None:
@@ -131,6 +134,13 @@ class Scheduler:
                 break
 
     def shutdown(self, timeout: float = 10.0) -> None:
+        """Stop after the report or trigger window in progress. The store is closed after
+        this returns, so it waits for that one to end (a query cannot be interrupted, and
+        closing the embedded engine under it crashes the process): `timeout`, then as long
+        again with a warning."""
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout)
+        if self._thread.is_alive():
+            log.warning("the analytics run is still in a report or trigger window; waiting for it to end")
+            self._thread.join(max(timeout, 60.0))

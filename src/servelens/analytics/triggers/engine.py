@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 from datetime import datetime, timezone
 from typing import Any, Iterable
@@ -128,17 +129,20 @@ def due_windows(settings: Settings, now: datetime, last: datetime | None,
 
 
 def evaluate_due(store: StoreLike, settings: Settings, dispatcher: episodes.Publisher | None = None, *,
-                 owner: str | None = None, now: datetime | None = None) -> list[dict[str, Any]]:
+                 owner: str | None = None, now: datetime | None = None,
+                 stop: threading.Event | None = None) -> list[dict[str, Any]]:
     """The trigger objects changed by `catch_up`'s windows."""
-    return catch_up(store, settings, dispatcher, owner=owner, now=now)["changes"]
+    return catch_up(store, settings, dispatcher, owner=owner, now=now, stop=stop)["changes"]
 
 
 def catch_up(store: StoreLike, settings: Settings, dispatcher: episodes.Publisher | None = None, *,
-             owner: str | None = None, now: datetime | None = None) -> dict[str, Any]:
+             owner: str | None = None, now: datetime | None = None,
+             stop: threading.Event | None = None) -> dict[str, Any]:
     """Evaluate each due window in order: what the scheduler does at start and every tick,
     and what an on-demand run does. Stops at a window another runner holds, so no runner
-    ever gets ahead of an unfinished window. {"windows": [ends evaluated], "changes":
-    [trigger objects], "seconds": s}."""
+    ever gets ahead of an unfinished window, and before the next window once `stop` is set
+    (the process is stopping: the rest is due at the next start). {"windows": [ends
+    evaluated], "changes": [trigger objects], "seconds": s}."""
     started = time.perf_counter()
     now = now or datetime.now(timezone.utc)
     owner = owner or runner_id()
@@ -146,6 +150,8 @@ def catch_up(store: StoreLike, settings: Settings, dispatcher: episodes.Publishe
     done: list[str] = []
     changed: list[dict[str, Any]] = []
     for until in due_windows(settings, now, last, None if last else first_data(store)):
+        if stop is not None and stop.is_set():
+            break
         changed.extend(evaluate(store, settings, until, dispatcher, owner=owner, now=now))
         latest = last_evaluated(store)
         if latest == last:  # not ours to do now: someone else is on it
