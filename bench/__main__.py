@@ -7,15 +7,16 @@ remaining arguments on (`--quick`, `--no-write`, ...).
 
 import sys
 
-from bench import (analytics, dashboard_scale, detection, fleet_data, ingest, ingest_default, plan_accuracy, plan_replay,
-                   power, rollup_cost)
+from bench import (analytics, dashboard_scale, detection, fleet_data, ingest, ingest_default, insert_cost, plan_accuracy,
+                   plan_replay, power, rollup_cost)
 
 BENCHES = {"ingest_default": ingest_default.main, "ingest": ingest.main, "analytics": analytics.main,
            "detection": detection.main}
 # Hours at fleet scale: run by name, or all three with `make bench-fleet`.
 FLEET = {"fleet_data": fleet_data.main, "dashboard_scale": dashboard_scale.main, "rollup_cost": rollup_cost.main}
 # Arithmetic and models, by name: the detection floors per volume; capacity planning against simulation.
-TABLES = {"power": power.main, "plan_accuracy": plan_accuracy.main, "plan_replay": plan_replay.main}
+TABLES = {"power": power.main, "plan_accuracy": plan_accuracy.main, "plan_replay": plan_replay.main,
+          "insert_cost": insert_cost.main}
 
 
 def main(argv: list[str]) -> int:
