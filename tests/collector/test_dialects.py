@@ -43,6 +43,7 @@ COLUMNS = {  # llm_requests column -> request_fields key
     "OutputTokens": "output_tokens", "CachedInputTokens": "cache_read_tokens",
     "CacheWriteInputTokens": "cache_write_tokens", "ReasoningOutputTokens": "reasoning_tokens",
     "TtftSeconds": "ttft", "TtftSource": "ttft_source", "TpotSeconds": "tpot", "Streaming": "streaming",
+    "ModalityTokens": "modality_tokens",
     "ClientCostUsd": "client_cost", "IsError": "is_error", "ErrorType": "error_type",
     "HttpStatusCode": "http_status", "Dialect": "dialect", "RequestModel": "request_model",
 }

@@ -194,6 +194,21 @@ CASES = {
     "cache-read-input-tokens-over-cached-tokens": Case(
         {**CURRENT, "gen_ai.usage.cache_read_input_tokens": 512, "gen_ai.usage.cached_tokens": 128},
         {"CachedInputTokens": 512}),
+    # Usage per modality (conventions in flight): kept beside the totals, which include them.
+    "modality-breakdown": Case(
+        {**CURRENT, "gen_ai.operation.name": "chat", "gen_ai.usage.input_tokens": 1500,
+         "gen_ai.usage.output_tokens": 300, "gen_ai.usage.text.input_tokens": 1000,
+         "gen_ai.usage.audio.input_tokens": 400, "gen_ai.usage.image.input_tokens": 100,
+         "gen_ai.usage.audio.output_tokens": 250, "gen_ai.usage.audio.cache_read.input_tokens": 64},
+        {"InputTokens": 1500, "OutputTokens": 300,
+         "ModalityTokens": {"text.input": 1000, "image.input": 100, "audio.input": 400, "audio.output": 250,
+                            "audio.cache_read": 64}}),
+    # Only the per-modality counts: the totals are their sums, never a silent zero.
+    "modality-only": Case(
+        {**CURRENT, "gen_ai.usage.text.input_tokens": 700, "gen_ai.usage.image.input_tokens": 85,
+         "gen_ai.usage.text.output_tokens": 40, "gen_ai.usage.audio.output_tokens": 160},
+        {"InputTokens": 785, "OutputTokens": 200,
+         "ModalityTokens": {"text.input": 700, "text.output": 40, "image.input": 85, "audio.output": 160}}),
 }
 
 

@@ -147,6 +147,17 @@ TOKEN_FIELDS: dict[str, tuple[Carrier, ...]] = {
     ),
 }
 
+# Usage per modality (the GenAI conventions in flight, semantic-conventions-genai):
+# gen_ai.usage.<modality>.input_tokens, .output_tokens and .cache_read.input_tokens, each
+# counted inside its total. Kept as sent (llm_requests.ModalityTokens, "audio.input" -> n);
+# a span that sends them without the input or output total gets the total as their sum.
+MODALITIES = ("text", "image", "audio", "video")
+MODALITY_KEYS = {f"{m}.{part}": f"gen_ai.usage.{m}.{suffix}" for m in MODALITIES
+                 for part, suffix in (("input", "input_tokens"), ("output", "output_tokens"),
+                                      ("cache_read", "cache_read.input_tokens"))}
+SUMMED_TOTALS = {"input_tokens": "input", "output_tokens": "output"}  # token field -> its modality part
+_UINT32_MAX = 2**32 - 1
+
 # Seconds: the first carrier with a value; the row names which one (TtftSource).
 SECONDS_FIELDS: dict[str, tuple[Carrier, ...]] = {
     "ttft": (
@@ -213,8 +224,12 @@ def request_fields(span: SpanView) -> dict[str, Any]:
     a = span.attributes
     out: dict[str, Any] = {name: _first_string(span, carriers) for name, carriers in STRING_FIELDS.items()}
     out["operation"] = _operation(a, out["operation"])
+    out["modality_tokens"] = modality_tokens(a)
     for name, carriers in TOKEN_FIELDS.items():
         out[name] = _first_tokens(span, carriers)
+        if name in SUMMED_TOTALS and not _first_string(span, carriers):
+            part = SUMMED_TOTALS[name]
+            out[name] = min(sum(n for k, n in out["modality_tokens"].items() if k.endswith(f".{part}")), _UINT32_MAX)
     streamed = _streamed(span)
     out["streaming"] = streamed
     for name, carriers in SECONDS_FIELDS.items():
@@ -227,6 +242,11 @@ def request_fields(span: SpanView) -> dict[str, Any]:
         out[unit] = unit_value(span, keys)
     out["dialect"] = dialect(span)
     return out
+
+
+def modality_tokens(a: Mapping[str, str]) -> dict[str, int]:
+    """The per-modality counts the span sends ("audio.input" -> n), in MODALITY_KEYS order."""
+    return {name: _uint(a[key], _UINT32_MAX) for name, key in MODALITY_KEYS.items() if a.get(key, "")}
 
 
 def dialect(span: SpanView) -> str:
@@ -569,7 +589,20 @@ def with_sql() -> list[tuple[str, str]]:
 
 
 def _tokens(field: str) -> str:
-    return f"toUInt32OrZero({_sql_first(TOKEN_FIELDS[field])})"
+    first = _sql_first(TOKEN_FIELDS[field])
+    if field not in SUMMED_TOTALS:
+        return f"toUInt32OrZero({first})"
+    part = SUMMED_TOTALS[field]
+    keys = _sql_array([_q(key) for name, key in MODALITY_KEYS.items() if name.endswith(f".{part}")])
+    summed = f"toUInt32(least(arraySum(k -> toUInt32OrZero(a[k]), {keys}), {_UINT32_MAX}))"
+    return f"if(({first} AS {field}_) = '', {summed}, toUInt32OrZero({field}_))"
+
+
+def sql_modality_tokens() -> str:
+    """modality_tokens: the present keys' names and counts as a map."""
+    names, keys = _sql_array(map(_q, MODALITY_KEYS)), _sql_array(map(_q, MODALITY_KEYS.values()))
+    return (f"mapFromArrays(arrayFilter((n, k) -> a[k] != '', {names}, {keys}), "
+            f"arrayMap(k -> toUInt32OrZero(a[k]), arrayFilter(k -> a[k] != '', {keys})))")
 
 
 def select_sql() -> dict[str, str]:
@@ -599,6 +632,7 @@ def select_sql() -> dict[str, str]:
         "ErrorType": _sql_first(STRING_FIELDS["error_type"]),
         "HttpStatusCode": f"arrayFirst(x -> x != 0, [{', '.join(f'toUInt16OrZero({_sql_read(c)})' for c in HTTP_STATUS)}])",
         "Dialect": sql_dialect(),
+        "ModalityTokens": sql_modality_tokens(),
     }
 
 
@@ -632,14 +666,14 @@ FIXED_COLUMNS = {
               "                        AND NOT startsWith(k, 'telemetry.') AND length(v) <= 256,\n"
               "              mapUpdate(r, a))",
 }
-# The table's column order (migrations/0004, then 0014's additions, then 0021's).
+# The table's column order (migrations/0004, then 0014's additions, then 0021's, 0026's).
 COLUMN_ORDER = (
     "Timestamp", "TraceId", "SpanId", "ParentSpanId", "ServiceName", "Deployment", "Model", "Provider", "Operation",
     "Region", "Tenant", "Feature", "Team", "UserId", "TaskType", "Language", "Mode", "PrefixHash", "InputTokens",
     "OutputTokens", "CachedInputTokens", "LatencySeconds", "TtftSeconds", "QueueSeconds", "PrefillSeconds",
     "DecodeSeconds", "IsError", "ErrorType", "HttpStatusCode", "RetryAttempt", "Fallback", "Outcome", "Labels",
     "CacheWriteInputTokens", "ReasoningOutputTokens", "TtftSource", "Streaming", "ClientCostUsd", "SessionId",
-    "TpotSeconds", "Dialect", "RequestModel",
+    "TpotSeconds", "Dialect", "RequestModel", "ModalityTokens",
 )
 # The migration holding the current rendering of the view; a change to the table above
 # goes into a new migration (ADD COLUMN, DROP VIEW, the view) named here, rendered by
