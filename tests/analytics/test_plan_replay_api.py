@@ -116,6 +116,39 @@ def test_what_ifs_move_with_capacity_and_autoscaling_reports_its_replicas(store,
     assert result["queued_over_budget"] is not None and result["queue_budget_s"] == 0.2
 
 
+def test_plan_autoscaling_in_the_config_is_the_policy_a_what_if_starts_from(store, make_settings, tmp_path) -> None:
+    """SPEC 1a's `plan.autoscaling` (durations as in the rest of the file) is what `on`
+    replays with; a what-if's name=value overrides one value of it; a bad section fails at
+    load, naming itself."""
+    from servelens.core.config import load
+
+    settings = make_settings(deployments=[DEPLOYMENT], plan={"autoscaling": {
+        "scale_up_lag": "30s", "cold_start": "10s", "min_replicas": 2, "max_replicas": 5, "metric": "busy"}})
+    _ground_truth(store)
+    client = _client(settings, store)
+    window = {"deployment": "vllm-prod", "since": SINCE.isoformat(), "until": UNTIL.isoformat()}
+    done = _finish(client, client.get("/api/v1/plan/replay", query_string={**window, "autoscaling": "on"})
+                   .get_json()["job"])
+    assert done["state"] == "done", done.get("error")
+    policy = done["result"]["whatif"]["autoscaling"]
+    assert (policy["scale_up_lag_s"], policy["cold_start_s"], policy["min_replicas"], policy["max_replicas"],
+            policy["metric"]) == (30.0, 10.0, 2, 5, "busy")
+    # it starts at the measured replica and is raised to the configured minimum, then stays at or above it
+    provisioned = [r["provisioned"] for r in done["result"]["result"]["replicas"]]
+    assert provisioned[-1] >= 2 and min(provisioned[provisioned.index(2):]) >= 2, provisioned
+    over = _finish(client, client.get("/api/v1/plan/replay", query_string={
+        **window, "autoscaling": "cold_start_s=45"}).get_json()["job"])["result"]["whatif"]["autoscaling"]
+    assert (over["cold_start_s"], over["scale_up_lag_s"], over["min_replicas"]) == (45.0, 30.0, 2)
+    assert client.get("/api/v1/plan/replay", query_string={**window, "autoscaling": "min_replicas=9"}).status_code == 400
+
+    spec = tmp_path / "servelens.yaml"  # SPEC 1a's own example section
+    spec.write_text("plan:\n  autoscaling: {scale_up_lag: 120s, cold_start: 90s, min_replicas: 1}\n")
+    assert load(spec).plan.autoscaling.cold_start.total_seconds() == 90
+    spec.write_text("plan:\n  autoscaling: {min_replicas: 4, max_replicas: 2}\n")
+    with pytest.raises(Exception, match="max_replicas"):
+        load(spec)
+
+
 def test_bad_parameters_answer_400_and_unknown_jobs_404(store, make_settings) -> None:
     settings = make_settings(deployments=[DEPLOYMENT])
     client = _client(settings, store)

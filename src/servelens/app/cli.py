@@ -104,8 +104,9 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--deployment", required=True)
     for name in ("replicas", "traffic_x", "gpu_hourly_usd", "queue_budget_ms"):
         rep.add_argument(f"--{name.replace('_', '-')}", dest=name, help=f"what-if: {name}")
-    rep.add_argument("--autoscaling", help="on, or name=value,... of the policy (min_replicas, max_replicas, "
-                                           "target_utilization, scale_up_lag_s, cold_start_s, ...)")
+    rep.add_argument("--autoscaling", help="on (the config's plan.autoscaling), or name=value,... over it "
+                                           "(min_replicas, max_replicas, target_utilization, scale_up_lag_s, "
+                                           "cold_start_s, ...)")
     rep.add_argument("--since", help="ISO-8601 start of the replayed window (default: until - 7d)")
     rep.add_argument("--until", help="ISO-8601 end (default: now)")
     rep.add_argument("--format", choices=("table", "json"), default="table")

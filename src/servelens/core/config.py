@@ -521,6 +521,37 @@ class SpendBudget(_Strict):
     period: Literal["day", "week", "month"] = "month"  # a week starts on Monday
 
 
+class AutoscalingDefaults(_Strict):
+    """plan.autoscaling: the policy a replay's autoscaling what-if uses where it names no
+    value of its own (analytics.plan.autoscaler.Autoscaling; `name=value` in the what-if
+    overrides each)."""
+
+    target_utilization: float = Field(0.7, gt=0, le=1)
+    metric: Literal["concurrency", "busy"] = "concurrency"
+    interval: timedelta = timedelta(seconds=15)  # how often the policy decides
+    scale_up_lag: timedelta = timedelta(seconds=120)  # from a decision to the replica ordered
+    cold_start: timedelta = timedelta(seconds=90)  # from ordered to serving
+    scale_down_delay: timedelta = timedelta(seconds=300)
+    min_replicas: int = Field(1, ge=0)
+    max_replicas: int = Field(16, ge=1)
+    scale_to_zero: bool = False
+    _dur = field_validator("interval", "scale_up_lag", "cold_start", "scale_down_delay", mode="before")(parse_duration)
+
+    @model_validator(mode="after")
+    def _bounds(self) -> AutoscalingDefaults:
+        if self.interval <= timedelta(0):
+            raise ValueError("interval must be > 0")
+        if self.min_replicas < (0 if self.scale_to_zero else 1):
+            raise ValueError("min_replicas must be >= 1 (0 only with scale_to_zero)")
+        if self.max_replicas < self.min_replicas:
+            raise ValueError("max_replicas must be >= min_replicas")
+        return self
+
+
+class PlanConfig(_Strict):
+    autoscaling: AutoscalingDefaults = AutoscalingDefaults()
+
+
 class SloConfig(_Strict):
     """A request SLO (trigger kind `slo_burn`, the `slo` report): the share of requests of
     its service / deployment that succeed (and, with latency_under, finish within it)."""
@@ -582,6 +613,7 @@ class Settings(BaseSettings):
     auth: AuthConfig = AuthConfig()
     spend_budgets: list[SpendBudget] = []
     slos: list[SloConfig] = []
+    plan: PlanConfig = PlanConfig()
 
     @classmethod
     def settings_customise_sources(

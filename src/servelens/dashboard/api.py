@@ -132,7 +132,7 @@ def blueprint(settings: Settings, store: Any, collector_stats: Callable[[], dict
         """Starts Tier B on the deployment's stored trace: {"job": id}, polled at plan/jobs/<id>."""
         params = request.args.to_dict()
         try:
-            replay.check(params)
+            replay.check(params, settings)
             job = plan_jobs.start("replay", params, lambda progress: replay.replay(store, settings, params,
                                                                                    progress=progress))
         except QueryError as exc:

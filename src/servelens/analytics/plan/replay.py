@@ -16,6 +16,8 @@ traffic ×k, price, a queue budget) is then the same trace through the changed f
 
 from __future__ import annotations
 
+import dataclasses
+
 import math
 from dataclasses import dataclass
 from datetime import datetime
@@ -198,7 +200,17 @@ def backtest(simulated: dict[str, Any], observed: dict[str, float | None],
     return out
 
 
-def _autoscaling(params: Mapping[str, Any]) -> Autoscaling | None:
+def autoscaling_defaults(settings: Any) -> Autoscaling:
+    """The policy `plan.autoscaling` configures (SPEC 1a), before a what-if's own values."""
+    a = settings.plan.autoscaling
+    return Autoscaling(target_utilization=a.target_utilization, metric=a.metric, interval_s=a.interval.total_seconds(),
+                       scale_up_lag_s=a.scale_up_lag.total_seconds(), cold_start_s=a.cold_start.total_seconds(),
+                       scale_down_delay_s=a.scale_down_delay.total_seconds(), min_replicas=a.min_replicas,
+                       max_replicas=a.max_replicas, scale_to_zero=a.scale_to_zero)
+
+
+def _autoscaling(params: Mapping[str, Any], defaults: Autoscaling) -> Autoscaling | None:
+    """None (no autoscaling), or `defaults` with the what-if's name=value pairs over them."""
     raw = params.get("autoscaling")
     if raw in (None, "", "off", "none"):
         return None
@@ -216,7 +228,7 @@ def _autoscaling(params: Mapping[str, Any]) -> Autoscaling | None:
             except ValueError:
                 raise QueryError(f"autoscaling: {key}={value!r} is not a number") from None
     try:
-        return Autoscaling(**fields)
+        return dataclasses.replace(defaults, **fields)
     except ValueError as exc:
         raise QueryError(str(exc)) from None
 
@@ -234,12 +246,12 @@ def _number(params: Mapping[str, Any], name: str, low: float = 0.0) -> float | N
     return value
 
 
-def check(params: Mapping[str, Any]) -> None:
+def check(params: Mapping[str, Any], settings: Any) -> None:
     """Raise QueryError for a bad parameter now, before a job is started for it."""
     plan_window(params)
     for name in ("traffic_x", "queue_budget_ms", "replicas", "gpu_hourly_usd"):
         _number(params, name)
-    _autoscaling(params)
+    _autoscaling(params, autoscaling_defaults(settings))
 
 
 def replay(store: Any, settings: Any, params: Mapping[str, Any], now: datetime | None = None,
@@ -250,7 +262,7 @@ def replay(store: Any, settings: Any, params: Mapping[str, Any], now: datetime |
     traffic_x = _number(params, "traffic_x") or 1.0
     budget_ms = _number(params, "queue_budget_ms")
     asked_replicas = _number(params, "replicas")
-    policy = _autoscaling(params)
+    policy = _autoscaling(params, autoscaling_defaults(settings))
     w = measure(store, settings, deployment, since, until)
     trace = load(store, deployment, since, until)
     notes = list(w.notes)

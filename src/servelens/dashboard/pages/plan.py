@@ -221,7 +221,7 @@ def start_replay(source: data.DataSource, filters: data.Filters, deployment: str
     if autoscaling and autoscaling != "off":
         params["autoscaling"] = AUTOSCALE_ON
     try:
-        replay.check(params)
+        replay.check(params, source.settings)
         job = source.jobs.start("replay", params, lambda progress: replay.replay(source.store, source.settings, params,
                                                                                  progress=progress))
     except (QueryError, jobs.Busy) as exc:
