@@ -134,17 +134,26 @@ def layout(**_query: str) -> html.Div:
     )
 
 
-def fetch(source: data.DataSource, filters: data.Filters, search: str | None) -> tuple:
+class Shares:
+    """What a tenant viewer's refresh read: their shares (tenant_shares), nothing of the
+    fleet's. (A plain class: Dash Pages loads this module outside sys.modules, where a
+    dataclass cannot be defined.)"""
+
+    def __init__(self, rows: list[dict[str, Any]]) -> None:
+        self.rows = rows
+
+
+def fetch(source: data.DataSource, filters: data.Filters, search: str | None) -> tuple | Shares:
     if source.restricted:
-        return "share", tenant_shares(source, filters)
+        return Shares(tenant_shares(source, filters))
     # deployments are the configured ones (a bounded list); GPUs are whatever reports samples
     return (source.rows("utilization", filters, by="deployment"),
             source.top("utilization", filters, "gpu", "idle_cost_usd", search))
 
 
-def render(fetched: tuple, filters: data.Filters) -> tuple:
-    if fetched[0] == "share":
-        shares = fetched[1]
+def render(fetched: tuple | Shares, filters: data.Filters) -> tuple:
+    if isinstance(fetched, Shares):
+        shares = fetched.rows
         return (panel("Your share of GPU cost", html.P(SHARE_NOTE, className="muted"),
                       html.Div(id="gpus-share", children=table(
                           shares, SHARE_COLUMNS, "None of your requests ran on a self-hosted deployment in this "
