@@ -91,15 +91,32 @@ def test_md1_pollaczek_khinchine_and_simulation():
     assert (sim > 0).mean() == pytest.approx(lam * d, abs=0.01)  # M/G/1: P(wait) = ρ exactly
 
 
-def test_allen_cunneen_scales_mmc():
+def test_allen_cunneen_with_whitts_factor_scales_mmc():
     base = q.mmc(30.0, 1.0, 36)
     for cs2, ca2 in ((0.5, 1.0), (2.0, 1.0), (1.5, 2.5)):
         w = q.wait(30.0, 1.0, 36, service_cv2=cs2, arrival_cv2=ca2)
-        k = (cs2 + ca2) / 2
+        k = (cs2 + ca2) / 2 * q.whitt_factor(30.0 / 36, ca2, cs2, 36)
         assert w.method == q.GGC and base.method == q.MMC
         assert w.p_wait == pytest.approx(base.p_wait, rel=1e-12)
         assert w.mean_wait_s == pytest.approx(base.mean_wait_s * k, rel=1e-12)
         assert w.quantile_wait_s == pytest.approx(base.quantile_wait_s * k, rel=1e-12)
+
+
+def test_whitts_factor_by_hand_and_where_it_is_one():
+    # Whitt (1993) eqs. 2.20-2.28 worked by hand for M/G/c, ca² = 1:
+    # c = 128, ρ = 0.9, cs² = 2: γ = 0.1·127·(√644 − 2)/(16·128·0.9) = 0.16107,
+    # φ3 = (1 − 4γ)·exp(−0.2/2.7) = 0.33031, φ = (1/6)·φ3 + (5/6)·ψ(1.5) = φ3/6 + 5/6
+    assert q.whitt_factor(0.9, 1.0, 2.0, 128) == pytest.approx(0.33031 / 6 + 5 / 6, abs=1e-5)
+    # c = 8, ρ = 0.7, cs² = 0.5: γ = 0.10859, φ1 = 1.10859, φ4 = min(1, (φ1 + φ3)/2),
+    # φ = 0.8·φ1 + 0.2·φ4^0.5
+    assert q.whitt_factor(0.7, 1.0, 0.5, 8) == pytest.approx(1.06201, abs=1e-5)
+    # 1 where Allen–Cunneen is exact: M/M/c at any size, M/G/1 (Pollaczek–Khinchine)
+    for rho, c in ((0.5, 1), (0.9, 16), (0.97, 256)):
+        assert q.whitt_factor(rho, 1.0, 1.0, c) == 1.0
+    for cs2 in (0.0, 0.5, 2.0, 4.0):
+        assert q.whitt_factor(0.8, 1.0, cs2, 1) == 1.0
+    # many slots: more service variability lengthens the wait less than (1 + cs²)/2 says
+    assert q.whitt_factor(0.8, 1.0, 2.0, 64) < 1 < q.whitt_factor(0.8, 1.0, 0.5, 64)
 
 
 def test_unstable_is_infinite_never_zero():

@@ -12,11 +12,15 @@ a = λ·E[S] and the utilization (the slots' busy share) is ρ = a / c.
   underflows). The wait is a mixture: 0 with probability 1 - C, else exponential with rate
   cμ - λ, so P(W > t) = C·exp(-(cμ - λ)t) and the q-quantile of W is ln(C / (1 - q)) / (cμ - λ)
   when C > 1 - q, and exactly 0 otherwise (at least a share q of requests never wait).
-- G/G/c (M/G/c when ca² = 1) uses Allen–Cunneen: E[W] ≈ E[W_M/M/c]·(ca² + cs²)/2, exact for
-  M/G/1 (Pollaczek–Khinchine). Its tail keeps the same two-part shape: P(W > 0) ≈ Erlang C and
-  the conditional wait exponential with the Allen–Cunneen conditional mean, so
-  P(W > t) ≈ C·exp(-t·2(cμ - λ)/(ca² + cs²)) and every quantile scales by (ca² + cs²)/2 like
-  the mean. bench/plan_accuracy.py measures it against simulation.
+- G/G/c (M/G/c when ca² = 1) uses Allen–Cunneen with Whitt's correction: E[W] ≈
+  φ·E[W_M/M/c]·(ca² + cs²)/2, where φ(ρ, ca², cs², c) is the factor of W. Whitt,
+  "Approximations for the GI/G/m queue" (Production and Operations Management 2(2), 1993,
+  eqs. 2.20-2.28): with many slots, service variability above exponential lengthens the
+  wait less than (ca² + cs²)/2 says (φ < 1), and below it more. φ is 1 for M/M/c, and is not
+  applied to M/G/1, where (1 + cs²)/2 is already exact (Pollaczek–Khinchine). The tail keeps
+  the two-part shape: P(W > 0) ≈ Erlang C and the conditional wait exponential with that
+  conditional mean, so P(W > t) ≈ C·exp(-t·2(cμ - λ)/(φ(ca² + cs²))) and every quantile
+  scales like the mean. bench/plan_accuracy.py measures it against simulation.
 - At ρ ≥ 1 there is no steady state: waits are math.inf and the result says "unstable". A
   number that cannot be computed is never reported as 0.
 
@@ -45,7 +49,7 @@ KNEE_SLOPE = 100.0  # mean service times of p99 wait per unit of utilization
 MAX_REPLICAS = 1_000_000  # replicas_needed gives up (and says so) beyond this
 UNSTABLE = "unstable: utilization >= 1, the queue grows without bound"
 MMC = "M/M/c (Erlang C)"
-GGC = "G/G/c (Allen-Cunneen, exponential tail)"
+GGC = "G/G/c (Allen-Cunneen with Whitt's correction, exponential tail)"
 
 
 def _check(name: str, value: float, *, positive: bool = False) -> float:
@@ -174,13 +178,40 @@ def wait(arrival_rps: float, service_mean_s: float, servers: int, service_cv2: f
     if rho >= 1:
         return Wait(**common, p_wait=1.0, mean_wait_s=math.inf, quantile_wait_s=math.inf, tail_rate=math.nan,
                     stable=False, reason=UNSTABLE)
-    scale = (ca2 + cs2) / 2  # Allen–Cunneen; 1 for M/M/c
-    if lam == 0 or scale == 0:  # no traffic, or D/D/c below capacity: nobody waits
+    if lam == 0 or ca2 + cs2 == 0:  # no traffic, or D/D/c below capacity: nobody waits
         return Wait(**common, p_wait=0.0, mean_wait_s=0.0, quantile_wait_s=0.0, tail_rate=math.inf, stable=True)
+    scale = (ca2 + cs2) / 2 * whitt_factor(rho, ca2, cs2, c)  # 1 for M/M/c
     p_wait = erlang_c(c, lam * es)
     rate = (c / es - lam) / scale
     return Wait(**common, p_wait=p_wait, mean_wait_s=p_wait / rate, quantile_wait_s=_quantile(p_wait, rate, q),
                 tail_rate=rate, stable=True)
+
+
+def whitt_factor(rho: float, ca2: float, cs2: float, servers: int) -> float:
+    """Whitt's (1993) φ, the correction to Allen–Cunneen's (ca² + cs²)/2 (module docstring);
+    1 where Allen–Cunneen is exact: M/M/c, and M/G/1."""
+    if servers == 1 and ca2 == 1:
+        return 1.0
+    m = servers
+    # γ: how far the slots' pooling moves the wait from its heavy-traffic value
+    gamma = min(0.24, (1 - rho) * (m - 1) * (math.sqrt(4 + 5 * m) - 2) / (16 * m * rho))
+    phi1 = 1 + gamma
+    phi3 = (1 - 4 * gamma) * math.exp(-2 * (1 - rho) / (3 * rho))
+    phi4 = min(1.0, (phi1 + phi3) / 2)
+    mean_cv2 = (ca2 + cs2) / 2
+
+    def psi(cv2: float) -> float:
+        return 1.0 if cv2 >= 1 else phi4 ** (2 * (1 - cv2))
+
+    if ca2 == cs2:
+        return psi(mean_cv2)
+    if ca2 > cs2:  # arrivals more variable than service
+        d = 4 * ca2 - 3 * cs2
+        return 4 * (ca2 - cs2) / d * phi1 + cs2 / d * psi(mean_cv2)
+    if ca2 == 0:  # D/G/c: the interpolation's second term vanishes
+        return phi3
+    d = 2 * (ca2 + cs2)
+    return (cs2 - ca2) / d * phi3 + (cs2 + 3 * ca2) / d * psi(mean_cv2)
 
 
 def _quantile(p_wait: float, rate: float, q: float) -> float:
