@@ -3,11 +3,11 @@ target needs, and p99 and idle cost at each replica count, from the measured wor
 
 The model: each replica runs `concurrency_per_replica` sequences at once, so the deployment
 is an M/G/c queue with c = replicas × concurrency (analytics/plan/queueing.py: Erlang C,
-Allen–Cunneen for bursty arrivals and variable service). Service time is the measured time a
-request holds a slot; a what-if scales its prefill part with input length and its decode
-part with output length, the arrival rate with traffic. p99 TTFT and latency are the p99
-queue wait plus the measured p99 prefill (or service) time, scaled: a sum of p99s, which
-overstates a little and never understates.
+Allen–Cunneen with Whitt's correction for bursty arrivals and variable service). Service
+time is the measured time a request holds a slot; a what-if scales its prefill part with
+input length and its decode part with output length, the arrival rate with traffic. p99
+TTFT and latency are the p99 queue wait plus the measured p99 prefill (or service) time,
+scaled: a sum of p99s, which overstates a little and never understates.
 
 Concurrency comes from vLLM's gauges when the deployment reports them. Without them it is
 calibrated: the smallest slot count whose modelled p99 queue wait in the peak hour is
