@@ -81,11 +81,11 @@ def _replay(library: str, url: str) -> None:
     first = min(s.start_time_unix_nano for b in bodies for rs in ExportTraceServiceRequest.FromString(b).resource_spans
                 for ss in rs.scope_spans for s in ss.spans)
     shift = time.time_ns() - 3600 * 10**9 - first
-    host, port = urllib.parse.urlsplit(url).hostname, urllib.parse.urlsplit(url).port
+    where = urllib.parse.urlsplit(url)
     for path, body in zip(files, bodies):
         body = _shifted(body, shift)
         chunked = exports.get(path.name, {}).get("transfer_encoding") == "chunked"
-        connection = http.client.HTTPConnection(host, port, timeout=30)
+        connection = http.client.HTTPConnection(where.hostname, where.port, timeout=30)
         try:
             if chunked:  # in pieces of 4 KiB, as a stream would arrive
                 connection.request("POST", "/v1/traces", body=(body[i:i + 4096] for i in range(0, len(body), 4096)),

@@ -121,6 +121,21 @@ export async function consumeStream(result) {
 }
 
 // The SDK's LanguageModelUsage as plain numbers (what the app sees).
+// A chat call through the SDK version's own generateText / streamText (each project's
+// `ai`): a stream is read to its end and its error, reported through onError, re-thrown.
+export async function textCall({ generateText, streamText }, options, stream) {
+  if (stream) {
+    // The OpenAI chat provider always asks for stream_options.include_usage.
+    let streamError = null;
+    const result = streamText({ ...options, onError: ({ error }) => { streamError = error; } });
+    const out = await consumeStream(result);
+    if (streamError) throw streamError;
+    return out;
+  }
+  const r = await generateText(options);
+  return { response_model: r.response.modelId, usage: usageOf(r.usage), text: r.text };
+}
+
 export function usageOf(usage) {
   if (!usage) return null;
   const out = {};

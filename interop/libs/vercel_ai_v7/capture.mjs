@@ -31,7 +31,7 @@ import { MeterProvider, PeriodicExportingMetricReader } from '@opentelemetry/sdk
 import { BatchSpanProcessor } from '@opentelemetry/sdk-trace-base';
 import { NodeTracerProvider } from '@opentelemetry/sdk-trace-node';
 
-import { FAKE_API_KEY, OPENAI_BASE, OTLP, SYSTEM, consumeStream, runPlan, usageOf } from './callplan.mjs';
+import { FAKE_API_KEY, OPENAI_BASE, OTLP, SYSTEM, runPlan, textCall, usageOf } from './callplan.mjs';
 
 const LIB = 'vercel_ai_v7';
 
@@ -91,16 +91,7 @@ async function doCall(call) {
     maxRetries: 0,
     ...scoped(call),
   };
-  if (call.stream) {
-    // The OpenAI chat provider always asks for stream_options.include_usage.
-    let streamError = null;
-    const result = streamText({ ...common, onError: ({ error }) => { streamError = error; } });
-    const out = await consumeStream(result);
-    if (streamError) throw streamError;
-    return out;
-  }
-  const r = await generateText(common);
-  return { response_model: r.response.modelId, usage: usageOf(r.usage), text: r.text };
+  return textCall({ generateText, streamText }, common, call.stream);
 }
 
 try {

@@ -16,10 +16,8 @@ traffic ×k, price, a queue budget) is then the same trace through the changed f
 
 from __future__ import annotations
 
-import dataclasses
-
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, Callable, Mapping
 
@@ -228,7 +226,7 @@ def _autoscaling(params: Mapping[str, Any], defaults: Autoscaling) -> Autoscalin
             except ValueError:
                 raise QueryError(f"autoscaling: {key}={value!r} is not a number") from None
     try:
-        return dataclasses.replace(defaults, **fields)
+        return replace(defaults, **fields)
     except ValueError as exc:
         raise QueryError(str(exc)) from None
 

@@ -155,7 +155,9 @@ MODALITIES = ("text", "image", "audio", "video")
 MODALITY_KEYS = {f"{m}.{part}": f"gen_ai.usage.{m}.{suffix}" for m in MODALITIES
                  for part, suffix in (("input", "input_tokens"), ("output", "output_tokens"),
                                       ("cache_read", "cache_read.input_tokens"))}
-SUMMED_TOTALS = {"input_tokens": "input", "output_tokens": "output"}  # token field -> its modality part
+# token field -> the modality counts its total is the sum of, when the span sends no total
+SUMMED_TOTALS = {field: tuple(name for name in MODALITY_KEYS if name.endswith(f".{part}"))
+                 for field, part in (("input_tokens", "input"), ("output_tokens", "output"))}
 _UINT32_MAX = 2**32 - 1
 
 # Seconds: the first carrier with a value; the row names which one (TtftSource).
@@ -226,10 +228,11 @@ def request_fields(span: SpanView) -> dict[str, Any]:
     out["operation"] = _operation(a, out["operation"])
     out["modality_tokens"] = modality_tokens(a)
     for name, carriers in TOKEN_FIELDS.items():
-        out[name] = _first_tokens(span, carriers)
-        if name in SUMMED_TOTALS and not _first_string(span, carriers):
-            part = SUMMED_TOTALS[name]
-            out[name] = min(sum(n for k, n in out["modality_tokens"].items() if k.endswith(f".{part}")), _UINT32_MAX)
+        value = _first_string(span, carriers)
+        if not value and name in SUMMED_TOTALS:
+            out[name] = min(sum(out["modality_tokens"].get(part, 0) for part in SUMMED_TOTALS[name]), _UINT32_MAX)
+        else:
+            out[name] = _uint(value, _UINT32_MAX)
     streamed = _streamed(span)
     out["streaming"] = streamed
     for name, carriers in SECONDS_FIELDS.items():
@@ -342,10 +345,6 @@ def _json_string(text: str, path: Sequence[str]) -> str:
 
 def _first_string(span: SpanView, carriers: Sequence[Carrier]) -> str:
     return next((v for v in (_read(span, c) for c in carriers) if v), "")
-
-
-def _first_tokens(span: SpanView, carriers: Sequence[Carrier]) -> int:
-    return next((_uint(v, 2**32 - 1) for v in (_read(span, c) for c in carriers) if v), 0)
 
 
 def _uint(text: str, limit: int) -> int:
@@ -592,8 +591,7 @@ def _tokens(field: str) -> str:
     first = _sql_first(TOKEN_FIELDS[field])
     if field not in SUMMED_TOTALS:
         return f"toUInt32OrZero({first})"
-    part = SUMMED_TOTALS[field]
-    keys = _sql_array([_q(key) for name, key in MODALITY_KEYS.items() if name.endswith(f".{part}")])
+    keys = _sql_array([_q(MODALITY_KEYS[part]) for part in SUMMED_TOTALS[field]])
     summed = f"toUInt32(least(arraySum(k -> toUInt32OrZero(a[k]), {keys}), {_UINT32_MAX}))"
     return f"if(({first} AS {field}_) = '', {summed}, toUInt32OrZero({field}_))"
 
