@@ -1,7 +1,7 @@
-"""CPU cost of a 2-span INSERT INTO otel_traces on the embedded engine (chDB), per store
+"""CPU cost of a 2-span (or --rows) INSERT INTO otel_traces on the embedded engine (chDB), per store
 variant: what an insert's fixed cost is made of (BENCHMARKS.md, "What an insert costs").
 
-    .venv/bin/python -m bench.insert_cost [-n 20] [--variants base,new,noview,fixedonly,nodownstream]
+    .venv/bin/python -m bench.insert_cost [-n 20] [--rows 2] [--variants base,new,noview,fixedonly,nodownstream]
         [--base-upto 25] [--setting name=value ...] [--explain]
 
 Variants (each a database in one fresh chDB directory under a temp dir):
@@ -45,7 +45,7 @@ SELECT now64(9), lower(hex(randomString(16))), lower(hex(randomString(8))), '', 
            'gen_ai.response.model', 'gpt-4o-2024-08-06', 'gen_ai.usage.input_tokens', toString(100 + number),
            'gen_ai.usage.output_tokens', '20', 'app.tenant', 'acme'),
        1500000000, 'STATUS_CODE_UNSET'
-FROM numbers(2)
+FROM numbers({rows})
 """
 
 
@@ -86,6 +86,7 @@ def build(url: str, name: str, work: Path, base_upto: int) -> Store:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("-n", type=int, default=20)
+    p.add_argument("--rows", type=int, default=2, help="spans per INSERT (the collector's blocks: up to 65536)")
     p.add_argument("--variants", default="base,new,noview")
     p.add_argument("--setting", action="append", default=[], help="name=value, on the INSERT")
     p.add_argument("--base-upto", type=int, default=25, help="the last migration of the base variant")
@@ -113,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
 
         def run(name):
             store, extra = specs[name]
-            stores[store].client().command(INSERT, settings={**settings, **defaults, **extra})
+            stores[store].client().command(INSERT.format(rows=args.rows), settings={**settings, **defaults, **extra})
 
         cpu = {name: [] for name in names}
         wall = {name: [] for name in names}

@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 from servelens.collector.mapping.attributes import format_double
 from servelens.core import keys
@@ -406,17 +406,17 @@ def _seconds(span: SpanView, c: Carrier) -> float | None:
 # Over otel_traces with `a` = SpanAttributes and `r` = ResourceAttributes; every function
 # mirrors its Python twin above.
 #
-# The engine analyses the view's SELECT on every insert into otel_traces, at a cost that
-# grows with the number of distinct expressions in it (BENCHMARKS.md, "an insert costs
-# about 270 ms of CPU"; migrations/0026): a list of places is read by one lambda over
-# constant arrays (the keys, the JSON paths), not spelled out once per place; what two
-# columns share is a WITH alias (its copies cost little next to a second spelling).
+# Every attribute is read with a constant key (`a['key']`), each place written once in an
+# array literal where several are tried in order. A key that is a lambda's variable
+# (`arrayMap(k -> a[k], [keys])`) makes the view cheaper to analyse but several times
+# dearer per row: migration 0026 did that and cost 7x the CPU on a 65,536-span insert
+# (BENCHMARKS.md, "What an insert costs"); 0027 went back.
 
 def _q(text: str) -> str:
     return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
-def _sql_array(items: Sequence[str]) -> str:
+def _sql_array(items: Iterable[str]) -> str:
     return f"[{', '.join(items)}]"
 
 
@@ -427,127 +427,67 @@ def _sql_read(c: Carrier) -> str:
     return m
 
 
-def _sql_reads(carriers: Sequence[Carrier]) -> str:
-    """Every carrier's value (_read), in order, as one array: one lambda over the carriers'
-    attribute keys and, for JSON carriers, the keys of their paths (parallel constant
-    arrays; '' where a carrier has no such key: an attribute read as it is, a shorter
-    path). Only when a carrier is a resource attribute is the map a lambda argument too
-    (`m`, from an array of `a` and `r`)."""
-    assert all(c.kind in ("attr", "json") for c in carriers), carriers
-    assert all(all(c.path) for c in carriers if c.kind == "json"), "no JSON path holds an empty key"
-    depth = max((len(c.path) for c in carriers if c.kind == "json"), default=0)
-    paths = [f"p{i}" for i in range(1, depth + 1)]
-    args = ["k", *paths]
-    arrays = [_sql_array([_q(c.key) for c in carriers])]
-    arrays += [_sql_array([_q(c.path[i] if c.kind == "json" and i < len(c.path) else "") for c in carriers])
-               for i in range(depth)]
-    m = "a"
-    if any(c.resource for c in carriers):
-        args.insert(0, "m")
-        arrays.insert(0, _sql_array(["r" if c.resource else "a" for c in carriers]))
-        m = "m"
-    value = f"{m}[k]"
-    if depth:
-        extract = f"JSONExtractString({value}, p1)"
-        for n in range(2, depth + 1):
-            extract = f"if(p{n} = '', {extract}, JSONExtractString({value}, {', '.join(paths[:n])}))"
-        value = f"if(p1 = '', {value}, if({value} = '', '', {extract}))"
-    params = args[0] if len(args) == 1 else f"({', '.join(args)})"
-    return f"arrayMap({params} -> {value}, {', '.join(arrays)})"
-
-
 def _sql_first(carriers: Sequence[Carrier]) -> str:
     """The first non-empty value of `carriers` ('' when none)."""
     if len(carriers) == 1:
         return _sql_read(carriers[0])
-    return f"arrayFirst(v -> v != '', {_sql_reads(carriers)})"
+    return f"arrayFirst(v -> v != '', {_sql_array(_sql_read(c) for c in carriers)})"
 
 
 _SQL_DECODE = ("v -> if(length(v) >= 2 AND startsWith(v, '\"') AND endsWith(v, '\"') AND isValidJSON(v), "
                "JSONExtractString(v), v)")
 
 
+def _sql_unit_lookup(m: str, key: str) -> str:
+    base, _, inner = key.rpartition(".")
+    direct = f"{m}[{_q(key)}]"
+    if not base:
+        return direct
+    inside = f"{m}[{_q(base)}]"
+    return f"if({direct} != '', {direct}, if({inside} = '', '', JSONExtractString({inside}, {_q(inner)})))"
+
+
 def sql_unit(keys: Sequence[str]) -> str:
-    """unit_value: each key's value on the span, then on the resource, as one array literal
-    (a['k1'], ..., r['k1'], ...: tests/analytics/test_sql_fragments.py reads the keys back
-    from the live view); where one is empty, the inner key of its JSON parent
-    (`<parent>.<inner>`, _unit_lookup: the parents and inner keys in parallel constant
-    arrays, '' for a key without a dot); each decoded; the first non-empty."""
-    split = [key.rpartition(".") for key in keys]
-    reads = _sql_array([f"{m}[{_q(key)}]" for m in ("a", "r") for key in keys])
-    maps = _sql_array([m for m in ("a", "r") for _ in keys])
-    parents = _sql_array([_q(base) for _ in ("a", "r") for base, _, _ in split])
-    inners = _sql_array([_q(inner if base else "") for _ in ("a", "r") for base, _, inner in split])
-    lookup = f"(v, m, p, f) -> if(v != '' OR p = '', v, if(m[p] = '', '', JSONExtractString(m[p], f)))"
-    looked_up = f"arrayMap({lookup}, {reads}, {maps}, {parents}, {inners})"
-    return f"arrayFirst(v -> v != '', arrayMap({_SQL_DECODE}, {looked_up}))"
+    """unit_value: each key on the span, then on the resource (a['k1'], ..., r['k1'], ...:
+    tests/analytics/test_sql_fragments.py reads the keys back from the live view), where
+    one is empty the inner key of its JSON parent (_unit_lookup), each decoded; the first
+    non-empty."""
+    lookups = _sql_array(_sql_unit_lookup(m, k) for m in ("a", "r") for k in keys)
+    return f"arrayFirst(v -> v != '', arrayMap({_SQL_DECODE}, {lookups}))"
 
 
 SQL_STREAMED = " OR ".join([
-    f"arrayExists(k -> lower(a[k]) = 'true', {_sql_array([_q(c.key) for c in STREAM_FLAGS])})",
-    f"hasAny(Events.Name, {_sql_array([_q(name) for name in STREAM_EVENTS])})",
-    f"arrayExists(k -> a[k] != '', {_sql_array([_q(key) for key in STREAM_STARTS])})",
+    *(f"lower(a[{_q(c.key)}]) = 'true'" for c in STREAM_FLAGS),
+    f"hasAny(Events.Name, {_sql_array(map(_q, STREAM_EVENTS))})",
+    *(f"a[{_q(k)}] != ''" for k in STREAM_STARTS),
     "positionCaseInsensitive(a['ai.operationId'], 'stream') > 0",
 ])
 
 
-def _sql_event_seconds(event: str) -> str:
-    """The first event named `event` (an expression), seconds after the span's start; NULL
-    when there is none."""
-    return (f"if(has(Events.Name, {event}), (toUnixTimestamp64Nano(arrayMin(arrayFilter((t, n) -> n = {event}, "
-            f"Events.Timestamp, Events.Name))) - toUnixTimestamp64Nano(Timestamp)) / 1e9, NULL)")
-
-
-def _sql_attr_seconds(c: Carrier) -> str:
-    value = f"toFloat64OrNull({_sql_read(c)})" + (f" * {c.scale!r}" if c.scale != 1.0 else "")
+def _sql_seconds(c: Carrier) -> str:
+    if c.kind == "event":
+        value = (f"if(has(Events.Name, {_q(c.key)}), (toUnixTimestamp64Nano(arrayMin(arrayFilter((t, n) -> "
+                 f"n = {_q(c.key)}, Events.Timestamp, Events.Name))) - toUnixTimestamp64Nano(Timestamp)) / 1e9, NULL)")
+    elif c.kind == "start":
+        text = f"arrayMap({_SQL_DECODE}, [{_sql_read(c)}])[1]"
+        value = (f"(toUnixTimestamp64Nano(parseDateTime64BestEffortOrNull({text}, 6, 'UTC')) "
+                 f"- toUnixTimestamp64Nano(Timestamp)) / 1e9")
+    else:
+        value = f"toFloat64OrNull({_sql_read(c)})" + (f" * {c.scale!r}" if c.scale != 1.0 else "")
     return f"if(streamed_, {value}, NULL)" if c.streamed_only else value
 
 
-def _sql_seconds(c: Carrier) -> str:
-    if c.kind == "event":
-        return _sql_event_seconds(_q(c.key))
-    if c.kind == "start":
-        text = f"arrayMap({_SQL_DECODE}, [{_sql_read(c)}])[1]"
-        return (f"(toUnixTimestamp64Nano(parseDateTime64BestEffortOrNull({text}, 6, 'UTC')) "
-                f"- toUnixTimestamp64Nano(Timestamp)) / 1e9")
-    return _sql_attr_seconds(c)
+def sql_seconds(name: str) -> list[tuple[str, str]]:
+    """_first_seconds as WITH aliases: every carrier's value, and the index of the first
+    that has one (0: none)."""
+    values = _sql_array(f"toNullable(toFloat64({_sql_seconds(c)}))" for c in SECONDS_FIELDS[name])
+    return [(f"{name}_all_", values), (f"{name}_at_", f"arrayFirstIndex(x -> isNotNull(x), {name}_all_)")]
 
 
-def _sql_seconds_run(run: Sequence[Carrier]) -> str:
-    """The values of consecutive carriers of one kind, as an Array(Nullable(Float64)): attributes
-    by one lambda over their keys (with their scales and streamed-only flags where any
-    has one), events by one lambda over their names."""
-    if len(run) == 1:
-        return f"[toNullable(toFloat64({_sql_seconds(run[0])}))]"
-    if run[0].kind == "event":
-        names = _sql_array([_q(c.key) for c in run])
-        return f"arrayMap(e -> toNullable(toFloat64({_sql_event_seconds('e')})), {names})"
-    assert run[0].kind == "attr" and not any(c.resource for c in run), run
-    args, arrays, value = ["k"], [_sql_array([_q(c.key) for c in run])], "toFloat64OrNull(a[k])"
-    if any(c.scale != 1.0 for c in run):
-        args.append("s")
-        arrays.append(_sql_array([repr(float(c.scale)) for c in run]))
-        value += " * s"
-    if any(c.streamed_only for c in run):
-        args.append("o")
-        arrays.append(_sql_array(["1" if c.streamed_only else "0" for c in run]))
-        value = f"if(o AND NOT streamed_, NULL, {value})"
-    return f"arrayMap(({', '.join(args)}) -> toNullable(toFloat64({value})), {', '.join(arrays)})"
-
-
-def sql_seconds(name: str) -> str:
-    """_first_seconds as a tuple: (the first carrier's value that is not NULL, its source),
-    (NULL, '') when none; the carriers' values read by kind (_sql_seconds_run), in order."""
-    carriers = SECONDS_FIELDS[name]
-    runs: list[list[Carrier]] = []
-    for c in carriers:
-        if runs and runs[-1][0].kind == c.kind and c.kind in ("attr", "event"):
-            runs[-1].append(c)
-        else:
-            runs.append([c])
-    parts = [_sql_seconds_run(run) for run in runs]
-    values = parts[0] if len(parts) == 1 else f"arrayConcat({', '.join(parts)})"
-    return f"arrayFirst(x -> isNotNull(x.1), arrayZip({values}, {_sql_array([_q(c.source) for c in carriers])}))"
+def _sql_seconds_columns(name: str) -> tuple[str, str]:
+    """A seconds field's value and its source, from sql_seconds' aliases."""
+    sources = _sql_array(_q(c.source) for c in SECONDS_FIELDS[name])
+    return f"if({name}_at_ = 0, NULL, {name}_all_[{name}_at_])", f"{sources}[{name}_at_]"
 
 
 def sql_operation() -> str:
@@ -573,34 +513,27 @@ def sql_is_request() -> str:
     return f"({markers}\n       OR {kinds}\n       OR {calls})\n  AND a['gen_ai.operation.name'] NOT IN ({pipeline})"
 
 
-def _sql_seconds_value(name: str) -> str:
-    """A seconds field's value alone (its source not kept)."""
-    carriers = SECONDS_FIELDS[name]
-    if len(carriers) == 1:
-        return f"toNullable(toFloat64({_sql_seconds(carriers[0])}))"
-    return f"tupleElement({sql_seconds(name)}, 1)"
-
-
 def with_sql() -> list[tuple[str, str]]:
     """The view's WITH aliases the columns below use (besides `a` and `r`): what two
     columns share."""
-    return [("streamed_", f"({SQL_STREAMED})"), ("ttft_", sql_seconds("ttft"))]
+    return [("streamed_", f"({SQL_STREAMED})"), *sql_seconds("ttft"), *sql_seconds("tpot")]
 
 
 def _tokens(field: str) -> str:
     first = _sql_first(TOKEN_FIELDS[field])
     if field not in SUMMED_TOTALS:
         return f"toUInt32OrZero({first})"
-    keys = _sql_array([_q(MODALITY_KEYS[part]) for part in SUMMED_TOTALS[field]])
-    summed = f"toUInt32(least(arraySum(k -> toUInt32OrZero(a[k]), {keys}), {_UINT32_MAX}))"
+    parts = " + ".join(f"toUInt64(toUInt32OrZero(a[{_q(MODALITY_KEYS[part])}]))" for part in SUMMED_TOTALS[field])
+    summed = f"toUInt32(least({parts}, {_UINT32_MAX}))"
     return f"if(({first} AS {field}_) = '', {summed}, toUInt32OrZero({field}_))"
 
 
 def sql_modality_tokens() -> str:
     """modality_tokens: the present keys' names and counts as a map."""
-    names, keys = _sql_array(map(_q, MODALITY_KEYS)), _sql_array(map(_q, MODALITY_KEYS.values()))
-    return (f"mapFromArrays(arrayFilter((n, k) -> a[k] != '', {names}, {keys}), "
-            f"arrayMap(k -> toUInt32OrZero(a[k]), arrayFilter(k -> a[k] != '', {keys})))")
+    names = _sql_array(map(_q, MODALITY_KEYS))
+    values = _sql_array(f"a[{_q(key)}]" for key in MODALITY_KEYS.values())
+    return (f"mapFromArrays(arrayFilter((n, v) -> v != '', {names}, {values} AS modality_), "
+            f"arrayMap(v -> toUInt32OrZero(v), arrayFilter(v -> v != '', modality_)))")
 
 
 def select_sql() -> dict[str, str]:
@@ -620,15 +553,15 @@ def select_sql() -> dict[str, str]:
         "CachedInputTokens": _tokens("cache_read_tokens"),
         "CacheWriteInputTokens": _tokens("cache_write_tokens"),
         "ReasoningOutputTokens": _tokens("reasoning_tokens"),
-        "TtftSeconds": "ttft_.1",
-        "TtftSource": "ttft_.2",
-        "TpotSeconds": _sql_seconds_value("tpot"),
+        "TtftSeconds": _sql_seconds_columns("ttft")[0],
+        "TtftSource": _sql_seconds_columns("ttft")[1],
+        "TpotSeconds": _sql_seconds_columns("tpot")[0],
         "Streaming": "toUInt8(streamed_)",
         "ClientCostUsd": f"coalesce({', '.join(f'toFloat64OrNull({_sql_read(c)})' for c in CLIENT_COST)})",
         "IsError": "StatusCode = 'STATUS_CODE_ERROR' OR a['error.type'] != '' "
                    f"OR a[{_q(ERROR_LEVEL[1])}] = {_q(ERROR_LEVEL[2])}",
         "ErrorType": _sql_first(STRING_FIELDS["error_type"]),
-        "HttpStatusCode": f"arrayFirst(x -> x != 0, [{', '.join(f'toUInt16OrZero({_sql_read(c)})' for c in HTTP_STATUS)}])",
+        "HttpStatusCode": f"arrayFirst(x -> x != 0, {_sql_array(f'toUInt16OrZero({_sql_read(c)})' for c in HTTP_STATUS)})",
         "Dialect": sql_dialect(),
         "ModalityTokens": sql_modality_tokens(),
     }
@@ -675,8 +608,8 @@ COLUMN_ORDER = (
 )
 # The migration holding the current rendering of the view; a change to the table above
 # goes into a new migration (ADD COLUMN, DROP VIEW, the view) named here, rendered by
-# `python -m collector.dialects`.
-VIEW_MIGRATION = "0026_llm_requests_view_analysis.sql"
+# `python -m servelens.collector.mapping.dialects`.
+VIEW_MIGRATION = "0027_llm_requests_view_constant_keys.sql"
 
 
 def llm_requests_view_sql() -> str:
