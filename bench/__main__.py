@@ -7,8 +7,8 @@ remaining arguments on (`--quick`, `--no-write`, ...).
 
 import sys
 
-from bench import (analytics, dashboard_scale, detection, fleet_data, ingest, ingest_default, insert_cost, plan_accuracy,
-                   plan_replay, power, rollup_cost)
+from bench import (analytics, dashboard_scale, detection, fleet_data, ingest, ingest_default, insert_cost,
+                   plan_accuracy, plan_replay, power, rollup_cost)
 
 BENCHES = {"ingest_default": ingest_default.main, "ingest": ingest.main, "analytics": analytics.main,
            "detection": detection.main}

@@ -663,6 +663,7 @@ _PULL_SQL = """
 def pull_latency(rows: Any) -> Any:
     """The latency report from raw rows, in Polars (same quantile definition: linear)."""
     import polars as pl
+
     from servelens.analytics.reports import latency
     from servelens.analytics.sources.requests import QUANTILES
 
@@ -683,8 +684,9 @@ def pull_cost(rows: Any, store: Any, settings: Any, q: Any) -> Any:
     """The cost report (by tenant) from raw rows: Polars builds the token groups that
     ClickHouse builds in the product; pricing, GPU allocation and rollup are the product's."""
     import polars as pl
-    from servelens.analytics.reports import cost
+
     from servelens.analytics.pricing import Catalog
+    from servelens.analytics.reports import cost
 
     catalog = Catalog(settings.pricing.models)
     bounds = catalog.boundaries()
@@ -730,8 +732,10 @@ def _same(a: Any, b: Any, key: str) -> str | None:
 
 def pull(data_dir: Path, n: int) -> dict[str, Any]:
     import polars as pl
-    from servelens.analytics.reports import cost, registry as reports
+
     from servelens.analytics.query import ReportQuery
+    from servelens.analytics.reports import cost
+    from servelens.analytics.reports import registry as reports
     from servelens.core.store import Store
 
     settings = _settings(data_dir)

@@ -197,11 +197,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-browser", action="store_true")
     args = parser.parse_args(argv)
 
-    from servelens.dashboard.app import create_app
-    from servelens.dashboard.server import DashboardServer
     from servelens.core.config import load
     from servelens.core.migrate import migrate
     from servelens.core.store import Store
+    from servelens.dashboard.app import create_app
+    from servelens.dashboard.server import DashboardServer
 
     work = Path(tempfile.mkdtemp(prefix="servelens-cardinality-"))
     try:

@@ -66,12 +66,12 @@ from typing import Any
 
 import numpy as np
 
-from servelens.analytics.triggers import engine
-from servelens.analytics.triggers.base import DETECTORS, KINDS
 from bench import fleets
 from bench.fleets import BASE_DAYS, Change, Fleet
 from bench.history import Segment, Traffic, insert, insert_all, insert_gpus
 from bench.report import cpu_model, write_section
+from servelens.analytics.triggers import engine
+from servelens.analytics.triggers.base import DETECTORS, KINDS
 from servelens.core.config import Settings, load
 from servelens.core.migrate import migrate
 from servelens.core.store import Store

@@ -381,8 +381,8 @@ def _dir_bytes(path: Path) -> int:
 def generate(data_dir: Path, requests: int, tenants: int = TENANTS, days: int = DAYS,
              now: datetime | None = None, quiet: bool = False) -> dict[str, Any]:
     """Migrate a fresh store in data_dir and write the dataset; returns the manifest."""
-    from servelens.core.config import load
     from servelens.app.runtime import open_store
+    from servelens.core.config import load
 
     def say(text: str) -> None:
         if not quiet:

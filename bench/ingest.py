@@ -39,8 +39,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.report import cpu_model, write_section
 from bench.payloads import ATTRIBUTES_PER_SPAN, build_payloads
+from bench.report import cpu_model, write_section
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCHMARKS_MD = ROOT / "BENCHMARKS.md"
@@ -390,9 +390,7 @@ def parse_rate(payloads: list[bytes], seconds: float, with_mapping: bool = False
     message to materialize, as the collector's mapping does. `with_mapping` runs the
     collector's own mapping (collector.spans.spans_to_rows) instead. Timed on this
     thread's CPU clock, so another process sharing the core does not lower the figure."""
-    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
-        ExportTraceServiceRequest,
-    )
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
     from servelens.collector.mapping.spans import spans_to_rows
 

@@ -24,17 +24,17 @@ from __future__ import annotations
 
 import argparse
 import heapq
-from array import array
 import math
 import time
+from array import array
 from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
 from scipy import stats as sps
 
-from servelens.analytics.plan import queueing
 from bench.report import cpu_model, write_section
+from servelens.analytics.plan import queueing
 
 WARM_UP = 0.05
 BATCHES = 20

@@ -34,9 +34,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from bench.report import cpu_model, write_section
 from servelens.analytics.plan import simulate as simulate_module
 from servelens.analytics.plan.simulate import Server, simulate
-from bench.report import cpu_model, write_section
 
 P99_TOLERANCE = 0.15
 BUSY_POINTS = 5.0

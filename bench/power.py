@@ -14,8 +14,8 @@ from __future__ import annotations
 import argparse
 import math
 
-from servelens.analytics.triggers import power
 from bench.report import write_section
+from servelens.analytics.triggers import power
 from servelens.core.config import Settings
 
 VOLUMES = (30, 100, 1_000, 10_000)

@@ -73,8 +73,8 @@ def _cpu_seconds() -> float:
 
 
 def _store(data_dir: Path) -> Any:
-    from servelens.core.config import load
     from servelens.app.runtime import open_store
+    from servelens.core.config import load
 
     return open_store(load(None, data_dir=str(data_dir / "data"), clickhouse_url=f"chdb://{data_dir / 'chdb'}",
                            store={"database": fleet_data.DATABASE}))
@@ -157,8 +157,8 @@ def run(data_dir: Path, variant: str, batches: int, size: int, end: int, measure
 
 
 def fleet_bytes(fleet: Path) -> dict[str, Any]:
-    from servelens.core.config import load
     from servelens.app.runtime import open_store
+    from servelens.core.config import load
 
     store = open_store(load(fleet / "servelens.yaml"))
     try:

@@ -63,9 +63,7 @@ def insert(directory: str) -> dict:
     process's, so the engine's own threads (pipeline, background merges) count too."""
     import uuid
 
-    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
-        ExportTraceServiceRequest,
-    )
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
     from bench.payloads import build_payloads
     from servelens.collector.mapping.spans import spans_to_rows

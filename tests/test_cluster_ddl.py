@@ -25,8 +25,8 @@ from typing import Any
 import pytest
 import yaml
 
-from servelens.core import cluster_ddl
 from servelens.app.cli import main
+from servelens.core import cluster_ddl
 from servelens.core.config import ConfigError, load
 from servelens.core.migrate import _LEDGER_DDL, ddl_script, discover, ledger_ddl, migrate, planned
 

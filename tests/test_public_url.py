@@ -19,8 +19,8 @@ import pytest
 
 from servelens.analytics.alerts import Dispatcher
 from servelens.app import cli
-from servelens.core.config import ConfigError, load
 from servelens.app.runtime import dashboard_url
+from servelens.core.config import ConfigError, load
 from tests.analytics.test_alerts import FIRING, HttpReceiver
 
 PUBLIC = "https://servelens.example.com/"

@@ -14,10 +14,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from servelens.dashboard.app import create_app
-from servelens.dashboard.server import DashboardServer
 from servelens.core import serving
 from servelens.core.serving import ClientLimits, WaitressServer
+from servelens.dashboard.app import create_app
+from servelens.dashboard.server import DashboardServer
 from tests.collector.otlp_payloads import llm_request
 
 pytestmark = pytest.mark.integration

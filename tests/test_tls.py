@@ -5,11 +5,11 @@ answered by a closed connection while the server goes on."""
 from __future__ import annotations
 
 import datetime as dt
-import time
 import ipaddress
 import json
 import socket
 import ssl
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path

@@ -15,11 +15,11 @@ from typing import Any
 
 import pytest
 
-from servelens.analytics.reports import slo, spend_budgets
+from bench.history import HOUR, Traffic, insert
 from servelens.analytics.query import ReportQuery, iso
+from servelens.analytics.reports import slo, spend_budgets
 from servelens.analytics.triggers import detect_budget, detect_slo, engine
 from servelens.analytics.triggers.base import Evaluation
-from bench.history import HOUR, Traffic, insert
 from tests.analytics.test_triggers import T0, Recorder, assert_one_episode, firing_in, run_windows
 
 pytestmark = pytest.mark.integration

@@ -14,9 +14,9 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
+from bench.history import HOUR, Traffic, insert
 from servelens.analytics.plan import capacity
 from servelens.analytics.reports import registry
-from bench.history import HOUR, Traffic, insert
 
 pytestmark = pytest.mark.integration
 

@@ -25,9 +25,9 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from polars.testing import assert_frame_equal
 
+from servelens.analytics.query import ReportQuery
 from servelens.analytics.reports import cost_change
 from servelens.analytics.reports.cost_change import DRIVERS, CellTotals
-from servelens.analytics.query import ReportQuery
 from servelens.analytics.reports.registry import to_records
 
 S = 10**9

@@ -23,10 +23,10 @@ from opentelemetry.sdk._logs import LoggerProvider
 from opentelemetry.sdk._logs.export import BatchLogRecordProcessor
 from opentelemetry.sdk.resources import Resource
 
-from servelens.analytics.reports import quality
 from servelens.analytics.query import ReportQuery
+from servelens.analytics.reports import quality
 from servelens.analytics.reports.registry import to_records
-from tests.analytics.test_quality import (LENGTH_CLASSES, MIXED, S, THRESHOLDS, Call, Eval, actual_slices,
+from tests.analytics.test_quality import (LENGTH_CLASSES, MIXED, THRESHOLDS, Call, Eval, S, actual_slices,
                                           expected_slices, export, simpson_calls, start_call, window)
 
 pytestmark = pytest.mark.integration

@@ -12,10 +12,9 @@ from datetime import timedelta
 
 import pytest
 
-from servelens.analytics.triggers import engine
-from servelens.analytics.triggers.detect_models import judge, model_inconsistency
 from bench.history import HOUR, Traffic, insert
-from servelens.analytics.triggers.detect_models import ModelInconsistency
+from servelens.analytics.triggers import engine
+from servelens.analytics.triggers.detect_models import ModelInconsistency, judge, model_inconsistency
 from tests.analytics.test_triggers import T0, Recorder, assert_one_episode, run_windows
 
 CFG = ModelInconsistency()

@@ -10,9 +10,9 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from flask import Flask
 
+from bench.history import HOUR, Traffic, insert
 from servelens.analytics.plan import capacity, queueing
 from servelens.analytics.query import QueryError
-from bench.history import HOUR, Traffic, insert
 from servelens.dashboard.api import blueprint
 
 pytestmark = pytest.mark.integration

@@ -12,8 +12,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from servelens.analytics.plan.simulate import Autoscaling, Server, fit_step_time, simulate
 from bench.plan_replay import arrivals, reference, tokens
+from servelens.analytics.plan.simulate import Autoscaling, Server, fit_step_time, simulate
 
 
 def lindley(arr: np.ndarray, service: np.ndarray) -> np.ndarray:

@@ -25,8 +25,8 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from scipy.stats import chi2_contingency
 
-from servelens.analytics.reports import quality
 from servelens.analytics.query import QueryError, ReportQuery
+from servelens.analytics.reports import quality
 from servelens.analytics.reports.registry import to_records
 
 S = 10**9

@@ -15,10 +15,10 @@ from datetime import datetime, timedelta, timezone
 import polars as pl
 import pytest
 
-from servelens.analytics.triggers import engine
-from servelens.analytics.triggers.detect_quality_load import latency_check, load_sides, quality_under_load, span
 from bench.history import HOUR, Traffic, insert
-from servelens.analytics.triggers.detect_quality_load import QualityUnderLoad
+from servelens.analytics.triggers import engine
+from servelens.analytics.triggers.detect_quality_load import (QualityUnderLoad, latency_check, load_sides,
+                                                              quality_under_load, span)
 from tests.analytics.test_triggers import T0, Recorder, assert_one_episode
 
 DAY0 = T0.replace(hour=0)  # the swing follows the time of day: histories start at midnight

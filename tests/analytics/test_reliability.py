@@ -25,8 +25,8 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.trace import Status, StatusCode
 from polars.testing import assert_frame_equal
 
-from servelens.analytics.reports import reliability
 from servelens.analytics.query import ReportQuery
+from servelens.analytics.reports import reliability
 from servelens.analytics.reports.registry import to_records
 
 S = 10**9

@@ -14,10 +14,10 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from servelens.analytics.sources import rollups
 from servelens.analytics.query import ReportQuery
 from servelens.analytics.reports.registry import run
 from servelens.analytics.sources import requests as loader
+from servelens.analytics.sources import rollups
 
 pytestmark = pytest.mark.integration
 

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from servelens.analytics import leases, scheduler
-from servelens.analytics.scheduler import Scheduler
 from servelens.analytics.leases import aligned
+from servelens.analytics.scheduler import Scheduler
 from servelens.analytics.triggers import engine
 from servelens.analytics.triggers.base import Finding
 from servelens.app.runtime import scheduler_role

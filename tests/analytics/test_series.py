@@ -11,10 +11,10 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from servelens.analytics.sources import rollups
-from servelens.analytics.reports import series
 from servelens.analytics.query import QueryError, ReportQuery
+from servelens.analytics.reports import series
 from servelens.analytics.reports.registry import run
+from servelens.analytics.sources import rollups
 
 pytestmark = pytest.mark.integration
 

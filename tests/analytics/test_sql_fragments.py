@@ -13,6 +13,7 @@ import polars as pl
 import pytest
 from polars.testing import assert_frame_equal
 
+from bench.history import Traffic, insert, insert_gpus
 from servelens.analytics.query import ReportQuery, _ns, key_expr
 from servelens.analytics.sources import frame, traffic
 from servelens.analytics.sql import (DAY_NS, Fragment, bind, business_unit, fallback, gpu_busy_metric,
@@ -23,7 +24,6 @@ from servelens.analytics.triggers.base import Evaluation
 from servelens.collector.mapping import dialects
 from servelens.core import keys
 from servelens.core.config import AttributesConfig, DeploymentConfig
-from bench.history import Traffic, insert, insert_gpus
 
 T0 = datetime(2025, 3, 3, tzinfo=timezone.utc)  # a Monday
 WINDOW = ("Timestamp >= fromUnixTimestamp64Nano({since_ns:Int64}) "

@@ -16,13 +16,13 @@ from datetime import datetime, timedelta, timezone
 import pytest
 import yaml
 
-from servelens.analytics.alerts.dispatcher import Dispatcher
-from servelens.analytics.scheduler import Scheduler
-from servelens.analytics.leases import aligned
-from servelens.analytics.triggers import engine, replay
 from bench.history import HOUR, Traffic, insert
-from servelens.dashboard.app import create_app
+from servelens.analytics.alerts.dispatcher import Dispatcher
+from servelens.analytics.leases import aligned
+from servelens.analytics.scheduler import Scheduler
+from servelens.analytics.triggers import engine, replay
 from servelens.app import cli
+from servelens.dashboard.app import create_app
 from tests.analytics.test_triggers import Recorder, webhook  # noqa: F401 - the webhook fixture
 
 pytestmark = pytest.mark.integration

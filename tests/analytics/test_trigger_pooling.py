@@ -14,8 +14,8 @@ import polars as pl
 import pytest
 from scipy import stats as sps
 
-from servelens.analytics.triggers import pooling, power, stats
 from bench.history import HOUR, Traffic, insert
+from servelens.analytics.triggers import pooling, power, stats
 from tests.analytics.test_triggers import T0, Recorder, all_triggers, run_windows
 
 SMALL = dict(per_hour=100, latency_sigma=0.2)

@@ -6,8 +6,7 @@ from __future__ import annotations
 import polars as pl
 import pytest
 
-from servelens.analytics.triggers.detect_quality import regressions
-from servelens.analytics.triggers.detect_quality import QualityRegression
+from servelens.analytics.triggers.detect_quality import QualityRegression, regressions
 
 KEYS = ["task_type", "language"]
 CFG = QualityRegression(keys=KEYS, min_evaluations=100, min_baseline=200, fdr=0.001)

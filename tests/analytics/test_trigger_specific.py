@@ -13,9 +13,8 @@ from datetime import timedelta
 
 import pytest
 
-from servelens.analytics.triggers.detect_reliability import most_specific
 from bench.history import HOUR, Traffic, insert
-from servelens.analytics.triggers.detect_reliability import ErrorRateSpike
+from servelens.analytics.triggers.detect_reliability import ErrorRateSpike, most_specific
 from tests.analytics.test_triggers import T0, Recorder, all_triggers, run_windows
 
 CFG = ErrorRateSpike()

@@ -27,11 +27,11 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.trace import Status, StatusCode
 
+from bench.history import HOUR, Traffic, insert, insert_gpus
 from servelens.analytics.leases import Leases
 from servelens.analytics.triggers import engine, episodes
 from servelens.analytics.triggers.base import Evaluation, Finding
 from servelens.dashboard.api import blueprint
-from bench.history import HOUR, Traffic, insert, insert_gpus
 
 pytestmark = pytest.mark.integration
 
@@ -445,8 +445,8 @@ def test_episode_state_machine() -> None:
 def test_per_window_costs_are_the_cost_reports(store, make_settings) -> None:
     """cost_anomaly prices every baseline window in one pass; each must be what the cost
     report says of that window alone (API prices and self-hosted GPU cost alike)."""
-    from servelens.analytics.reports import cost
     from servelens.analytics.query import ReportQuery
+    from servelens.analytics.reports import cost
     from servelens.analytics.triggers.detect_capacity import window_unit_costs
 
     settings = make_settings(pricing=PRICING, deployments=[LLAMA])

@@ -25,8 +25,8 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from polars.testing import assert_frame_equal
 
-from servelens.analytics.reports import workload
 from servelens.analytics.query import ReportQuery
+from servelens.analytics.reports import workload
 from servelens.analytics.reports.registry import to_records
 
 S = 10**9

@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from servelens.demo.traffic import DEMO_CONFIG, DemoTraffic
 from servelens.demo.gpus import FB_RESERVED_MIB, FB_TOTAL_MIB, LOAD_WINDOW_S
+from servelens.demo.traffic import DEMO_CONFIG, DemoTraffic
 
 pytestmark = pytest.mark.integration
 

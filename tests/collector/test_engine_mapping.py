@@ -19,16 +19,10 @@ from collections.abc import Iterator
 
 import grpc
 import pytest
-from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
-    OTLPSpanExporter as GrpcSpanExporter,
-)
-from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
-    OTLPSpanExporter as HttpSpanExporter,
-)
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
-    ExportTraceServiceRequest,
-    ExportTraceServiceResponse,
-)
+from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcSpanExporter
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpSpanExporter
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (ExportTraceServiceRequest,
+                                                                      ExportTraceServiceResponse)
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyValueList
 from opentelemetry.proto.trace.v1 import trace_pb2
 from opentelemetry.sdk.resources import Resource
@@ -36,19 +30,12 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
 from servelens.collector.mapping.engine_spans import _varint, spans_to_request
-from servelens.collector.service import Collector
 from servelens.collector.mapping.spans import TRACE_COLUMNS, spans_to_rows
 from servelens.collector.pipeline.writer import Writer, WriterSettings
+from servelens.collector.service import Collector
 from servelens.core.migrate import migrate
 from servelens.core.store import Store
-from tests.collector.test_mapping import (
-    PARENT_ID,
-    T0,
-    TENANT_KEYS,
-    kv,
-    span,
-    trace_request,
-)
+from tests.collector.test_mapping import PARENT_ID, T0, TENANT_KEYS, kv, span, trace_request
 
 ARRAY = ArrayValue(values=[AnyValue(string_value="a/b"), AnyValue(int_value=1), AnyValue(bool_value=True), AnyValue(),
                            AnyValue(bytes_value=b"\x00\xff"), AnyValue(string_value='q"uo\\te é')])

@@ -16,20 +16,9 @@ import pytest
 from clickhouse_connect.driver.exceptions import DatabaseError
 from google.rpc import code_pb2
 
-from servelens.collector.errors import (
-    INTERNAL,
-    RETRY_AFTER_SECONDS,
-    Busy,
-    DataRejected,
-    PermanentError,
-    QueueFull,
-    RowsNotEncodable,
-    Unauthenticated,
-    WriteFailed,
-    answer,
-    is_data_error,
-    is_store_error,
-)
+from servelens.collector.errors import (INTERNAL, RETRY_AFTER_SECONDS, Busy, DataRejected, PermanentError, QueueFull,
+                                        RowsNotEncodable, Unauthenticated, WriteFailed, answer, is_data_error,
+                                        is_store_error)
 from servelens.collector.intake import Intake
 from servelens.collector.mapping.decode import PayloadError
 from servelens.collector.mapping.spans import PROTOBUF_COLUMNS, spans_to_rows

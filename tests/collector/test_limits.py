@@ -16,25 +16,14 @@ from typing import Any, Iterator
 import grpc
 import pytest
 import requests
-from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
-    ExportMetricsServiceRequest,
-    ExportMetricsServiceResponse,
-)
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (ExportMetricsServiceRequest,
+                                                                          ExportMetricsServiceResponse)
 from opentelemetry.proto.metrics.v1 import metrics_pb2
 
 from servelens.dashboard.app import create_app
 from servelens.dashboard.server import DashboardServer
-from tests.collector.test_bad_input import (
-    JSON,
-    NOW_NS,
-    PB,
-    json_request,
-    json_span,
-    pb_request,
-    post,
-    rpc_status,
-    still_serving,
-)
+from tests.collector.test_bad_input import (JSON, NOW_NS, PB, json_request, json_span, pb_request, post, rpc_status,
+                                            still_serving)
 from tests.fuzz.harness import Grpc
 from tests.fuzz.wire import varint
 

@@ -17,19 +17,17 @@ from typing import Iterator
 import grpc
 import pytest
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
-    ExportTraceServiceRequest,
-    ExportTraceServiceResponse,
-)
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (ExportTraceServiceRequest,
+                                                                      ExportTraceServiceResponse)
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2_grpc import TraceServiceStub
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.metrics.v1 import metrics_pb2
 
+from servelens.app.cli import main
 from servelens.collector.mapping.engine_spans import _varint
-from servelens.collector.service import Collector
 from servelens.collector.pipeline.spool import Spool
 from servelens.collector.pipeline.writer import Writer, WriterSettings
-from servelens.app.cli import main
+from servelens.collector.service import Collector
 from servelens.core.migrate import migrate
 from servelens.core.store import Store
 from tests.collector.otlp_payloads import kv, llm_request
@@ -391,10 +389,8 @@ def test_a_replay_completes_the_views_a_crash_cut_off_and_doubles_nothing(store:
 
 
 def test_points_and_log_records_the_ttl_would_drop_are_rejected_at_ingest(start) -> None:
-    from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import (
-        ExportLogsServiceRequest,
-        ExportLogsServiceResponse,
-    )
+    from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import (ExportLogsServiceRequest,
+                                                                        ExportLogsServiceResponse)
     from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceResponse
 
     collector, store, url = start()
@@ -418,8 +414,8 @@ def test_points_and_log_records_the_ttl_would_drop_are_rejected_at_ingest(start)
 
 
 def test_the_quarantine_shows_on_health_and_on_the_overview(start) -> None:
-    from servelens.dashboard.pages.overview import quarantine_note
     from servelens.collector.pipeline.spool import quarantine_summary
+    from servelens.dashboard.pages.overview import quarantine_note
 
     collector, store, url = start(acknowledge="spooled", spool_linger="0.2s")
     _refuse_span_name(store, "poison", "constraint")

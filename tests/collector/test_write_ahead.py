@@ -14,10 +14,10 @@ from typing import Iterator
 
 import pytest
 
-from servelens.collector.service import Collector
 from servelens.collector.mapping.spans import spans_to_rows
 from servelens.collector.pipeline.spool import Spool
 from servelens.collector.pipeline.writer import Writer, WriterSettings, _concat
+from servelens.collector.service import Collector
 from tests.collector.otlp_payloads import llm_request
 from tests.collector.test_durability import count, post
 

@@ -19,7 +19,8 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.trace import SpanKind
 
-from servelens.analytics.reports import registry as reports, series
+from servelens.analytics.reports import registry as reports
+from servelens.analytics.reports import series
 from servelens.core.auth.credentials import Credentials
 from servelens.dashboard import access
 from servelens.dashboard.app import create_app

@@ -16,8 +16,8 @@ from servelens.dashboard.app import create_app
 from servelens.dashboard.components import usd
 from servelens.dashboard.server import DashboardServer
 from tests.dashboard.test_access import BETA_MARKERS, PASSWORD, PRICING, _send
-from tests.dashboard.test_pages import GPU_HOST, GPU_RATE, GPU_SAMPLES, GPU_UTILS, send_gpu_samples
 from tests.dashboard.test_browser import browser, pytestmark  # noqa: F401 - the fixture and the marks
+from tests.dashboard.test_pages import GPU_HOST, GPU_RATE, GPU_SAMPLES, GPU_UTILS, send_gpu_samples
 
 SETTLE_S = 30
 

@@ -9,8 +9,8 @@ import dash
 import flask
 
 from servelens.dashboard import data
-from servelens.dashboard.guard import Guard
 from servelens.dashboard.components import NULL, integer, ms, pct, register_refresh, show, table, updated_line, usd
+from servelens.dashboard.guard import Guard
 
 
 def test_formatters():

@@ -14,7 +14,8 @@ from urllib.parse import urlencode
 import pytest
 
 from servelens.analytics import evaluations
-from servelens.analytics.reports import quality, registry as reports
+from servelens.analytics.reports import quality
+from servelens.analytics.reports import registry as reports
 from tests.analytics.test_quality import THRESHOLDS, Call, Eval, send_calls
 from tests.dashboard.conftest import http
 

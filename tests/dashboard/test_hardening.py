@@ -27,10 +27,10 @@ from typing import Any, Iterator
 import polars as pl
 import pytest
 
+from bench.dashboard_cardinality import (REFRESHES, dependencies, generate, post_callback, refresh_body,
+                                         refresh_dependency)
 from servelens.analytics import sources
 from servelens.analytics.reports.registry import REPORTS
-from bench.dashboard_cardinality import (REFRESHES, dependencies, generate, post_callback, refresh_body,
-                                        refresh_dependency)
 from servelens.dashboard import components, data
 from servelens.dashboard.app import create_app
 from servelens.dashboard.guard import Guard

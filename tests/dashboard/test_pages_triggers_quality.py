@@ -19,12 +19,12 @@ from typing import Any
 import pytest
 from selenium.webdriver.common.by import By
 
+from bench.history import HOUR, Traffic, insert
 from servelens.analytics.query import iso
 from servelens.analytics.triggers import engine
 from servelens.dashboard import data
 from servelens.dashboard.app import create_app
 from servelens.dashboard.components import pct
-from bench.history import HOUR, Traffic, insert
 from tests.dashboard.conftest import PRICING
 from tests.dashboard.test_browser import CHROMEDRIVER, CHROMIUM, _text, browser  # noqa: F401 - the fixture
 from tests.dashboard.test_pages import _finish, _open, _plots, _row, _wait

@@ -23,15 +23,16 @@ from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
-from servelens.analytics.reports import registry as reports, traces_search
 from bench.dashboard_cardinality import dependencies, post_callback, refresh_body, refresh_dependency
-from servelens.dashboard import data, traces_links
-from servelens.dashboard.components import ms, usd
+from servelens.analytics.reports import registry as reports
+from servelens.analytics.reports import traces_search
 from servelens.core.migrate import migrate
 from servelens.core.store import Store
+from servelens.dashboard import data, traces_links
+from servelens.dashboard.components import ms, usd
 from tests.dashboard.conftest import PRICES, http, make_traffic, send
-from tests.dashboard.test_hardening import HOSTILE_FILTERS, HOSTILE_VALUES
 from tests.dashboard.test_browser import CHROMEDRIVER, CHROMIUM, browser  # noqa: F401 - the fixture
+from tests.dashboard.test_hardening import HOSTILE_FILTERS, HOSTILE_VALUES
 
 RAG = "rag-api"
 TRAFFIC = make_traffic(30, seed=31, ago=(120, 20 * 3600))

@@ -15,21 +15,8 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from tests.fuzz import strategies as fz
-from tests.fuzz.harness import (
-    JSON,
-    PB,
-    SIGNALS,
-    Grpc,
-    Pool,
-    assert_grpc_answer,
-    assert_http_answer,
-    canaries_stored,
-    canary,
-    examples,
-    post,
-    settle,
-    stored_for_service,
-)
+from tests.fuzz.harness import (JSON, PB, SIGNALS, Grpc, Pool, assert_grpc_answer, assert_http_answer, canaries_stored,
+                                canary, examples, post, settle, stored_for_service)
 
 pytestmark = [pytest.mark.fuzz, pytest.mark.integration]
 

@@ -22,6 +22,7 @@ from typing import Any
 
 from servelens.analytics.query import QueryError, parse_time
 from servelens.analytics.sql import Fragment
+from servelens.core.store import StoreLike
 
 MAX_ITEMS = 10_000  # per request: bounds the memory and the size of one insert
 MAX_TEXT = 256  # name and label
@@ -197,7 +198,7 @@ def _deeper_than(node: Any, limit: int) -> bool:
 Times = dict[tuple[str, ...], datetime]
 
 
-def _known_times(store: Any, items: list[Item]) -> tuple[Times, Times]:
+def _known_times(store: StoreLike, items: list[Item]) -> tuple[Times, Times]:
     """Linked request times ((trace, span), and (trace, '') for the trace's first request)
     and the times already stored per (trace, span, name)."""
     traces = sorted({i.trace_id for i in items})
@@ -216,7 +217,7 @@ def _known_times(store: Any, items: list[Item]) -> tuple[Times, Times]:
     return linked, stored
 
 
-def store_items(store: Any, items: list[Item], now: datetime | None = None) -> int:
+def store_items(store: StoreLike, items: list[Item], now: datetime | None = None) -> int:
     """Insert the items (one insert, one IngestedAt); returns how many were stored."""
     if not items:
         return 0
@@ -234,7 +235,7 @@ def store_items(store: Any, items: list[Item], now: datetime | None = None) -> i
     return len(rows)
 
 
-def ingest(store: Any, body: bytes, tenant: Fragment | None = None, tenant_name: str | None = None) -> int:
+def ingest(store: StoreLike, body: bytes, tenant: Fragment | None = None, tenant_name: str | None = None) -> int:
     """The POST handler's work: parse, validate, store; returns the accepted count.
 
     With `tenant_name` (an ingest token's tenant; `tenant` its SQL expression over
@@ -246,7 +247,7 @@ def ingest(store: Any, body: bytes, tenant: Fragment | None = None, tenant_name:
     return store_items(store, items)
 
 
-def _check_owned(store: Any, items: list[Item], tenant: Fragment, tenant_name: str) -> None:
+def _check_owned(store: StoreLike, items: list[Item], tenant: Fragment, tenant_name: str) -> None:
     traces = sorted({i.trace_id for i in items})
     owned = {row[0] for row in store.client().query(
         f"SELECT DISTINCT TraceId FROM llm_requests WHERE TraceId IN {{t:Array(String)}} "

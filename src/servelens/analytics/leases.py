@@ -11,9 +11,9 @@ import os
 import socket
 import uuid
 from datetime import datetime, timedelta, timezone
-from typing import Any
 
 from servelens.core.config import Settings
+from servelens.core.store import StoreLike
 
 LEASE_SECONDS = 600  # a claim without a result after this long is presumed dead
 HEARTBEAT = "runner:analytics"  # analytics_leases.report of the runners' heartbeats
@@ -29,7 +29,7 @@ def aligned(now: datetime, interval: timedelta) -> datetime:
 
 
 class Leases:
-    def __init__(self, store: Any, owner: str) -> None:
+    def __init__(self, store: StoreLike, owner: str) -> None:
         self._store = store
         self.owner = owner
 
@@ -56,13 +56,13 @@ class Leases:
         return winner is not None and winner[0] == self.owner
 
 
-def heartbeat(store: Any, owner: str, now: datetime) -> None:
+def heartbeat(store: StoreLike, owner: str, now: datetime) -> None:
     """Say that `owner`, a runner that is not on standby, is alive (see runner_alive)."""
     store.client().insert("analytics_leases", [[HEARTBEAT, now, 0, owner, now]],
                           column_names=["report", "until", "attempt", "owner", "acquired_at"])
 
 
-def runner_alive(store: Any, settings: Settings, now: datetime, besides: str) -> bool:
+def runner_alive(store: StoreLike, settings: Settings, now: datetime, besides: str) -> bool:
     """Whether a runner other than `besides` wrote a heartbeat lately: within three
     intervals (a tick's reports may take a while) and a minute of clock skew."""
     fresh = 3 * settings.analytics.interval + timedelta(minutes=1)

@@ -48,7 +48,7 @@ def cached(key: Hashable, compute: Callable[[], T]) -> T:
     return memo[key]  # type: ignore[no-any-return]
 
 
-def key(name: str, store: Any, settings: Any, *parts: Hashable) -> tuple[Hashable, ...]:
+def key(name: str, store: object, settings: Any, *parts: Hashable) -> tuple[Hashable, ...]:
     """A memo key: the function, the store and settings objects (by identity: one run
     uses one of each) and the arguments that shape the result."""
     return (name, id(store), id(settings), *parts)

@@ -30,13 +30,14 @@ from servelens.analytics.leases import Leases, aligned, heartbeat, runner_alive,
 from servelens.analytics.query import DEFAULT_WINDOW, ReportQuery, iso
 from servelens.analytics.reports import registry as reports
 from servelens.analytics.triggers.engine import active_triggers, evaluate_due
-from servelens.core.config import Settings
 from servelens.core import priority
+from servelens.core.config import Settings
+from servelens.core.store import StoreLike
 
 log = logging.getLogger(__name__)
 
 
-def run_all(store: Any, settings: Settings, now: datetime | None = None, scheduled: bool = False,
+def run_all(store: StoreLike, settings: Settings, now: datetime | None = None, scheduled: bool = False,
             owner: str | None = None, stop: threading.Event | None = None) -> dict[str, Any]:
     """{"jobs": {name: {"rows": n, "seconds": s}}} as SPEC 5's analytics/run returns it.
 
@@ -76,7 +77,7 @@ class Scheduler:
     `standby`: the dashboard's scheduler, which runs only while no other runner is alive.
     """
 
-    def __init__(self, store: Any, settings: Settings, dispatcher: Any = None, standby: bool = False) -> None:
+    def __init__(self, store: StoreLike, settings: Settings, dispatcher: Any = None, standby: bool = False) -> None:
         self._store = store
         self._settings = settings
         self._dispatcher = dispatcher

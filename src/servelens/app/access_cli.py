@@ -13,6 +13,7 @@ from typing import Any
 from servelens.core.auth import audit, passwords
 from servelens.core.auth.credentials import CredentialError, Credentials
 from servelens.core.config import ConfigError, Settings
+from servelens.core.store import StoreLike
 
 
 def _actor() -> str:
@@ -56,7 +57,7 @@ def run(args: Any, settings: Settings) -> int:
         store.close()
 
 
-def _users(args: Any, credentials: Credentials, store: Any) -> int:
+def _users(args: Any, credentials: Credentials, store: StoreLike) -> int:
     action = args.users_command
     if action == "list":
         users = sorted(credentials.users().values(), key=lambda u: u.name)
@@ -77,7 +78,7 @@ def _users(args: Any, credentials: Credentials, store: Any) -> int:
     return 0
 
 
-def _tokens(args: Any, credentials: Credentials, store: Any) -> int:
+def _tokens(args: Any, credentials: Credentials, store: StoreLike) -> int:
     from servelens.dashboard.admin_api import parse_expiry
 
     action = args.tokens_command

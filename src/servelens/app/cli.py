@@ -16,6 +16,7 @@ from typing import Any, Sequence
 
 from servelens import __version__
 from servelens.core.config import ConfigError, Settings, load
+from servelens.core.store import StoreLike
 
 REPORT_FORMATS = ("table", "json", "csv")
 PRICES_FORMATS = ("table", "json")
@@ -277,7 +278,7 @@ def _triggers(args: argparse.Namespace, settings: Settings) -> int:
     def progress(end: datetime, found: int) -> None:
         print(f"  window ending {end.isoformat()}: {found} episodes so far", file=sys.stderr, flush=True)
 
-    def compute(store: Any) -> Any:
+    def compute(store: StoreLike) -> Any:
         if args.triggers_command == "replays":
             found = replays.load(store, args.id) if args.id else {"replays": replays.listing(store)}
             if found is None:

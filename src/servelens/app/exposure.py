@@ -4,14 +4,14 @@ bound to the network never runs open (SPEC 9)."""
 from __future__ import annotations
 
 import os
-from typing import Any
 
 from servelens.core.auth import audit
 from servelens.core.auth.credentials import CredentialError, Credentials, is_loopback
 from servelens.core.config import ConfigError, Settings
+from servelens.core.store import StoreLike
 
 
-def ensure_admin(credentials: Credentials, settings: Settings, store: Any) -> None:
+def ensure_admin(credentials: Credentials, settings: Settings, store: StoreLike) -> None:
     """Bound to a non-loopback address, the dashboard does not run open: with no admin (and
     no single sign-on role mapped to admin) it creates one from SERVELENS_ADMIN_PASSWORD (user SERVELENS_ADMIN_USER, default admin),
     else refuses to start."""

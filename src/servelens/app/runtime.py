@@ -171,9 +171,8 @@ def run(command: str, settings: Settings, demo: bool = False, once: bool = False
         if "ui" in ports:
             print(f"servelens dashboard: {dashboard_url(settings, ports['ui'])}", flush=True)
         if demo and command == "up":
-            from servelens.demo.traffic import DemoTraffic
-
             from servelens.core.tls import pinned_client_context
+            from servelens.demo.traffic import DemoTraffic
 
             # the receiver speaks TLS only where a certificate is set: the demo trusts exactly that one
             tls = pinned_client_context(settings.tls_cert) if settings.tls_cert else None

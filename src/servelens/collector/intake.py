@@ -22,9 +22,9 @@ from servelens.collector.mapping.engine_spans import spans_to_request
 from servelens.collector.mapping.logs import logs_to_rows
 from servelens.collector.mapping.metrics import metrics_to_rows
 from servelens.collector.mapping.spans import Batch, spans_to_rows
+from servelens.collector.pipeline.writer import Writer
 from servelens.collector.telemetry import SelfMetrics
 from servelens.core.auth.credentials import Credentials
-from servelens.collector.pipeline.writer import Writer
 
 # A collector token bound to OPERATOR_TENANT ("*") is the operator's: not scoped to a tenant
 # (its spans keep their own tenant attributes; its GPU and engine metrics count as the fleet's).

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import logging
 
-from servelens.collector.receivers.grpc import GrpcReceiver
-from servelens.collector.receivers.http import HttpReceiver, OtlpHttpApp
 from servelens.collector.intake import Intake
 from servelens.collector.mapping import engine_spans
-from servelens.collector.receivers.scrape import Scrapers
 from servelens.collector.pipeline.spool import Spool
-from servelens.collector.telemetry import SelfMetrics
 from servelens.collector.pipeline.writer import Writer, WriterSettings
+from servelens.collector.receivers.grpc import GrpcReceiver
+from servelens.collector.receivers.http import HttpReceiver, OtlpHttpApp
+from servelens.collector.receivers.scrape import Scrapers
+from servelens.collector.telemetry import SelfMetrics
 from servelens.core.auth.credentials import Credentials
 from servelens.core.config import Settings
 from servelens.core.store import Store

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import logging
 import re
-from importlib import resources
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 
 from clickhouse_connect.driver.client import Client

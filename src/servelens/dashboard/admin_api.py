@@ -13,6 +13,7 @@ import flask
 from servelens.core.auth import audit
 from servelens.core.auth.credentials import CredentialError, Credentials
 from servelens.core.config import parse_duration
+from servelens.core.store import StoreLike
 from servelens.dashboard import access
 
 MAX_BODY = 64 * 1024
@@ -72,7 +73,7 @@ def _tenants(value: Any) -> tuple[str, ...]:
     raise CredentialError("tenants: a tenant name or a list of them")
 
 
-def blueprint(credentials: Credentials, store: Any) -> flask.Blueprint:
+def blueprint(credentials: Credentials, store: StoreLike) -> flask.Blueprint:
     bp = flask.Blueprint("servelens_admin", __name__, url_prefix="/api/v1")
 
     def actor() -> str:

@@ -15,16 +15,18 @@ from werkzeug.exceptions import HTTPException
 
 import servelens
 from servelens.analytics import evaluations, scheduler
-from servelens.analytics.reports import registry as reports, series, traces_search
-from servelens.analytics.query import QueryError, ReportQuery, key_expr
-from servelens.collector.pipeline.spool import quarantine_summary
 from servelens.analytics.plan import capacity, export, jobs, replay
+from servelens.analytics.query import QueryError, ReportQuery, key_expr
+from servelens.analytics.reports import registry as reports
+from servelens.analytics.reports import series, traces_search
 from servelens.analytics.triggers import engine as triggers_engine
 from servelens.analytics.triggers import replay as replays
+from servelens.collector.pipeline.spool import quarantine_summary
 from servelens.core.auth import audit
+from servelens.core.config import Settings
+from servelens.core.store import StoreLike
 from servelens.dashboard import access
 from servelens.dashboard.guard import Guard, Refused
-from servelens.core.config import Settings
 
 log = logging.getLogger(__name__)
 _METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE"]
@@ -51,7 +53,7 @@ def _read_bounded(limit: int) -> bytes | None:
     return b"".join(chunks)
 
 
-def _triggers(store: Any, params: Any, who: access.Principal) -> dict[str, Any]:
+def _triggers(store: StoreLike, params: Any, who: access.Principal) -> dict[str, Any]:
     """SPEC 5 /api/v1/triggers: episodes overlapping [since, until) (default the last 24 h);
     state=active keeps the active ones, state=all (default) every one."""
     q = ReportQuery.from_params({"since": params.get("since"), "until": params.get("until")})
@@ -70,7 +72,7 @@ def _guarded(guard: Guard, what: str, fn: Callable[..., Any], *args: Any) -> Res
         return _error(exc.status, exc.message, {"Retry-After": "1"} if exc.status == 503 else None)
 
 
-def blueprint(settings: Settings, store: Any, collector_stats: Callable[[], dict[str, float]] | None = None,
+def blueprint(settings: Settings, store: StoreLike, collector_stats: Callable[[], dict[str, float]] | None = None,
               guard: Guard | None = None,
               evaluate_triggers: Callable[[], dict[str, Any]] | None = None,
               plan_jobs: jobs.Jobs | None = None) -> Blueprint:

@@ -18,10 +18,11 @@ import flask
 from dash import ALL, Input, Output, State, dcc, html
 
 from servelens.core.auth.credentials import Credentials
+from servelens.core.config import Settings
+from servelens.core.store import StoreLike
 from servelens.dashboard import access, admin_api, api, data, oidc, signin, telemetry, timecharts
 from servelens.dashboard.components import pause_when_hidden
 from servelens.dashboard.guard import Guard
-from servelens.core.config import Settings
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +42,7 @@ _PLACEHOLDERS = {"service": "All services", "deployment": "All deployments",
                  "model": "All models", "tenant": "All tenants"}
 
 
-def create_app(settings: Settings, store: Any,
+def create_app(settings: Settings, store: StoreLike,
                collector_stats: Callable[[], dict[str, float]] | None = None,
                guard: Guard | None = None,
                evaluate_triggers: Callable[[], dict[str, Any]] | None = None,

@@ -17,12 +17,16 @@ from typing import Any, Mapping, Sequence
 import flask
 import polars as pl
 
-from servelens.analytics.reports import overview, registry as reports, series as series_report, traces_search
 from servelens.analytics.plan import jobs
 from servelens.analytics.query import ReportQuery, key_expr
+from servelens.analytics.reports import overview
+from servelens.analytics.reports import registry as reports
+from servelens.analytics.reports import series as series_report
+from servelens.analytics.reports import traces_search
 from servelens.analytics.triggers import engine as triggers_engine
 from servelens.core.auth.credentials import OPEN, Principal
 from servelens.core.config import Settings
+from servelens.core.store import StoreLike
 from servelens.dashboard import access
 from servelens.dashboard.guard import Forbidden, Guard
 
@@ -139,7 +143,7 @@ class Filters:
 class DataSource:
     """What pages read, bound to one Settings and Store."""
 
-    def __init__(self, settings: Settings, store: Any, guard: Guard | None = None) -> None:
+    def __init__(self, settings: Settings, store: StoreLike, guard: Guard | None = None) -> None:
         self.settings = settings
         self._store = store
         self.guard = guard or Guard()

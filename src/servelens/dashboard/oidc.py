@@ -41,6 +41,7 @@ from authlib.integrations.flask_client import OAuth
 from servelens.core.auth import audit
 from servelens.core.auth.credentials import Credentials, Principal
 from servelens.core.config import ConfigError, OidcConfig, Settings
+from servelens.core.store import StoreLike
 from servelens.dashboard import access, signin
 from servelens.dashboard.telemetry import DashboardMetrics
 
@@ -54,7 +55,7 @@ _NAME_MAX = 128
 _REFUSALS = {400: "bad_callback", 403: "no_role", 502: "provider_error"}
 
 
-def blueprint(settings: Settings, credentials: Credentials, store: Any,
+def blueprint(settings: Settings, credentials: Credentials, store: StoreLike,
               metrics: DashboardMetrics) -> flask.Blueprint | None:
     """The sign-in routes of auth.oidc, or None where no provider is configured."""
     config = settings.auth.oidc

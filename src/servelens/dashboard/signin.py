@@ -26,6 +26,7 @@ import flask
 from servelens.core.auth import audit
 from servelens.core.auth.credentials import Credentials
 from servelens.core.config import Settings
+from servelens.core.store import StoreLike
 from servelens.dashboard import access
 from servelens.dashboard.telemetry import DashboardMetrics
 
@@ -78,7 +79,7 @@ class Limiter:
 AFTER_SIGN_OUT = "after_sign_out"
 
 
-def blueprint(settings: Settings, credentials: Credentials, store: Any, metrics: DashboardMetrics) -> flask.Blueprint:
+def blueprint(settings: Settings, credentials: Credentials, store: StoreLike, metrics: DashboardMetrics) -> flask.Blueprint:
     bp = flask.Blueprint("servelens_signin", __name__)
     limiter = Limiter(settings.auth.max_failed_signins, settings.auth.lockout.total_seconds())
     verifying = threading.BoundedSemaphore(MAX_VERIFYING)

@@ -29,10 +29,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
-from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
-    ExportMetricsServiceRequest,
-    ExportMetricsServiceResponse,
-)
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (ExportMetricsServiceRequest,
+                                                                          ExportMetricsServiceResponse)
 
 log = logging.getLogger(__name__)
 

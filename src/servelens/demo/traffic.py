@@ -47,7 +47,8 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from servelens.core import keys
-from servelens.demo.gpus import HOSTS as GPU_HOSTS, GpuFleet
+from servelens.demo.gpus import HOSTS as GPU_HOSTS
+from servelens.demo.gpus import GpuFleet
 
 log = logging.getLogger(__name__)
 

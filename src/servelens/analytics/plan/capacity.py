@@ -32,6 +32,7 @@ from typing import Any, Mapping
 from servelens.analytics.plan import queueing
 from servelens.analytics.plan.workload import Workload, measure, plan_window
 from servelens.analytics.query import QueryError, iso
+from servelens.core.store import StoreLike
 
 TARGETS = ("p99_queue_ms", "p99_ttft_ms", "p99_latency_ms")
 MAX_CALIBRATED_SLOTS = 4096
@@ -134,7 +135,7 @@ def _ms(seconds: float) -> float | None:
     return round(seconds * 1000, 3) if math.isfinite(seconds) else None
 
 
-def plan(store: Any, settings: Any, params: Mapping[str, Any], now: datetime | None = None) -> dict[str, Any]:
+def plan(store: StoreLike, settings: Any, params: Mapping[str, Any], now: datetime | None = None) -> dict[str, Any]:
     """The SPEC 5 plan/capacity document for `params` (deployment, target, traffic_x,
     input_x, output_x, gpu_hourly_usd, replicas, since, until)."""
     deployment, since, until = plan_window(params, now)

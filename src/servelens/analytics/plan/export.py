@@ -20,11 +20,12 @@ import polars as pl
 from servelens.analytics.plan.replay import load
 from servelens.analytics.plan.workload import plan_window
 from servelens.analytics.query import QueryError
+from servelens.core.store import StoreLike
 
 FORMATS = ("servelens", "vidur")
 
 
-def export(store: Any, params: Mapping[str, Any], now: datetime | None = None) -> tuple[str, str]:
+def export(store: StoreLike, params: Mapping[str, Any], now: datetime | None = None) -> tuple[str, str]:
     """(file name, CSV text) for `params` (deployment, since, until, format)."""
     deployment, since, until = plan_window(params, now)
     fmt = params.get("format") or "servelens"

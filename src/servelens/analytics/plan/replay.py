@@ -28,6 +28,7 @@ from servelens.analytics.plan.simulate import Autoscaling, Server, fit_step_time
 from servelens.analytics.plan.workload import DEPLOYMENT_WINDOW, measure, plan_window
 from servelens.analytics.query import QueryError, _ns, iso, json_safe
 from servelens.analytics.sources import frame
+from servelens.core.store import StoreLike
 
 MAX_REQUESTS = 5_000_000  # a week at ~8 req/s; beyond it narrow the window (a trace is held in memory)
 DEFAULT_MAX_SEQS = 256  # vLLM's max_num_seqs default, when the engine reports no running sequences
@@ -73,7 +74,7 @@ class Trace:
         return (t - _ns(self.since)) / 1e9
 
 
-def load(store: Any, deployment: str, since: datetime, until: datetime,
+def load(store: StoreLike, deployment: str, since: datetime, until: datetime,
          max_requests: int = MAX_REQUESTS) -> Trace:
     p = {"deployment": deployment, "lo": _ns(since), "hi": _ns(until)}
     n = int(frame(store, _COUNT, p).get_column("n")[0])
@@ -252,7 +253,7 @@ def check(params: Mapping[str, Any], settings: Any) -> None:
     _autoscaling(params, autoscaling_defaults(settings))
 
 
-def replay(store: Any, settings: Any, params: Mapping[str, Any], now: datetime | None = None,
+def replay(store: StoreLike, settings: Any, params: Mapping[str, Any], now: datetime | None = None,
            progress: Callable[[float], None] | None = None) -> dict[str, Any]:
     """The replay document: the fitted server, the backtest at the measured capacity, and the
     what-if asked (replicas, autoscaling, traffic_x, gpu_hourly_usd, queue_budget_ms)."""

@@ -19,11 +19,11 @@ from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from servelens.analytics.reports import utilization
 from servelens.analytics import sql
 from servelens.analytics.query import QueryError, ReportQuery, _ns, json_safe, parse_time
+from servelens.analytics.reports import utilization
 from servelens.analytics.sources import frame
-
+from servelens.core.store import StoreLike
 
 DEFAULT_WINDOW = timedelta(days=7)  # what a plan measures unless since/until say otherwise
 
@@ -113,7 +113,7 @@ _ENGINE = f"""
           GROUP BY Instance)"""
 
 
-def measure(store: Any, settings: Any, deployment: str, since: datetime, until: datetime) -> Workload:
+def measure(store: StoreLike, settings: Any, deployment: str, since: datetime, until: datetime) -> Workload:
     """The deployment's workload in the busiest hour of [since, until)."""
     p = {"deployment": deployment, "lo": _ns(since), "hi": _ns(until)}
     peak = frame(store, _PEAK, p)
@@ -150,7 +150,7 @@ def measure(store: Any, settings: Any, deployment: str, since: datetime, until: 
         cached_share=None if cached is None else float(cached), notes=tuple(notes))
 
 
-def _gpus(store: Any, settings: Any, deployment: str, since: datetime, until: datetime) -> tuple[int | None, float | None]:
+def _gpus(store: StoreLike, settings: Any, deployment: str, since: datetime, until: datetime) -> tuple[int | None, float | None]:
     if settings.deployment(deployment) is None:
         return None, None
     rows = utilization.report(store, settings, ReportQuery(since, until, by="deployment"))

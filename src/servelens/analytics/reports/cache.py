@@ -20,8 +20,6 @@ The what-if "hit rate + N points" is Tier A's (plan capacity, `cache_hit_points`
 
 from __future__ import annotations
 
-from typing import Any
-
 import polars as pl
 
 from servelens.analytics import sql
@@ -31,6 +29,7 @@ from servelens.analytics.reports import cost
 from servelens.analytics.sources import frame
 from servelens.analytics.sources import requests as loader
 from servelens.core.config import Settings
+from servelens.core.store import StoreLike
 
 DEFAULT_BY = "model"
 CACHE_HIT_ATTRIBUTE = "app.cache.hit"
@@ -76,7 +75,7 @@ _RESPONSE = f"""
     GROUP BY service"""
 
 
-def provider_rows(store: Any, settings: Settings, q: ReportQuery) -> pl.DataFrame:
+def provider_rows(store: StoreLike, settings: Settings, q: ReportQuery) -> pl.DataFrame:
     catalog = Catalog.of(settings.pricing.models, settings.pricing.catalog)
     cuts = catalog.cuts(q.since, q.until)
     groups = loader.cost_groups(store, settings, q, cuts)
@@ -111,7 +110,7 @@ def provider_rows(store: Any, settings: Settings, q: ReportQuery) -> pl.DataFram
     )
 
 
-def prefix_rows(store: Any, settings: Settings, q: ReportQuery) -> pl.DataFrame:
+def prefix_rows(store: StoreLike, settings: Settings, q: ReportQuery) -> pl.DataFrame:
     bounds = q.bounds()
     counts = frame(store, _PREFIX, bounds)
     if counts.is_empty():
@@ -140,7 +139,7 @@ def prefix_rows(store: Any, settings: Settings, q: ReportQuery) -> pl.DataFrame:
     return pl.DataFrame(rows, schema=SCHEMA)
 
 
-def response_rows(store: Any, settings: Settings, q: ReportQuery) -> pl.DataFrame:
+def response_rows(store: StoreLike, settings: Settings, q: ReportQuery) -> pl.DataFrame:
     found = frame(store, _RESPONSE, q.bounds())
     if found.is_empty():
         return pl.DataFrame(schema=SCHEMA)
@@ -158,7 +157,7 @@ def response_rows(store: Any, settings: Settings, q: ReportQuery) -> pl.DataFram
     return rows.select(list(SCHEMA)).cast(SCHEMA)
 
 
-def report(store: Any, settings: Settings, q: ReportQuery) -> pl.DataFrame:
+def report(store: StoreLike, settings: Settings, q: ReportQuery) -> pl.DataFrame:
     q = q.with_by(q.by or DEFAULT_BY)
     return pl.concat([provider_rows(store, settings, q), prefix_rows(store, settings, q),
                       response_rows(store, settings, q)], how="vertical")

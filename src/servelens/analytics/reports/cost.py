@@ -30,6 +30,7 @@ from servelens.analytics.pricing import SOURCE_CONFIG, SOURCE_GENAI, Catalog, ep
 from servelens.analytics.query import ReportQuery
 from servelens.analytics.sources import requests as loader
 from servelens.core.config import Settings
+from servelens.core.store import StoreLike
 
 DEFAULT_BY = "tenant"
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
@@ -134,7 +135,7 @@ def priced(groups: pl.LazyFrame, prices: pl.LazyFrame, gpu: pl.LazyFrame) -> pl.
     )
 
 
-def gpu_allocation(store: Any, settings: Settings, q: ReportQuery) -> pl.DataFrame:
+def gpu_allocation(store: StoreLike, settings: Settings, q: ReportQuery) -> pl.DataFrame:
     """Per self-hosted deployment: the cost to share (busy, or provisioned when fully
     loaded), the token weights, and the weighted token total of the whole window
     (analytics.gpu_cost.allocation)."""
@@ -149,7 +150,7 @@ def gpu_allocation(store: Any, settings: Settings, q: ReportQuery) -> pl.DataFra
                                costs.select("deployment", gpu_cost.to_share(q.view == "fully_loaded")), tokens)
 
 
-def costed_groups(store: Any, settings: Settings, q: ReportQuery) -> pl.LazyFrame:
+def costed_groups(store: StoreLike, settings: Settings, q: ReportQuery) -> pl.LazyFrame:
     """Token groups of the window with their cost (the input of cost and cost-change)."""
     catalog = Catalog.of(settings.pricing.models, settings.pricing.catalog)
     cuts = catalog.cuts(q.since, q.until)
@@ -206,7 +207,7 @@ def with_outcomes(rows: pl.LazyFrame, outcomes: pl.LazyFrame) -> pl.LazyFrame:
     )
 
 
-def report(store: Any, settings: Settings, q: ReportQuery) -> pl.DataFrame:
+def report(store: StoreLike, settings: Settings, q: ReportQuery) -> pl.DataFrame:
     by = q.by or DEFAULT_BY
     q = q.with_by(by)
     rows = rollup(costed_groups(store, settings, q), by)
@@ -215,7 +216,7 @@ def report(store: Any, settings: Settings, q: ReportQuery) -> pl.DataFrame:
     return rows.collect()
 
 
-def request_costs(store: Any, settings: Settings, q: ReportQuery, requests: list[dict[str, Any]],
+def request_costs(store: StoreLike, settings: Settings, q: ReportQuery, requests: list[dict[str, Any]],
                   gpu: pl.DataFrame | None = None) -> list[float | None]:
     """Each request's cost as the cost report prices it over q's window, for a handful of
     requests (one trace, one page of search results). A request is a dict with model,

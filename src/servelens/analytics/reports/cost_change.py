@@ -56,9 +56,10 @@ from typing import Any, Callable, Hashable, Sequence
 
 import polars as pl
 
-from servelens.analytics.reports import cost
 from servelens.analytics.query import ReportQuery
+from servelens.analytics.reports import cost
 from servelens.core.config import Settings
+from servelens.core.store import StoreLike
 
 DRIVERS = ("volume", "retries", "model_mix", "input_length", "output_length", "errors", "price")
 PREVIOUS, CURRENT = 0, 1
@@ -235,12 +236,12 @@ def driver_rows(totals: pl.DataFrame, by: str | None) -> pl.DataFrame:
     return result.rename({"key": by}) if by else result.drop("key")
 
 
-def load(store: Any, settings: Settings, q: ReportQuery) -> pl.LazyFrame:
+def load(store: StoreLike, settings: Settings, q: ReportQuery) -> pl.LazyFrame:
     """Both windows' costed groups, tagged 0 (previous) and 1 (current)."""
     windows = [cost.costed_groups(store, settings, w).select(_GROUP_COLUMNS).with_columns(pl.lit(i).alias("window"))
                for i, w in ((PREVIOUS, previous_window(q)), (CURRENT, q))]
     return pl.concat(windows)
 
 
-def report(store: Any, settings: Settings, q: ReportQuery) -> pl.DataFrame:
+def report(store: StoreLike, settings: Settings, q: ReportQuery) -> pl.DataFrame:
     return driver_rows(load(store, settings, q).pipe(cell_totals).collect(), q.by)

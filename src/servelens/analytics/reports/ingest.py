@@ -21,13 +21,14 @@ from servelens.analytics.sources import frame
 from servelens.analytics.sql import window
 from servelens.collector.mapping.dialects import sql_is_request
 from servelens.core.config import Settings
+from servelens.core.store import StoreLike
 
 DEFAULT_BY = None
 GENAI_LOOKING = r"(?i)token|model|usage"
 MAX_KEYS = 10  # unrecognized keys shown per service
 
 
-def report(store: Any, settings: Settings, q: ReportQuery) -> pl.DataFrame:
+def report(store: StoreLike, settings: Settings, q: ReportQuery) -> pl.DataFrame:
     in_window = window().sql
     params: dict[str, Any] = q.bounds()
     service = ""

@@ -32,6 +32,7 @@ from servelens.analytics.query import ReportQuery
 from servelens.analytics.sources import genai_metrics
 from servelens.analytics.sources import requests as loader
 from servelens.core.config import Settings
+from servelens.core.store import StoreLike
 
 DEFAULT_BY = "model"
 QUANTILES = (0.5, 0.95, 0.99)
@@ -140,7 +141,7 @@ def _pick(hists: pl.DataFrame, service: str, model: str, single_model: bool) -> 
     return mine.clear()
 
 
-def metric_ttft(store: Any, settings: Settings, q: ReportQuery, keys: list[str]) -> dict[str, dict[str, Any]]:
+def metric_ttft(store: StoreLike, settings: Settings, q: ReportQuery, keys: list[str]) -> dict[str, dict[str, Any]]:
     """Row key -> estimated TTFT columns, for the `keys` (rows without span TTFT) whose
     population a histogram describes exactly (module docstring)."""
     pairs = loader.ttft_pairs(store, settings, q)
@@ -189,7 +190,7 @@ def with_metric_ttft(rows: pl.DataFrame, by: str, estimates: dict[str, dict[str,
     return rows.update(patch, on=by, how="left", include_nulls=False)
 
 
-def report(store: Any, settings: Settings, q: ReportQuery) -> pl.DataFrame:
+def report(store: StoreLike, settings: Settings, q: ReportQuery) -> pl.DataFrame:
     by = q.by or DEFAULT_BY
     q = q.with_by(by)
     rows = shape(loader.latency_groups(store, settings, q).lazy(), by).collect()

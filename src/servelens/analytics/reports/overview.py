@@ -2,28 +2,27 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import polars as pl
 
-from servelens.analytics.reports import cost, stages
 from servelens.analytics.query import ReportQuery
+from servelens.analytics.reports import cost, stages
 from servelens.analytics.sources import gpus
 from servelens.analytics.sources import requests as loader
 from servelens.core.config import Settings
+from servelens.core.store import StoreLike
 
 
-def report(store: Any, settings: Settings, q: ReportQuery) -> pl.DataFrame:
+def report(store: StoreLike, settings: Settings, q: ReportQuery) -> pl.DataFrame:
     return headline(store, settings, q).with_columns(pl.lit(binding(store, settings, q)).alias("binding_constraint"))
 
 
-def binding(store: Any, settings: Settings, q: ReportQuery) -> str | None:
+def binding(store: StoreLike, settings: Settings, q: ReportQuery) -> str | None:
     """The binding constraint: per trace, so the costliest part of the report at scale
     (the dashboard asks for it on its own, beside the other numbers)."""
     return stages.binding_stage(stages.report(store, settings, q.with_by("deployment")))
 
 
-def headline(store: Any, settings: Settings, q: ReportQuery) -> pl.DataFrame:
+def headline(store: StoreLike, settings: Settings, q: ReportQuery) -> pl.DataFrame:
     """The report without the binding constraint (null there)."""
     q = q.with_by(None)
     totals = loader.overview_totals(store, settings, q).row(0, named=True)

@@ -22,6 +22,7 @@ from servelens.analytics.query import MIN_TIME, QueryError, ReportQuery, _ns, ke
 from servelens.analytics.sources import frame
 from servelens.analytics.sql import length_class, window
 from servelens.core.config import EvaluationConfig, Settings
+from servelens.core.store import StoreLike
 
 SLICE_KEYS = ("task_type", "language", "length_class", "model", "deployment", "tenant")
 DEFAULT_BY = "task_type"
@@ -99,7 +100,7 @@ def _sql(exprs: dict[str, str], keys: list[str], filters: list[str], bucket_s: i
     {f"GROUP BY {group}" if group else ""}"""
 
 
-def slice_table(store: Any, settings: Settings, since: datetime, until: datetime, keys: list[str],
+def slice_table(store: StoreLike, settings: Settings, since: datetime, until: datetime, keys: list[str],
                 filters: Mapping[str, str] | None = None, bucket_s: int | None = None) -> pl.DataFrame:
     """One row per slice with evaluations in [since, until): the key columns, `evaluations`,
     `passed` and `mean_score` (null when no result had a score). No keys: one aggregate row.
@@ -175,7 +176,7 @@ def shape(window: pl.DataFrame, baseline: pl.DataFrame, keys: list[str]) -> pl.D
     )
 
 
-def report(store: Any, settings: Settings, q: ReportQuery) -> pl.DataFrame:
+def report(store: StoreLike, settings: Settings, q: ReportQuery) -> pl.DataFrame:
     keys = parse_keys(q.by)
     window = slice_table(store, settings, q.since, q.until, keys, q.filters)
     baseline = slice_table(store, settings, q.since - settings.triggers.baseline, q.since, keys, q.filters)

@@ -8,10 +8,11 @@ from typing import Any, Callable, Mapping
 
 import polars as pl
 
+from servelens.analytics.query import QueryError, ReportQuery, iso
 from servelens.analytics.reports import (cache, cost, cost_change, ingest, latency, overview, quality, reliability, slo,
                                          stages, utilization, workload)
-from servelens.analytics.query import QueryError, ReportQuery, iso
 from servelens.core.config import Settings
+from servelens.core.store import StoreLike
 
 Job = Callable[[Any, Settings, ReportQuery], pl.DataFrame]
 
@@ -31,14 +32,14 @@ REPORTS: dict[str, tuple[Job, str | None]] = {
 }
 
 
-def compute(name: str, store: Any, settings: Settings, q: ReportQuery) -> pl.DataFrame:
+def compute(name: str, store: StoreLike, settings: Settings, q: ReportQuery) -> pl.DataFrame:
     if name not in REPORTS:
         raise QueryError(f"unknown report {name!r}; available: {sorted(REPORTS)}")
     job, default_by = REPORTS[name]
     return job(store, settings, q if q.by or not default_by else q.with_by(default_by))
 
 
-def run(name: str, store: Any, settings: Settings, params: Mapping[str, Any]) -> dict[str, Any]:
+def run(name: str, store: StoreLike, settings: Settings, params: Mapping[str, Any]) -> dict[str, Any]:
     """The API/CLI document: {"report", "since", "until", "rows"}."""
     if name not in REPORTS:
         raise QueryError(f"unknown report {name!r}; available: {sorted(REPORTS)}")

@@ -8,13 +8,12 @@ service that falls back to another deployment is judged against its own primary.
 
 from __future__ import annotations
 
-from typing import Any
-
 import polars as pl
 
 from servelens.analytics.query import ReportQuery
 from servelens.analytics.sources import traffic as loader
 from servelens.core.config import Settings
+from servelens.core.store import StoreLike
 
 DEFAULT_BY = "service"
 
@@ -64,7 +63,7 @@ def shape(groups: pl.LazyFrame, budgets: pl.LazyFrame, by: str) -> pl.LazyFrame:
     )
 
 
-def report(store: Any, settings: Settings, q: ReportQuery) -> pl.DataFrame:
+def report(store: StoreLike, settings: Settings, q: ReportQuery) -> pl.DataFrame:
     q = ReportQuery(q.since, q.until, q.by or DEFAULT_BY, q.filters)
     groups = loader.reliability_groups(store, settings, q)
     mix = loader.deployment_mix(store, settings, q)

@@ -15,14 +15,15 @@ from typing import Any, Callable
 
 import polars as pl
 
-from servelens.analytics.reports import cost, quality
 from servelens.analytics import memo
-from servelens.analytics.sources import rollups
 from servelens.analytics.pricing import Catalog
 from servelens.analytics.query import QueryError, ReportQuery
+from servelens.analytics.reports import cost, quality
 from servelens.analytics.sources import frame, gpus
 from servelens.analytics.sources import requests as loader
+from servelens.analytics.sources import rollups
 from servelens.core.config import Settings
+from servelens.core.store import StoreLike
 
 BUCKETS = {"1m": 60, "5m": 300, "15m": 900, "1h": 3600, "6h": 21600, "1d": 86400}
 MAX_POINTS = 360  # auto picks the finest bucket that keeps a series under this
@@ -66,7 +67,7 @@ def _name(seconds: int) -> str:
     return next(k for k, v in BUCKETS.items() if v == seconds)
 
 
-def series(store: Any, settings: Settings, metric: str, q: ReportQuery, bucket: str | None = None) -> dict[str, Any]:
+def series(store: StoreLike, settings: Settings, metric: str, q: ReportQuery, bucket: str | None = None) -> dict[str, Any]:
     if metric not in METRICS:
         raise QueryError(f"unknown metric {metric!r}; available: {sorted(METRICS)}")
     seconds = bucket_seconds(bucket, q)
@@ -82,7 +83,7 @@ def series(store: Any, settings: Settings, metric: str, q: ReportQuery, bucket: 
     return {"metric": metric, "bucket": _name(seconds), **_shape(points, q, seconds, metric)}
 
 
-def _request_points(store: Any, settings: Settings, q: ReportQuery, seconds: int, value: pl.Expr) -> pl.DataFrame:
+def _request_points(store: StoreLike, settings: Settings, q: ReportQuery, seconds: int, value: pl.Expr) -> pl.DataFrame:
     # A small window sketches its raw rows: cheaper than merging the rollup's states when a
     # rollup row holds about one request (tens of thousands of models or regions a minute).
     # (the window's request count is read once per run, not once per line of a chart)
@@ -100,7 +101,7 @@ def _request_points(store: Any, settings: Settings, q: ReportQuery, seconds: int
                     value.cast(pl.Float64).alias("value")))
 
 
-def _cost_points(store: Any, settings: Settings, q: ReportQuery, seconds: int, metric: str) -> pl.DataFrame:
+def _cost_points(store: StoreLike, settings: Settings, q: ReportQuery, seconds: int, metric: str) -> pl.DataFrame:
     catalog = Catalog.of(settings.pricing.models, settings.pricing.catalog)
     cuts = catalog.cuts(q.since, q.until)
     groups = loader.cost_groups(store, settings, q, cuts, bucket_s=seconds)
@@ -121,7 +122,7 @@ def _cost_points(store: Any, settings: Settings, q: ReportQuery, seconds: int, m
                       value.cast(pl.Float64).alias("value"))
 
 
-def _gpu_points(store: Any, settings: Settings, q: ReportQuery, seconds: int, metric: str) -> pl.DataFrame:
+def _gpu_points(store: StoreLike, settings: Settings, q: ReportQuery, seconds: int, metric: str) -> pl.DataFrame:
     per = gpus.per_bucket(store, settings, q, seconds)
     if not per.height:
         return _EMPTY
@@ -155,7 +156,7 @@ def _gpu_points(store: Any, settings: Settings, q: ReportQuery, seconds: int, me
     return out.rename({"bucket": "t"}).with_columns(pl.col("_weight").cast(pl.Float64))
 
 
-def _pass_points(store: Any, settings: Settings, q: ReportQuery, seconds: int) -> pl.DataFrame:
+def _pass_points(store: StoreLike, settings: Settings, q: ReportQuery, seconds: int) -> pl.DataFrame:
     """Pass rate per bucket (of the slice keys, `by` may be one), as the quality report
     counts it (analytics/reports/quality.py)."""
     keys = quality.parse_keys(q.by) if q.by else []
@@ -207,7 +208,7 @@ def _iso(t: int) -> str:
     return datetime.fromtimestamp(t, timezone.utc).isoformat().replace("+00:00", "Z")
 
 
-def run(metric: str, store: Any, settings: Settings, params: dict[str, Any]) -> dict[str, Any]:
+def run(metric: str, store: StoreLike, settings: Settings, params: dict[str, Any]) -> dict[str, Any]:
     """The API document for `GET /api/v1/series/<metric>?by=&bucket=&…filters`."""
     q = ReportQuery.from_params(params)
     return {**series(store, settings, metric, q, params.get("bucket")), **q.window_params()}

@@ -32,11 +32,12 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import polars as pl
 
-from servelens.analytics.reports import series
 from servelens.analytics.query import MIN_TIME, ReportQuery, _ns, iso
+from servelens.analytics.reports import series
 from servelens.analytics.sources import frame
 from servelens.analytics.sql import window
 from servelens.core.config import Settings, SloConfig
+from servelens.core.store import StoreLike
 
 REPORT_WINDOWS = {"1h": timedelta(hours=1), "6h": timedelta(hours=6)}
 PERIOD = "period"  # the window name of an SLO's own period
@@ -102,7 +103,7 @@ def _floor(ns: int) -> int:
     return max(ns, _ns(MIN_TIME))
 
 
-def counts(store: Any, slos: Sequence[SloConfig], until: datetime,
+def counts(store: StoreLike, slos: Sequence[SloConfig], until: datetime,
            windows: Mapping[str, timedelta]) -> dict[str, dict[str, Count]]:
     """Per SLO name, per window name: the requests in [until - length, until). Besides
     `windows`, each SLO gets PERIOD, its own period."""
@@ -142,7 +143,7 @@ _SCHEMA = {"name": pl.String, "service": pl.String, "deployment": pl.String, "ob
            "burn_rate_6h": pl.Float64}
 
 
-def report(store: Any, settings: Settings, q: ReportQuery) -> pl.DataFrame:
+def report(store: StoreLike, settings: Settings, q: ReportQuery) -> pl.DataFrame:
     """The `slo` report: one row per SLO (config order). good, total, attainment and the
     error budget are over the SLO's period ending at q.until, burn rates over the hour and
     the six hours ending there; `since` does not enter (an SLO is judged over its period)."""
@@ -166,7 +167,7 @@ def report(store: Any, settings: Settings, q: ReportQuery) -> pl.DataFrame:
 
 # --- error budget remaining over time ----------------------------------------------------------
 
-def budget_series(store: Any, settings: Settings, q: ReportQuery, bucket_s: int) -> dict[str, Any]:
+def budget_series(store: StoreLike, settings: Settings, q: ReportQuery, bucket_s: int) -> dict[str, Any]:
     """Per SLO in scope: its error budget remaining at the end of each `bucket_s` bucket (one
     of analytics.series.BUCKETS) of
     q's window, over the period ending there (the period as whole buckets, rounded; every

@@ -26,9 +26,10 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from servelens.analytics.reports import cost
 from servelens.analytics.query import ReportQuery, iso
+from servelens.analytics.reports import cost
 from servelens.core.config import Settings, SpendBudget, TriggersConfig
+from servelens.core.store import StoreLike
 
 PERIODS = ("day", "week", "month")
 _JUST_BEFORE = timedelta(microseconds=1)
@@ -73,7 +74,7 @@ class Spend:
 NOTHING = Spend(0.0, 0, 0)  # no request at all: truly nothing spent
 
 
-def spend_by(store: Any, settings: Settings, unit: str, since: datetime, until: datetime) -> dict[str, Spend]:
+def spend_by(store: StoreLike, settings: Settings, unit: str, since: datetime, until: datetime) -> dict[str, Spend]:
     """Per value of `unit` (tenant, feature, team) with requests in [since, until): its spend,
     as the cost report prices it."""
     rows = cost.report(store, settings, ReportQuery(since, until, by=unit))
@@ -127,7 +128,7 @@ def _forecast(spent: Spend, recent: Spend, recent_length: timedelta, left: timed
     return rate, spent.cost_usd + rate * (left / timedelta(days=1)), None
 
 
-def status(store: Any, settings: Settings, until: datetime) -> list[BudgetStatus]:
+def status(store: StoreLike, settings: Settings, until: datetime) -> list[BudgetStatus]:
     """Every budget entry's units in their current period, up to `until`. An entry without
     a key covers each value of its unit seen in the period, except those another entry of
     the same unit and period names (the named entry is that value's budget)."""

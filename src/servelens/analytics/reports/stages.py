@@ -9,13 +9,12 @@ a stage one can act on. Without any budget, nothing is marked binding.
 
 from __future__ import annotations
 
-from typing import Any
-
 import polars as pl
 
 from servelens.analytics.query import QueryError, ReportQuery
 from servelens.analytics.sources import traces as source
 from servelens.core.config import Settings
+from servelens.core.store import StoreLike
 
 DEFAULT_BY = "deployment"
 NEVER_BINDING = ("total",)
@@ -47,7 +46,7 @@ def with_budgets(quantiles: pl.LazyFrame, budgets: pl.LazyFrame, by: str) -> pl.
     )
 
 
-def report(store: Any, settings: Settings, q: ReportQuery) -> pl.DataFrame:
+def report(store: StoreLike, settings: Settings, q: ReportQuery) -> pl.DataFrame:
     by = q.by or DEFAULT_BY
     if by not in ("deployment", "service"):
         raise QueryError("stages are grouped by deployment or service")

@@ -28,11 +28,12 @@ from typing import Any, Mapping
 
 import polars as pl
 
-from servelens.analytics.reports import cost
 from servelens.analytics.pricing import Catalog
 from servelens.analytics.query import QueryError, ReportQuery, iso, key_expr
+from servelens.analytics.reports import cost
 from servelens.analytics.sources import frame
 from servelens.core.config import Settings
+from servelens.core.store import StoreLike
 
 DEFAULT_LIMIT, MAX_LIMIT = 50, 500
 SORTS = ("start", "latency", "ttft", "cost")
@@ -136,12 +137,12 @@ class TraceSearch:
 
 # --- Search ---------------------------------------------------------------------------------
 
-def search(store: Any, settings: Settings, params: Mapping[str, Any]) -> dict[str, Any]:
+def search(store: StoreLike, settings: Settings, params: Mapping[str, Any]) -> dict[str, Any]:
     """SPEC 5's {"traces": [...]} for the query parameters."""
     return {"traces": find(store, settings, TraceSearch.from_params(params))}
 
 
-def find(store: Any, settings: Settings, s: TraceSearch) -> list[dict[str, Any]]:
+def find(store: StoreLike, settings: Settings, s: TraceSearch) -> list[dict[str, Any]]:
     where, params = s.where(settings)
     tenant, tenant_params = key_expr("tenant", settings.attributes)
     params.update(tenant_params)
@@ -178,7 +179,7 @@ def _priced(r: dict[str, Any]) -> dict[str, Any]:
     return {**r, "timestamp": _utc(r["timestamp"])}
 
 
-def _rank(store: Any, settings: Settings, s: TraceSearch, where: str, params: dict[str, Any],
+def _rank(store: StoreLike, settings: Settings, s: TraceSearch, where: str, params: dict[str, Any],
           gpu: pl.DataFrame | None) -> str:
     """The SQL that orders the requests (params gains what it binds)."""
     if s.sort == "latency":
@@ -190,7 +191,7 @@ def _rank(store: Any, settings: Settings, s: TraceSearch, where: str, params: di
     return _cost_rank(store, settings, s, where, params, gpu)
 
 
-def _cost_rank(store: Any, settings: Settings, s: TraceSearch, where: str, params: dict[str, Any],
+def _cost_rank(store: StoreLike, settings: Settings, s: TraceSearch, where: str, params: dict[str, Any],
                gpu: pl.DataFrame | None) -> str:
     """A request's cost in SQL, close enough to rank by: each (model, provider) of the
     window at its price at the window's end (base tier), a self-hosted deployment's
@@ -246,7 +247,7 @@ def parse_trace_id(value: str) -> str:
     return value.lower()
 
 
-def get_trace(store: Any, settings: Settings, trace_id: str) -> dict[str, Any] | None:
+def get_trace(store: StoreLike, settings: Settings, trace_id: str) -> dict[str, Any] | None:
     """SPEC 5's {"trace_id", "spans": [...]} of one trace, or None when it is not stored.
 
     Spans come in waterfall order: each after its parent, siblings by start time (a span

@@ -18,13 +18,12 @@ samples their utilization is unknown (null), and so are busy and idle cost.
 
 from __future__ import annotations
 
-from typing import Any
-
 import polars as pl
 
 from servelens.analytics.query import QueryError, ReportQuery
 from servelens.analytics.sources import gpus as source
 from servelens.core.config import Settings
+from servelens.core.store import StoreLike
 
 DEFAULT_BY = "deployment"
 SINGLE_SAMPLE_SECONDS = 15.0  # one sample stands for one typical scrape interval
@@ -90,16 +89,16 @@ def _window_hours(q: ReportQuery) -> float:
     return (q.until - q.since).total_seconds() / 3600
 
 
-def _gpus(store: Any, settings: Settings, q: ReportQuery) -> pl.LazyFrame:
+def _gpus(store: StoreLike, settings: Settings, q: ReportQuery) -> pl.LazyFrame:
     gpus = source.per_gpu(store, settings, q)
     return (gpus if gpus.height else pl.DataFrame(schema=_GPU_SCHEMA)).lazy()
 
 
-def _gpu_frames(store: Any, settings: Settings, q: ReportQuery) -> tuple[pl.LazyFrame, pl.LazyFrame]:
+def _gpu_frames(store: StoreLike, settings: Settings, q: ReportQuery) -> tuple[pl.LazyFrame, pl.LazyFrame]:
     return _gpus(store, settings, q), source.per_minute(store, settings, q).lazy()
 
 
-def deployment_costs(store: Any, settings: Settings, q: ReportQuery) -> pl.DataFrame:
+def deployment_costs(store: StoreLike, settings: Settings, q: ReportQuery) -> pl.DataFrame:
     """deployment, provisioned_cost_usd, busy_cost_usd, idle_cost_usd (for cost allocation)."""
     if not settings.deployments:
         return pl.DataFrame(schema={"deployment": pl.String, "provisioned_cost_usd": pl.Float64,
@@ -109,7 +108,7 @@ def deployment_costs(store: Any, settings: Settings, q: ReportQuery) -> pl.DataF
             .select("deployment", "provisioned_cost_usd", "busy_cost_usd", "idle_cost_usd").collect())
 
 
-def report(store: Any, settings: Settings, q: ReportQuery) -> pl.DataFrame:
+def report(store: StoreLike, settings: Settings, q: ReportQuery) -> pl.DataFrame:
     by = q.by or DEFAULT_BY
     hours = _window_hours(q)
     if by == "gpu":

@@ -16,13 +16,12 @@ busiest second against a mean second is mostly counting noise at low rates.
 
 from __future__ import annotations
 
-from typing import Any
-
 import polars as pl
 
 from servelens.analytics.query import ReportQuery
 from servelens.analytics.sources import traffic as loader
 from servelens.core.config import Settings
+from servelens.core.store import StoreLike
 
 DEFAULT_BY = "service"
 PEAK_GRANULARITY = "1m"  # peak_to_average's buckets (traffic._arrivals_sql's minutes)
@@ -66,7 +65,7 @@ def shape(groups: pl.LazyFrame, window_ns: int, by: str) -> pl.LazyFrame:
     )
 
 
-def report(store: Any, settings: Settings, q: ReportQuery) -> pl.DataFrame:
+def report(store: StoreLike, settings: Settings, q: ReportQuery) -> pl.DataFrame:
     q = ReportQuery(q.since, q.until, q.by or DEFAULT_BY, q.filters)
     bounds = q.bounds()
     window_ns = bounds["until_ns"] - bounds["since_ns"]

@@ -11,7 +11,6 @@ A bucket that went down (a restart without a new start time) counts from zero to
 
 from __future__ import annotations
 
-
 import polars as pl
 
 from servelens.analytics.query import ReportQuery

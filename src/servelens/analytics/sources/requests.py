@@ -7,10 +7,9 @@ from typing import Any
 import polars as pl
 
 from servelens.analytics import memo
-from servelens.analytics.sources import rollups
 from servelens.analytics.pricing import PriceCuts, epoch_ns
 from servelens.analytics.query import ReportQuery, key_expr
-from servelens.analytics.sources import frame
+from servelens.analytics.sources import frame, rollups
 from servelens.analytics.sql import window
 from servelens.core.config import Settings
 from servelens.core.store import StoreLike

@@ -28,7 +28,6 @@ a window cannot prune it. Within a run of the report jobs the result is shared
 
 from __future__ import annotations
 
-
 import polars as pl
 
 from servelens.analytics import memo

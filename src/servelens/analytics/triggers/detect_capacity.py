@@ -8,9 +8,9 @@ import polars as pl
 from pydantic import Field
 
 from servelens.analytics import gpu_cost
-from servelens.analytics.reports import cost, cost_change, utilization
 from servelens.analytics.pricing import Catalog
 from servelens.analytics.query import ReportQuery, iso
+from servelens.analytics.reports import cost, cost_change, utilization
 from servelens.analytics.triggers import sources, stats
 from servelens.analytics.triggers.base import Evaluation, Finding, detector
 from servelens.analytics.triggers.common import DAY, clean, pct, seasonal, severity

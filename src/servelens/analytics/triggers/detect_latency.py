@@ -9,8 +9,8 @@ import numpy as np
 import polars as pl
 from pydantic import Field, field_validator
 
-from servelens.analytics.reports import reliability
 from servelens.analytics.query import ReportQuery
+from servelens.analytics.reports import reliability
 from servelens.analytics.sources import traffic
 from servelens.analytics.triggers import pooling, power, sources, stats
 from servelens.analytics.triggers.base import Evaluation, Finding, detector

@@ -39,8 +39,8 @@ from typing import Any, Literal
 import polars as pl
 from pydantic import Field, field_validator, model_validator
 
-from servelens.analytics.reports import quality
 from servelens.analytics.query import _ns, iso
+from servelens.analytics.reports import quality
 from servelens.analytics.sources import frame
 from servelens.analytics.sql import window
 from servelens.analytics.triggers.base import Evaluation, Finding, detector

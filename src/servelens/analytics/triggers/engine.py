@@ -23,8 +23,8 @@ from datetime import datetime, timezone
 from typing import Any, Iterable
 
 from servelens.analytics import memo
-from servelens.analytics.query import QueryError, iso
 from servelens.analytics.leases import Leases, aligned, runner_id
+from servelens.analytics.query import QueryError, iso
 from servelens.analytics.triggers import detectors, episodes  # noqa: F401 - detectors registers every kind
 from servelens.analytics.triggers.base import DETECTORS, Evaluation, Finding
 from servelens.core.config import Settings

@@ -16,11 +16,11 @@ import uuid
 from datetime import datetime, timezone
 from typing import Any, Callable, Iterable
 
-from servelens.analytics.query import QueryError, iso
 from servelens.analytics.leases import aligned
+from servelens.analytics.query import QueryError, iso
 from servelens.analytics.triggers import episodes
-from servelens.analytics.triggers.episodes import utc
 from servelens.analytics.triggers.engine import run_detectors, window_at
+from servelens.analytics.triggers.episodes import utc
 from servelens.core.config import Settings
 from servelens.core.store import StoreLike
 

@@ -33,7 +33,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from servelens.collector.mapping.attributes import MAX_TIME_NS, SPAN_ID_BYTES, TRACE_ID_BYTES, UNBOUNDED, TimeWindow
 from servelens.collector.mapping.decode import PayloadError
 from servelens.collector.mapping.spans import PROTOBUF_COLUMNS, Batch, invalid_span
-from servelens.core.store import is_embedded
+from servelens.core.store import StoreLike, is_embedded
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +58,7 @@ _SERVER_SETTINGS = {"format_schema_source": "string", "format_schema": SCHEMA_PA
 MIN_SERVER_VERSION = (25, 6)
 
 
-def resolve(mapping: str, store: Any) -> str:
+def resolve(mapping: str, store: StoreLike) -> str:
     """`collector.trace_mapping` as it runs: "auto" is the engine where the store can parse
     OTLP itself (the embedded engine; a server of MIN_SERVER_VERSION or later), else Python."""
     if mapping != "auto":

@@ -11,7 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from servelens.collector.mapping.attributes import MAX_TIME_NS, SPAN_ID_BYTES, TRACE_ID_BYTES, UNBOUNDED, TimeWindow, to_map
+from servelens.collector.mapping.attributes import (MAX_TIME_NS, SPAN_ID_BYTES, TRACE_ID_BYTES, UNBOUNDED, TimeWindow,
+                                                    to_map)
 
 TRACE_COLUMNS = (
     "Timestamp", "TraceId", "SpanId", "ParentSpanId", "TraceState", "SpanName", "SpanKind",

@@ -16,10 +16,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from servelens.collector.errors import describe, is_data_error
 from servelens.collector.mapping import engine_spans
 from servelens.collector.mapping.decode import PayloadError
 from servelens.collector.mapping.spans import PROTOBUF_COLUMNS, block_rows
-from servelens.collector.errors import describe, is_data_error
 
 # [(table, columns, column-oriented data), ...], as collector.spool keeps it
 Tables = list[tuple[str, tuple[str, ...], list[list[Any]]]]

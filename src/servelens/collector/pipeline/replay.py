@@ -27,13 +27,13 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
-from servelens.core import priority
 from servelens.collector.pipeline.collection import Collection
 from servelens.collector.pipeline.durability import Refusals, report_spool
 from servelens.collector.pipeline.queue import concat
 from servelens.collector.pipeline.retry import RetryStage
 from servelens.collector.pipeline.spool import Spool, SpooledBatch
 from servelens.collector.telemetry import SelfMetrics
+from servelens.core import priority
 from servelens.core.retry import RetryPolicy
 
 log = logging.getLogger(__name__)

@@ -17,9 +17,7 @@ from google.protobuf import duration_pb2
 from google.rpc import error_details_pb2, status_pb2
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceResponse
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceResponse
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
-    ExportTraceServiceResponse,
-)
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
 from servelens.collector.errors import INTERNAL, Answer, answer
 from servelens.collector.intake import Intake, export_response

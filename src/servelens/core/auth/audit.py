@@ -8,11 +8,13 @@ import logging
 from datetime import datetime, timezone
 from typing import Any
 
+from servelens.core.store import StoreLike
+
 log = logging.getLogger(__name__)
 COLUMNS = ("time", "actor", "action", "target", "outcome", "remote", "detail")
 
 
-def record(store: Any, action: str, actor: str = "", target: str = "", outcome: str = "ok",
+def record(store: StoreLike, action: str, actor: str = "", target: str = "", outcome: str = "ok",
            remote: str = "", detail: str = "") -> None:
     row = [datetime.now(timezone.utc), actor[:256], action, target[:256], outcome, remote[:64], detail[:1024]]
     try:
@@ -21,7 +23,7 @@ def record(store: Any, action: str, actor: str = "", target: str = "", outcome: 
         log.warning("audit %s by %r on %r (%s) not stored: %s", action, actor, target, outcome, exc)
 
 
-def recent(store: Any, limit: int = 200) -> list[dict[str, Any]]:
+def recent(store: StoreLike, limit: int = 200) -> list[dict[str, Any]]:
     result = store.client().query(
         f"SELECT {', '.join(COLUMNS)} FROM audit_log ORDER BY time DESC LIMIT {{limit:UInt32}}",
         parameters={"limit": limit})

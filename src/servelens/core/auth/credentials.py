@@ -24,6 +24,7 @@ from typing import Any
 
 from servelens.core.auth import passwords
 from servelens.core.config import Settings
+from servelens.core.store import StoreLike
 
 ROLES = ("admin", "viewer", "tenant", "ingest")
 USER_ROLES = ("admin", "viewer", "tenant")
@@ -123,7 +124,7 @@ def hash_token(raw: str) -> str:
 
 
 class Credentials:
-    def __init__(self, store: Any, settings: Settings, refresh_s: float = REFRESH_S) -> None:
+    def __init__(self, store: StoreLike, settings: Settings, refresh_s: float = REFRESH_S) -> None:
         self.store = store
         self.settings = settings
         self.refresh_s = refresh_s

@@ -10,10 +10,11 @@ import dash
 import plotly.graph_objects as go
 from dash import dcc, html
 
-from servelens.dashboard import data, traces_links
-from servelens.dashboard import timecharts
+from servelens.dashboard import data, timecharts, traces_links
+from servelens.dashboard.components import (CHART_GROUPS, FONT, LOADING, NO_REQUESTS, NULL, card, chart_layout, empty,
+                                            graph, integer, label, page, pct, plain, register_refresh, search_box,
+                                            table, top_table, updated_line, usd)
 from servelens.dashboard.timecharts import CONTROL, Chart, Line
-from servelens.dashboard.components import CHART_GROUPS, FONT, LOADING, NO_REQUESTS, NULL, card, chart_layout, empty, graph, integer, label, page, pct, plain, register_refresh, search_box, table, top_table, updated_line, usd
 
 dash.register_page(__name__, path="/cost", name="Cost", title="Cost · servelens")
 

@@ -13,10 +13,10 @@ import dash
 from dash import html
 
 from servelens.analytics import memo
-from servelens.dashboard import access, data
-from servelens.dashboard import timecharts
+from servelens.dashboard import access, data, timecharts
+from servelens.dashboard.components import (LOADING, NULL, card, empty, integer, page, panel, pct, register_refresh,
+                                            search_box, show, table, top_table, updated_line, usd)
 from servelens.dashboard.timecharts import Chart, Line
-from servelens.dashboard.components import LOADING, NULL, card, empty, integer, page, panel, pct, register_refresh, search_box, show, table, top_table, updated_line, usd
 
 dash.register_page(__name__, path="/gpus", name="GPUs", title="GPUs · servelens")
 

@@ -9,10 +9,11 @@ import dash
 import plotly.graph_objects as go
 from dash import dcc, html
 
-from servelens.dashboard import data, traces_links
-from servelens.dashboard import timecharts
+from servelens.dashboard import data, timecharts, traces_links
+from servelens.dashboard.components import (CHART_GROUPS, LOADING, NO_REQUESTS, badge, chart_layout, empty, graph,
+                                            integer, labels, ms, page, panel, register_refresh, search_box, table,
+                                            top_table, updated_line)
 from servelens.dashboard.timecharts import CONTROL, Chart, Line
-from servelens.dashboard.components import CHART_GROUPS, LOADING, NO_REQUESTS, badge, chart_layout, empty, graph, integer, labels, ms, page, panel, register_refresh, search_box, table, top_table, updated_line
 
 dash.register_page(__name__, path="/latency", name="Latency & stages", title="Latency & stages · servelens")
 

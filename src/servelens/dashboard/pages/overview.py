@@ -8,11 +8,11 @@ import dash
 from dash import html
 
 from servelens.analytics.reports import overview
-from servelens.dashboard import data
-from servelens.dashboard import timecharts
-from servelens.dashboard.timecharts import Chart, Line
 from servelens.collector.pipeline.spool import quarantine_summary
-from servelens.dashboard.components import LOADING, NO_REQUESTS, alert, card, integer, ms, page, panel, pct, register_refresh, search_box, show, top_table, updated_line, usd
+from servelens.dashboard import data, timecharts
+from servelens.dashboard.components import (LOADING, NO_REQUESTS, alert, card, integer, ms, page, panel, pct,
+                                            register_refresh, search_box, show, top_table, updated_line, usd)
+from servelens.dashboard.timecharts import Chart, Line
 
 dash.register_page(__name__, path="/", name="Overview", title="Overview · servelens")
 

@@ -20,8 +20,8 @@ from dash import Input, Output, State, dcc, html
 from servelens.analytics.plan import capacity, jobs, replay
 from servelens.analytics.query import QueryError
 from servelens.dashboard import data
-from servelens.dashboard.components import LOADING, empty, integer, ms, page, panel, pct, plain, register_refresh, table, usd
-from servelens.dashboard.components import updated_line
+from servelens.dashboard.components import (LOADING, empty, integer, ms, page, panel, pct, plain, register_refresh,
+                                            table, updated_line, usd)
 
 dash.register_page(__name__, path="/plan", name="Plan", title="Plan · servelens")
 

@@ -10,10 +10,11 @@ import dash
 import plotly.graph_objects as go
 from dash import dcc, html
 
-from servelens.dashboard import data
-from servelens.dashboard import timecharts
+from servelens.dashboard import data, timecharts
+from servelens.dashboard.components import (BADGES, LOADING, SERIES_COLORS, chart_layout, empty, graph, integer, label,
+                                            page, panel, pct, plain, register_refresh, search_box, top_table,
+                                            updated_line)
 from servelens.dashboard.timecharts import CONTROL, Chart, Line
-from servelens.dashboard.components import BADGES, LOADING, SERIES_COLORS, chart_layout, empty, graph, integer, label, page, panel, pct, plain, register_refresh, search_box, top_table, updated_line
 
 dash.register_page(__name__, path="/quality", name="Quality", title="Quality · servelens")
 

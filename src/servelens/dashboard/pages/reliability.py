@@ -10,10 +10,11 @@ import dash
 import plotly.graph_objects as go
 from dash import html
 
-from servelens.dashboard import data
-from servelens.dashboard import timecharts
+from servelens.dashboard import data, timecharts
+from servelens.dashboard.components import (BADGES, LOADING, NO_REQUESTS, NULL, SERIES_COLORS, empty, graph, integer,
+                                            metric_bars, ms, page, panel, pct, plain, register_refresh, search_box,
+                                            top_table, updated_line)
 from servelens.dashboard.timecharts import Chart, Line
-from servelens.dashboard.components import BADGES, LOADING, NO_REQUESTS, NULL, SERIES_COLORS, empty, graph, integer, metric_bars, ms, page, panel, pct, plain, register_refresh, search_box, top_table, updated_line
 
 dash.register_page(__name__, path="/reliability", name="Reliability", title="Reliability · servelens")
 

@@ -9,10 +9,11 @@ from typing import Any
 import dash
 from dash import dcc, html
 
-from servelens.analytics.reports import series, slo
 from servelens.analytics.query import ReportQuery
+from servelens.analytics.reports import series, slo
 from servelens.dashboard import data, timecharts, traces_links
-from servelens.dashboard.components import LOADING, empty, integer, page, panel, pct, plain, register_refresh, table, updated_line
+from servelens.dashboard.components import (LOADING, empty, integer, page, panel, pct, plain, register_refresh, table,
+                                            updated_line)
 from servelens.dashboard.timecharts import Chart, Line
 
 dash.register_page(__name__, path="/slos", name="SLOs", title="SLOs · servelens")

@@ -17,7 +17,8 @@ from dash import Input, Output, dcc, html
 
 from servelens.analytics.query import QueryError, iso
 from servelens.dashboard import data, traces_links
-from servelens.dashboard.components import LOAD_FAILED, LOADING, NULL, alert, integer, ms, page, panel, register_refresh, show, table, usd
+from servelens.dashboard.components import (LOAD_FAILED, LOADING, NULL, alert, integer, ms, page, panel,
+                                            register_refresh, show, table, usd)
 from servelens.dashboard.guard import Refused
 
 dash.register_page(__name__, path="/traces", name="Traces", title="Traces · servelens")

@@ -12,7 +12,8 @@ import dash
 from dash import dcc, html
 
 from servelens.dashboard import data, episode_chart, traces_links
-from servelens.dashboard.components import LOADING, NULL, badge, integer, page, panel, register_refresh, search_box, table, updated_line
+from servelens.dashboard.components import (LOADING, NULL, badge, integer, page, panel, register_refresh, search_box,
+                                            table, updated_line)
 
 dash.register_page(__name__, path="/triggers", name="Triggers", title="Triggers · servelens")
 

@@ -8,10 +8,10 @@ import dash
 import plotly.graph_objects as go
 from dash import html
 
-from servelens.dashboard import data
-from servelens.dashboard import timecharts
+from servelens.dashboard import data, timecharts
+from servelens.dashboard.components import (LOADING, NO_REQUESTS, empty, graph, integer, metric_bars, page, panel, pct,
+                                            register_refresh, search_box, top_table, updated_line)
 from servelens.dashboard.timecharts import Chart, Line
-from servelens.dashboard.components import LOADING, NO_REQUESTS, empty, graph, integer, metric_bars, page, panel, pct, register_refresh, search_box, top_table, updated_line
 
 dash.register_page(__name__, path="/workload", name="Workload", title="Workload · servelens")
 
