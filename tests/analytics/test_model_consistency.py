@@ -106,7 +106,10 @@ def test_one_mix_everywhere_is_quiet_canary_errors_and_fallbacks_included(store,
     """A day with a load swing: a 10 % canary in every region, one region's 429s carrying
     the alias it was asked for, another region's fallbacks to a smaller model."""
     settings = make_settings(triggers={"baseline": "1d"})
-    start, end = T0, T0 + timedelta(days=1)
+    # from midnight UTC, so the swing (low at midnight) peaks mid-window whenever this runs:
+    # at 13:00 every region has its minimum of requests
+    start = T0.replace(hour=0)
+    end = start + timedelta(days=1)
     _regions(store, start, end, dict.fromkeys(REGIONS, OLD), seed=0, diurnal=0.5)
     for i, region in enumerate(REGIONS):
         insert(store, start, end, Traffic(region=region, model=NEW, per_hour=15 + 10 * i, diurnal=0.5), seed=5 + i)
