@@ -409,7 +409,7 @@ def _seconds(span: SpanView, c: Carrier) -> float | None:
 # Every attribute is read with a constant key (`a['key']`), each place written once in an
 # array literal where several are tried in order. A key that is a lambda's variable
 # (`arrayMap(k -> a[k], [keys])`) makes the view cheaper to analyse but several times
-# dearer per row: migration 0026 did that and cost 7x the CPU on a 65,536-span insert
+# dearer per row: migration 0026 did that, and a 65,536-span insert took about 6x the CPU
 # (BENCHMARKS.md, "What an insert costs"); 0027 went back.
 
 def _q(text: str) -> str:
@@ -538,6 +538,8 @@ def sql_modality_tokens() -> str:
 
 def select_sql() -> dict[str, str]:
     """The llm_requests columns the dialect table decides, as SELECT expressions."""
+    ttft, ttft_source = _sql_seconds_columns("ttft")
+    tpot, _ = _sql_seconds_columns("tpot")
     return {
         "Model": _sql_first(STRING_FIELDS["model"]),
         "RequestModel": _sql_first(STRING_FIELDS["request_model"]),
@@ -553,9 +555,9 @@ def select_sql() -> dict[str, str]:
         "CachedInputTokens": _tokens("cache_read_tokens"),
         "CacheWriteInputTokens": _tokens("cache_write_tokens"),
         "ReasoningOutputTokens": _tokens("reasoning_tokens"),
-        "TtftSeconds": _sql_seconds_columns("ttft")[0],
-        "TtftSource": _sql_seconds_columns("ttft")[1],
-        "TpotSeconds": _sql_seconds_columns("tpot")[0],
+        "TtftSeconds": ttft,
+        "TtftSource": ttft_source,
+        "TpotSeconds": tpot,
         "Streaming": "toUInt8(streamed_)",
         "ClientCostUsd": f"coalesce({', '.join(f'toFloat64OrNull({_sql_read(c)})' for c in CLIENT_COST)})",
         "IsError": "StatusCode = 'STATUS_CODE_ERROR' OR a['error.type'] != '' "
