@@ -123,6 +123,61 @@ def test_cost_per_bucket_equals_the_cost_report_over_that_bucket(loaded, setting
             assert value == pytest.approx(want, rel=1e-9), (model, t)
 
 
+# (model, provider): dated and undated spellings of one price, a model priced by time of
+# day, another provider, and two models nothing prices.
+MIXED_MODELS = (("gpt-4o", "openai"), ("gpt-4o-2024-08-06", "openai"), ("gpt-4o-mini", "openai"),
+                ("deepseek-chat", "deepseek"), ("claude-3-5-haiku-latest", "anthropic"),
+                ("in-house-7b", ""), ("in-house-70b", "vllm"))
+
+
+def _write_mixed(store) -> None:
+    span_ms = int((END - START).total_seconds() * 1000)
+    models = "[" + ", ".join(f"'{m}'" for m, _ in MIXED_MODELS) + "]"
+    providers = "[" + ", ".join(f"'{p}'" for _, p in MIXED_MODELS) + "]"
+    store.client().command(f"""
+        INSERT INTO otel_traces (Timestamp, TraceId, SpanId, ParentSpanId, SpanName, SpanKind, ServiceName,
+                                 SpanAttributes, Duration, StatusCode)
+        SELECT fromUnixTimestamp64Nano(toInt64({int(START.timestamp())} * 1e9
+                   + (cityHash64(number, 0) % 1000000) / 1e6 * {span_ms} * 1e6)),
+               lower(hex(cityHash64(number, 1))), lower(hex(cityHash64(number, 2))), '',
+               'chat', 'SPAN_KIND_CLIENT', ['chat-api', 'batch', 'rag'][1 + number % 3],
+               mapFilter((k, v) -> v != '', map(
+                   'gen_ai.operation.name', 'chat',
+                   'gen_ai.request.model', {models}[1 + cityHash64(number, 4) % {len(MIXED_MODELS)}],
+                   'gen_ai.provider.name', {providers}[1 + cityHash64(number, 4) % {len(MIXED_MODELS)}],
+                   'gen_ai.usage.input_tokens', toString(100 + cityHash64(number, 5) % 5000),
+                   'gen_ai.usage.output_tokens', toString(1 + cityHash64(number, 6) % 900))),
+               toUInt64(2e8 + cityHash64(number, 9) % 3000000000),
+               if(cityHash64(number, 3) % 29 = 0, 'STATUS_CODE_ERROR', 'STATUS_CODE_OK')
+        FROM numbers(6000)""")
+
+
+@pytest.mark.parametrize("by, extra", [(None, {}), ("service", {}), (None, {"operation": "chat"})],
+                         ids=["total", "per-service", "raw-rows"])  # operation: no cost-rollup column
+def test_spend_grouped_by_price_entry_equals_the_cost_report_per_model(store, settings, by, extra) -> None:
+    # The spend series groups by price entry, not by model (cost.costed_groups'
+    # per_model=False); each bucket must still be what the cost report, which prices
+    # model by model, says over that bucket alone: unpriced models left out, and null
+    # where nothing in the bucket is priced.
+    _write_mixed(store)
+    got = series.series(store, settings, "cost_usd", _q(**({"by": by} if by else {}), **extra), "1h")
+    assert got["series"]
+    checked = 0
+    for s in got["series"]:
+        for t, value in s["points"]:
+            since = datetime.fromisoformat(t.replace("Z", "+00:00"))
+            params = {"since": since.isoformat(), "until": (since + timedelta(hours=1)).isoformat(), "by": "model",
+                      **extra}
+            if by:
+                params[by] = s["key"][by]
+            rows = run("cost", store, settings, params)["rows"]
+            priced = [r["cost_usd"] for r in rows if r["cost_usd"] is not None]
+            assert any(r["cost_usd"] is None for r in rows)  # the unpriced models are in every bucket
+            assert value == pytest.approx(sum(priced), rel=1e-9), (s["key"], t)
+            checked += 1
+    assert checked >= 12
+
+
 def test_unknown_metric_is_a_clear_error(loaded, settings) -> None:
     with pytest.raises(QueryError, match="unknown metric"):
         series.series(loaded, settings, "latency_p42", _q())

@@ -150,13 +150,27 @@ def gpu_allocation(store: StoreLike, settings: Settings, q: ReportQuery) -> pl.D
                                costs.select("deployment", gpu_cost.to_share(q.view == "fully_loaded")), tokens)
 
 
-def costed_groups(store: StoreLike, settings: Settings, q: ReportQuery) -> pl.LazyFrame:
-    """Token groups of the window with their cost (the input of cost and cost-change)."""
+def costed_groups(store: StoreLike, settings: Settings, q: ReportQuery, per_model: bool = True,
+                  bucket_s: int | None = None) -> pl.LazyFrame:
+    """Token groups of the window with their cost (the input of cost, cost-change and the
+    spend series). per_model=False: the groups are per price entry, not per model
+    (loader.cost_groups' `entries`), for callers that add cost up by key only: it takes a
+    query for the window's models first, so it pays where a key's groups span many models
+    and few keys (the spend series: a bucket is a key), not per tenant or for one total
+    (BENCHMARKS.md "Dashboard cardinality")."""
     catalog = Catalog.of(settings.pricing.models, settings.pricing.catalog)
     cuts = catalog.cuts(q.since, q.until)
-    groups = loader.cost_groups(store, settings, q, cuts)
+    entries = None if per_model else priced_pairs(catalog, loader.cost_models(store, settings, q, cuts))
+    groups = loader.cost_groups(store, settings, q, cuts, bucket_s=bucket_s, entries=entries)
     prices = group_prices(catalog, groups, cuts.tier_starts)
     return priced(groups.lazy(), prices.lazy(), gpu_allocation(store, settings, q).lazy())
+
+
+def priced_pairs(catalog: Catalog, pairs: pl.DataFrame) -> pl.DataFrame:
+    """The (model, provider) pairs the catalog prices, with the entry that prices each."""
+    if not pairs.height:
+        return pairs.with_columns(pl.lit(None, pl.Int64).alias("entry"))
+    return catalog.entry_ids(pairs).filter(pl.col("entry").is_not_null())
 
 
 def rollup(costed: pl.LazyFrame, by: str) -> pl.LazyFrame:

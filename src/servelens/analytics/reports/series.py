@@ -16,7 +16,6 @@ from typing import Any, Callable
 import polars as pl
 
 from servelens.analytics import memo
-from servelens.analytics.pricing import Catalog
 from servelens.analytics.query import QueryError, ReportQuery
 from servelens.analytics.reports import cost, quality
 from servelens.analytics.sources import frame, gpus
@@ -102,14 +101,10 @@ def _request_points(store: StoreLike, settings: Settings, q: ReportQuery, second
 
 
 def _cost_points(store: StoreLike, settings: Settings, q: ReportQuery, seconds: int, metric: str) -> pl.DataFrame:
-    catalog = Catalog.of(settings.pricing.models, settings.pricing.catalog)
-    cuts = catalog.cuts(q.since, q.until)
-    groups = loader.cost_groups(store, settings, q, cuts, bucket_s=seconds)
-    if not groups.height:
+    costed = cost.costed_groups(store, settings, q, per_model=q.by == "model", bucket_s=seconds).collect()
+    if not costed.height:
         return _EMPTY
-    groups = _seconds(groups)
-    prices = cost.group_prices(catalog, groups, cuts.tier_starts)
-    costed = cost.priced(groups.lazy(), prices.lazy(), cost.gpu_allocation(store, settings, q).lazy())
+    costed = _seconds(costed).lazy()
     unpriced = pl.col("cost_usd").is_null()
     per = (costed.group_by("key", "t")
            .agg(pl.col("requests").sum().alias("_weight"),

@@ -142,7 +142,7 @@ def _price_cut_columns(cuts: PriceCuts, params: dict[str, Any], time_sql: str = 
 
 
 def cost_groups(store: StoreLike, settings: Settings, q: ReportQuery, cuts: PriceCuts,
-                bucket_s: int | None = None) -> pl.DataFrame:
+                bucket_s: int | None = None, entries: pl.DataFrame | None = None) -> pl.DataFrame:
     """Token sums per (key, model, provider, deployment, price period, time of day, tier,
     retry?, error?), with one request's time (any: all in a group pay one price).
 
@@ -152,19 +152,25 @@ def cost_groups(store: StoreLike, settings: Settings, q: ReportQuery, cuts: Pric
     (analytics.pricing: they are parts of them). Read from the 15-minute cost rollup where
     it prices the window exactly (analytics.rollups), else from raw rows. With
     `bucket_s` (a multiple of 900), groups are also split by time bucket (`bucket`).
+
+    With `entries` (model, provider, entry: the priced pairs of the window and what prices
+    each, analytics.pricing.Catalog.entry_ids), groups are per price entry instead of per
+    model: model and provider are then one request's pair, which prices like every pair
+    of the group (all unpriced pairs make one group). At tens of thousands of models that
+    is a few rows instead of one per model (BENCHMARKS.md "Dashboard cardinality").
     """
     if rollups.cost_answerable(q, settings, cuts) and (bucket_s is None or bucket_s % 900 == 0):
-        return _cost_groups_rollup(store, settings, q, cuts, bucket_s)
+        return _cost_groups_rollup(store, settings, q, cuts, bucket_s, entries)
     where, params = q.where(settings.attributes)
     key_sql, join, key_params = _key(q, settings)
     params.update(key_params)
     join = join.replace("{where}", where)
     bucket, bucket_key = _bucket_sql(bucket_s, "Timestamp")
     cached = "least(CachedInputTokens, InputTokens)"
+    models, model_key = _model_columns(entries, params, "Model", "Provider")
     sql = f"""
         SELECT {key_sql} AS key,
-               Model AS model,
-               Provider AS provider,
+               {models},
                Deployment AS deployment,
                {_price_cut_columns(cuts, params)},
                RetryAttempt > 0 AS retry,
@@ -178,8 +184,42 @@ def cost_groups(store: StoreLike, settings: Settings, q: ReportQuery, cuts: Pric
                sum(least(ReasoningOutputTokens, OutputTokens)) AS reasoning_tokens{bucket}
         FROM llm_requests {join}
         WHERE {where}
-        GROUP BY key, model, provider, deployment, period, daypart, tier, retry, error{bucket_key}"""
+        GROUP BY key, {model_key}, deployment, period, daypart, tier, retry, error{bucket_key}"""
     return frame(store, sql, params)
+
+
+def cost_models(store: StoreLike, settings: Settings, q: ReportQuery, cuts: PriceCuts) -> pl.DataFrame:
+    """The distinct (model, provider) pairs of the requests cost_groups reads."""
+    if rollups.cost_answerable(q, settings, cuts):
+        params: dict[str, Any] = {}
+        source = rollups.cost_source_sql(q.with_by(None), settings, params)
+        sql = f"SELECT DISTINCT toString(Model) AS model, toString(Provider) AS provider FROM {source}"
+        return frame(store, sql, params)
+    where, params = q.where(settings.attributes)
+    _, join, key_params = _key(q, settings)
+    params.update(key_params)
+    sql = f"""
+        SELECT DISTINCT toString(Model) AS model, toString(Provider) AS provider
+        FROM llm_requests {join.replace("{where}", where)}
+        WHERE {where}"""
+    return frame(store, sql, params)
+
+
+def _model_columns(entries: pl.DataFrame | None, params: dict[str, Any], model_sql: str,
+                   provider_sql: str) -> tuple[str, str]:
+    """(the model and provider columns of a cost group, the GROUP BY terms for them):
+    per (model, provider), or per price entry (cost_groups' `entries`)."""
+    if entries is None:
+        return f"{model_sql} AS model,\n               {provider_sql} AS provider", "model, provider"
+    # length-prefixed, so that no two pairs concatenate to one string
+    params["price_pairs"] = [f"{len(m.encode())}:{m}{p}" for m, p in
+                             zip(entries.get_column("model").to_list(), entries.get_column("provider").to_list())]
+    params["price_entries"] = entries.get_column("entry").to_list()
+    pair = f"concat(toString(length({model_sql})), ':', {model_sql}, {provider_sql})"
+    one = f"any(({model_sql}, {provider_sql}))"  # one request's pair: a model and its own provider
+    return (f"transform({pair}, {{price_pairs:Array(String)}}, {{price_entries:Array(Int64)}}, toInt64(-1)) AS entry,\n"
+            f"               toString({one}.1) AS model,\n"
+            f"               toString({one}.2) AS provider", "entry")
 
 
 def _bucket_sql(bucket_s: int | None, time_sql: str) -> tuple[str, str]:
@@ -189,17 +229,17 @@ def _bucket_sql(bucket_s: int | None, time_sql: str) -> tuple[str, str]:
 
 
 def _cost_groups_rollup(store: StoreLike, settings: Settings, q: ReportQuery, cuts: PriceCuts,
-                        bucket_s: int | None) -> pl.DataFrame:
+                        bucket_s: int | None, entries: pl.DataFrame | None) -> pl.DataFrame:
     """cost_groups from rollup_costs_15m (+ raw rows at the window's edges): every price
     cut is on its grid, so a quarter hour's start prices all of its requests."""
     params: dict[str, Any] = {}
     source = rollups.cost_source_sql(q, settings, params)
     at = "toDateTime64(Bucket, 9)"
     bucket, bucket_key = _bucket_sql(bucket_s, "Bucket")
+    models, model_key = _model_columns(entries, params, "toString(Model)", "toString(Provider)")
     sql = f"""
         SELECT toString(key) AS key,
-               toString(Model) AS model,
-               toString(Provider) AS provider,
+               {models},
                toString(Deployment) AS deployment,
                {_price_cut_columns(cuts, params, at, ("InputFloor", ">="))},
                Retry AS retry,
@@ -212,7 +252,7 @@ def _cost_groups_rollup(store: StoreLike, settings: Settings, q: ReportQuery, cu
                sum(CacheWriteTokens) AS cache_write_tokens,
                sum(ReasoningTokens) AS reasoning_tokens{bucket}
         FROM {source}
-        GROUP BY key, model, provider, deployment, period, daypart, tier, retry, error{bucket_key}"""
+        GROUP BY key, {model_key}, deployment, period, daypart, tier, retry, error{bucket_key}"""
     return frame(store, sql, params)
 
 
