@@ -168,8 +168,6 @@ def costed_groups(store: StoreLike, settings: Settings, q: ReportQuery, per_mode
 
 def priced_pairs(catalog: Catalog, pairs: pl.DataFrame) -> pl.DataFrame:
     """The (model, provider) pairs the catalog prices, with the entry that prices each."""
-    if not pairs.height:
-        return pairs.with_columns(pl.lit(None, pl.Int64).alias("entry"))
     return catalog.entry_ids(pairs).filter(pl.col("entry").is_not_null())
 
 

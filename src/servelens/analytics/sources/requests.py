@@ -195,13 +195,8 @@ def cost_models(store: StoreLike, settings: Settings, q: ReportQuery, cuts: Pric
         source = rollups.cost_source_sql(q.with_by(None), settings, params)
         sql = f"SELECT DISTINCT toString(Model) AS model, toString(Provider) AS provider FROM {source}"
         return frame(store, sql, params)
-    where, params = q.where(settings.attributes)
-    _, join, key_params = _key(q, settings)
-    params.update(key_params)
-    sql = f"""
-        SELECT DISTINCT toString(Model) AS model, toString(Provider) AS provider
-        FROM llm_requests {join.replace("{where}", where)}
-        WHERE {where}"""
+    where, params = q.where(settings.attributes)  # the key's outcome join filters nothing: not needed here
+    sql = f"SELECT DISTINCT toString(Model) AS model, toString(Provider) AS provider FROM llm_requests WHERE {where}"
     return frame(store, sql, params)
 
 
