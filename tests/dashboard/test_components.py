@@ -54,8 +54,9 @@ def test_refresh_renders_or_keeps_the_last_children_and_says_why():
             raise RuntimeError("store down")
         return [by]
 
+    # computed on every call (the shared answers: test_results_cache.py)
     register_refresh(app, "pg", ("table", "updated"), fetch, lambda rows, filters: (rows, updated_line(filters)),
-                     controls=("by",))
+                     controls=("by",), cache=False)
     assert [str(d) for d in app.dependencies] == [
         "pg-table.children", "pg-updated.children", "pg-alert.children",
         f"{data.FILTERS_ID}.data", "pg-refresh.n_intervals", "pg-by.value"]

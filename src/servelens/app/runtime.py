@@ -159,7 +159,7 @@ def run(command: str, settings: Settings, demo: bool = False, once: bool = False
                 def on_demand() -> dict[str, Any]:  # POST /api/v1/analytics/run's trigger windows
                     return catch_up(store, settings, dispatcher)
             server = DashboardServer(create_app(settings, store, stats, evaluate_triggers=on_demand,
-                                                credentials=credentials),
+                                                credentials=credentials, keep_warm=("overview",)),
                                      settings.host, settings.ui_port, tls_context=settings.tls_context(),
                                      trusted_proxy=settings.auth.trusted_proxy)
             server.start()

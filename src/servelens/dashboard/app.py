@@ -11,7 +11,7 @@ import json
 import logging
 import sys
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Sequence
 
 import dash
 import flask
@@ -21,6 +21,7 @@ from servelens.core.auth.credentials import Credentials
 from servelens.core.config import Settings
 from servelens.core.store import StoreLike
 from servelens.dashboard import access, admin_api, api, data, oidc, signin, telemetry, timecharts
+from servelens.dashboard.components import keep_warm as keep_page_warm
 from servelens.dashboard.components import pause_when_hidden
 from servelens.dashboard.guard import Guard
 
@@ -46,13 +47,15 @@ def create_app(settings: Settings, store: StoreLike,
                collector_stats: Callable[[], dict[str, float]] | None = None,
                guard: Guard | None = None,
                evaluate_triggers: Callable[[], dict[str, Any]] | None = None,
-               credentials: Credentials | None = None) -> dash.Dash:
+               credentials: Credentials | None = None, keep_warm: Sequence[str] = ()) -> dash.Dash:
     """A new Dash app bound to settings and store (tests build one per test).
 
     `guard`: the deadline and pool every report call of the pages and the API runs under.
     `evaluate_triggers`: what `POST /api/v1/analytics/run` evaluates the due trigger windows
     with (dashboard.api.blueprint).
     `credentials`: the users and tokens (dashboard.access); by default read from the store.
+    `keep_warm`: pages (by refresh prefix) whose default view is computed at once and kept
+    computed (dashboard.results_cache), so that a first load does not wait for the engine.
     """
     # name="servelens.dashboard" makes Dash import the pages as servelens.dashboard.pages.<name>.
     app = dash.Dash("servelens.dashboard", use_pages=True, pages_folder=str(PAGES_DIR),
@@ -79,6 +82,8 @@ def create_app(settings: Settings, store: StoreLike,
         if hook is not None:
             hook(app)
     _secure(app)
+    for prefix in keep_warm:
+        keep_page_warm(app, source, prefix)
     return app
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
+from contextvars import ContextVar
 from datetime import datetime, timezone
 from typing import Any, Callable, Sequence
 
@@ -193,10 +194,14 @@ def badge(kind: str) -> html.Span:
     return html.Span(BADGES[kind], className=f"badge badge-{kind}")
 
 
+# When the answer being rendered was computed (a shared answer can be a few seconds old).
+_AS_OF: ContextVar[datetime | None] = ContextVar("servelens_as_of", default=None)
+
+
 def updated_line(filters: data.Filters, *details: str) -> str:
     """The page header's note: the window, any details, and when the numbers were read."""
-    return " · ".join((filters.describe(), *details,
-                       f"updated {datetime.now(timezone.utc):%H:%M:%S} UTC"))
+    read = _AS_OF.get() or datetime.now(timezone.utc)
+    return " · ".join((filters.describe(), *details, f"updated {read:%H:%M:%S} UTC"))
 
 
 # --- Charts --------------------------------------------------------------------------------
@@ -260,7 +265,7 @@ def alert(text: str) -> html.Div:
 
 def register_refresh(app: dash.Dash, prefix: str, outputs: Sequence[str], fetch: Callable[..., Any],
                      render: Callable[[Any, data.Filters], Sequence[Any]], controls: Sequence[str] = (),
-                     alert_name: str = "alert") -> None:
+                     alert_name: str = "alert", cache: bool = True) -> None:
     """Register a page's refresh: on the global filters, the page's dcc.Interval
     `{prefix}-refresh` and the value of `{prefix}-{name}` for each name in controls,
     fetch(source, filters, *control values) reads reports through dashboard.data and
@@ -272,7 +277,15 @@ def register_refresh(app: dash.Dash, prefix: str, outputs: Sequence[str], fetch:
 
     A page whose parts cost differently registers one refresh per part, each with its own
     alert_name: the browser runs them side by side and draws each as it arrives. The
-    "alert" refresh, which every page has, also pauses the interval in a hidden tab."""
+    "alert" refresh, which every page has, also pauses the interval in a hidden tab.
+
+    What fetch returns is shared by every reader with the same filters, controls and scope
+    (DataSource.answer, dashboard/results_cache.py), so fetch must only read and render
+    must not change what it is given; `cache=False` for a part that shows the effect of
+    an action at once (a job's progress, the users an admin just added)."""
+    if cache:
+        app.server.extensions.setdefault(_REFRESHES, []).append((prefix, alert_name, len(controls), fetch))
+
     @app.callback(
         *(Output(f"{prefix}-{name}", "children") for name in outputs),
         Output(f"{prefix}-{alert_name}", "children"),
@@ -284,8 +297,18 @@ def register_refresh(app: dash.Dash, prefix: str, outputs: Sequence[str], fetch:
         filters = data.Filters.from_store(filters_data)
         source = data.current()
 
+        cleaned = tuple(data.clean(v) for v in values)
+
         def load() -> tuple:
-            return (*render(fetch(source, filters, *(data.clean(v) for v in values)), filters), None)
+            if not cache:
+                return (*render(fetch(source, filters, *cleaned), filters), None)
+            fetched, computed = source.answer((prefix, alert_name, cleaned), filters,
+                                              lambda: fetch(source, filters, *cleaned))
+            token = _AS_OF.set(computed)
+            try:
+                return (*render(fetched, filters), None)
+            finally:
+                _AS_OF.reset(token)
 
         try:
             return source.guard.call(f"refresh of the {prefix} page", load)
@@ -298,6 +321,19 @@ def register_refresh(app: dash.Dash, prefix: str, outputs: Sequence[str], fetch:
 
     if alert_name == "alert":
         pause_when_hidden(app, f"{prefix}-refresh")
+
+
+_REFRESHES = "servelens.refreshes"  # app.server.extensions: the cached refreshes, for keep_warm
+
+
+def keep_warm(app: dash.Dash, source: data.DataSource, prefix: str) -> None:
+    """Keep the default view (default filters, controls unset) of page `prefix` computed."""
+    filters = data.Filters()
+    for owner, alert_name, controls, fetch in app.server.extensions.get(_REFRESHES, ()):
+        if owner == prefix:
+            unset = (None,) * controls
+            source.answers.pin(source.answer_key((prefix, alert_name, unset), filters),
+                               lambda fetch=fetch, unset=unset: fetch(source, filters, *unset))
 
 
 def pause_when_hidden(app: dash.Dash, interval_id: str) -> None:

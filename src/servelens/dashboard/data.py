@@ -29,6 +29,7 @@ from servelens.core.config import Settings
 from servelens.core.store import StoreLike
 from servelens.dashboard import access
 from servelens.dashboard.guard import Forbidden, Guard
+from servelens.dashboard.results_cache import ResultsCache
 
 # The time-range selector's choices, shortest first.
 RANGES: dict[str, timedelta] = {
@@ -149,6 +150,10 @@ class DataSource:
         self.guard = guard or Guard()
         self.jobs = jobs.Jobs()  # the replays the Plan page and the API start, one at a time
         self.principal: Principal = OPEN
+        ui = settings.dashboard
+        self.answers = ResultsCache(ui.cache_fresh.total_seconds(), ui.cache_max_age.total_seconds(),
+                                    ui.cache_keep_warm.total_seconds(), deadline_s=self.guard.deadline_s,
+                                    served=lambda how: self.guard.metrics.answers.labels(how).inc())
 
     # --- who reads (dashboard.access): a tenant viewer's view of the same source ----------
 
@@ -161,6 +166,14 @@ class DataSource:
         view = copy.copy(self)
         view.principal = who
         return view
+
+    def answer(self, part: tuple, filters: Filters, compute: Any) -> tuple[Any, datetime]:
+        """(compute(), when computed) for a page's `part` under `filters`, shared with every
+        reader of the same scope (results_cache): a tenant viewer's answers are their own."""
+        return self.answers.get(self.answer_key(part, filters), compute)
+
+    def answer_key(self, part: tuple, filters: Filters) -> tuple:
+        return part, filters, tuple(sorted(self.principal.tenants)) if self.restricted else None
 
     @property
     def restricted(self) -> bool:

@@ -1,6 +1,7 @@
 """The dashboard's own metrics, at GET /metrics on its port (Prometheus text format): sign-in
 attempts by method and result, and report calls (API answers and page refreshes, through
-dashboard.guard) by outcome, with their latency. The collector's metrics are on its own
+dashboard.guard) by outcome, with their latency, and page refresh answers by how the shared
+cache served them (dashboard.results_cache). The collector's metrics are on its own
 port (collector.telemetry). Who may read them is dashboard.access's FLEET level: admins
 and viewers, or anyone where access control is off."""
 
@@ -22,6 +23,9 @@ class DashboardMetrics:
                                ["outcome"], registry=self.registry)
         self.report_seconds = Histogram("servelens_dashboard_report_seconds", "Report call latency",
                                         buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20), registry=self.registry)
+        # dashboard.results_cache: fresh and stale were served from it, computed and waited were not
+        self.answers = Counter("servelens_dashboard_answers", "Page refresh answers by how they were served",
+                               ["served"], registry=self.registry)
 
     def signed_in(self, method: str, result: str) -> None:
         self.signins.labels(method, result).inc()

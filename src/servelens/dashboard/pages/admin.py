@@ -65,4 +65,4 @@ def render(fetched: tuple[list, list, list], filters: data.Filters) -> tuple:
 
 
 def register_callbacks(app: dash.Dash) -> None:
-    register_refresh(app, "adm", ("users", "tokens", "audit", "updated"), fetch, render)
+    register_refresh(app, "adm", ("users", "tokens", "audit", "updated"), fetch, render, cache=False)

@@ -46,4 +46,4 @@ def render(rows: list[dict[str, Any]], filters: data.Filters) -> tuple:
 
 
 def register_callbacks(app: dash.Dash) -> None:
-    register_refresh(app, "ing", ("table", "updated"), fetch, render)
+    register_refresh(app, "ing", ("table", "updated"), fetch, render, cache=False)

@@ -298,6 +298,6 @@ def show_trace(trace_id: Any) -> Any:
 
 
 def register_callbacks(app: dash.Dash) -> None:
-    register_refresh(app, "trc", ("results", "link", "updated"), fetch, render, controls=CONTROLS)
+    register_refresh(app, "trc", ("results", "link", "updated"), fetch, render, controls=CONTROLS, cache=False)
     # Its own callback, not the page's interval: a refresh would fold the spans opened.
     app.callback(Output("trc-trace", "children"), Input("trc-trace-id", "value"))(show_trace)

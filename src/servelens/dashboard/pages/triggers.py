@@ -153,5 +153,6 @@ def render_signal(fetched: tuple | None, _filters: data.Filters) -> tuple:
 
 
 def register_callbacks(app: dash.Dash) -> None:
-    register_refresh(app, "trg", ("episode", "total", "table", "updated"), fetch, render, controls=("id", "search"))
+    register_refresh(app, "trg", ("episode", "total", "table", "updated"), fetch, render, controls=("id", "search"),
+                     cache=False)
     register_refresh(app, "trg", ("signal",), fetch_signal, render_signal, controls=("id",), alert_name="signal-alert")
