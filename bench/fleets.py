@@ -130,9 +130,11 @@ def segment(s: BandStream, start: datetime, end: datetime, seed: int, traffic: T
 
 def insert_gpu(store: Any, fleet: Fleet, start: datetime, end: datetime, seed: int,
                util: float | None = None) -> None:
+    # Busy GPUs follow the requests they serve: the hosted stream's weekends and holidays.
+    served = fleet.streams[fleet.hosted].traffic
     if end > start:
         insert_gpus(store, start, end, fleet.gpu_host, fleet.gpu_util if util is None else util, seed=seed,
-                    diurnal=fleet.gpu_diurnal)
+                    diurnal=fleet.gpu_diurnal, weekend=served.weekend, holidays=served.holidays)
 
 
 def fleet_segments(fleet: Fleet, start: datetime, end: datetime, seed: int, skip: tuple[str, ...] = (),

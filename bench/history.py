@@ -226,10 +226,11 @@ def insert_all(store: Any, segments: Iterable[Segment]) -> None:
 
 
 def insert_gpus(store: Any, start: datetime, end: datetime, host: str, util: float, gpus: int = 2,
-                every_s: int = 15, seed: int = 0, diurnal: float = 0.0, weekend: float = 1.0) -> None:
+                every_s: int = 15, seed: int = 0, diurnal: float = 0.0, weekend: float = 1.0,
+                holidays: tuple[date, ...] = ()) -> None:
     """DCGM-style samples: each GPU of `host` every `every_s` seconds, utilization ~ util ± 0.03
     times the load's rhythm as Traffic has it: 1 + diurnal · sin (low at midnight), and
-    `weekend` on Saturdays and Sundays (busy GPUs follow the requests they serve)."""
+    `weekend` on Saturdays, Sundays and `holidays` (busy GPUs follow the requests they serve)."""
     samples = int((end - start).total_seconds() // every_s)
     client = store.client()
     client.command(
@@ -239,9 +240,12 @@ def insert_gpus(store: Any, start: datetime, end: datetime, host: str, util: flo
                    toString(number % {{gpus:UInt64}}),
                    greatest(0., least(1., {{util:Float64}}
                        * (1 + {{diurnal:Float64}} * sin(2 * pi() * (ts_ns % {DAY_NS}) / {DAY_NS} - pi() / 2))
-                       * if(toDayOfWeek(toDateTime(intDiv(ts_ns, 1000000000), 'UTC')) >= 6, {{weekend:Float64}}, 1)
+                       * if(toDayOfWeek(toDateTime(intDiv(ts_ns, 1000000000), 'UTC')) >= 6
+                            OR has({{holidays:Array(Date)}}, toDate(toDateTime(intDiv(ts_ns, 1000000000), 'UTC'))),
+                            {{weekend:Float64}}, 1)
                        + 0.03 * {_z(40)}))
             FROM (SELECT number, {{start_ns:Int64}} + intDiv(number, {{gpus:UInt64}}) * {{step_ns:Int64}} AS ts_ns
                   FROM numbers({{n:UInt64}}))""",
         parameters={"start_ns": _ns(start), "gpus": gpus, "step_ns": every_s * 10**9, "host": host, "util": util,
-                    "n": samples * gpus, "seed": seed, "diurnal": diurnal, "weekend": weekend})
+                    "n": samples * gpus, "seed": seed, "diurnal": diurnal, "weekend": weekend,
+                    "holidays": [d.isoformat() for d in holidays]})

@@ -31,6 +31,7 @@ from bench.history import HOUR, Traffic, insert, insert_gpus
 from servelens.analytics.leases import Leases
 from servelens.analytics.triggers import engine, episodes
 from servelens.analytics.triggers.base import Evaluation, Finding
+from servelens.analytics.triggers.detect_workload import distribution_shift
 from servelens.dashboard.api import blueprint
 
 pytestmark = pytest.mark.integration
@@ -241,6 +242,23 @@ def test_new_task_type_and_a_token_shift_are_new_workload_shapes(store, make_set
     shift = next(t for t in episodes_ if "shape" in t["subject"])
     assert shift["evidence"]["test"]["statistic"] > 0.9
     assert shift["evidence"]["features"]["log_input_tokens"]["ks"]["detected"]
+
+
+def test_fewer_requests_of_the_same_mix_are_no_new_workload_shape(store, make_settings) -> None:
+    # A holiday: 60 % of the usual traffic, the same requests. The minutes' arrival rate
+    # is unlike every baseline day's (a classifier that read it would fire), the mix is not.
+    settings = make_settings(triggers={"baseline": "3d"})
+    start = T0 + timedelta(days=3)
+    insert(store, T0, start, Traffic(per_hour=3000))
+    insert(store, start, start + 2 * HOUR, Traffic(per_hour=1800), seed=1)
+    changes = run_windows(store, settings, start + HOUR, 2, ["new_workload_shape"], Recorder())
+    shapes = [t for window in changes for t in window if t["kind"] == "new_workload_shape"]
+    assert shapes == []
+    at = Evaluation(start, start + HOUR, start - timedelta(days=3))
+    shift = next(f for f in distribution_shift(store, settings, at) if f.subject.get("shape") == "distribution")
+    assert not shift.firing
+    rate = shift.evidence["features"]["arrival_rate"]  # reported beside the mix, as context
+    assert rate["mean"] < rate["baseline_mean"] and rate["ks"]["detected"]
 
 
 def test_fallback_over_budget(store, make_settings) -> None:

@@ -3,9 +3,13 @@
 Two ways traffic can be new, each its own subject (so each opens its own episode):
 - a category (task type, language, input-length class, a batch feature) rare or absent
   in the baseline and now a real share of the window: {"service", <dimension>: value};
-- a shift of the joint per-minute distribution of (arrival rate, mean log input tokens,
-  mean log output tokens, batch share) against the same hours on earlier days: a
-  domain classifier's AUC, {"service", "shape": "distribution"}.
+- a shift of the joint per-minute distribution of the request mix (mean log input
+  tokens, mean log output tokens, batch share) against the same hours on earlier days: a
+  domain classifier's AUC, {"service", "shape": "distribution"}. The arrival rate is
+  reported beside them but is not classified: a holiday or a quiet season changes how
+  many requests come, not what they are, and fired on every holiday of a fleet with
+  weekday peaks (BENCHMARKS.md, detection on other fleets). Volume is for the capacity
+  kinds (queue_wait_growth, p99_drift, low_utilization).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from servelens.core.config import Settings, TriggerKindConfig
 from servelens.core.store import StoreLike
 
 FEATURES = ("arrival_rate", "log_input_tokens", "log_output_tokens", "batch_share")
+MIX = slice(1, None)  # the columns of _matrix the classifier reads: all but the arrival rate
 
 
 class NewWorkloadShape(TriggerKindConfig):
@@ -101,7 +106,7 @@ def _day_to_day_auc(baseline: pl.DataFrame, min_minutes: int) -> list[float]:
     for day in days:
         one, rest = baseline.filter(pl.col("day") == day), baseline.filter(pl.col("day") != day)
         if one.height >= min_minutes and rest.height >= min_minutes:
-            aucs.append(stats.domain_classifier(_matrix(rest), _matrix(one), 1.0, 1.0).statistic)
+            aucs.append(stats.domain_classifier(_matrix(rest)[:, MIX], _matrix(one)[:, MIX], 1.0, 1.0).statistic)
     return aucs
 
 
@@ -119,7 +124,7 @@ def _same_kind_of_day(current: pl.DataFrame, baseline: pl.DataFrame, min_minutes
 
 
 def distribution_shift(store: StoreLike, settings: Settings, at: Evaluation) -> list[Finding]:
-    """Domain-classifier AUC of the window's minutes against the baseline's like-hour
+    """Domain-classifier AUC of the window's minutes (their request mix) against the baseline's like-hour
     minutes (on days of the same kind, weekday or weekend, when there are enough): at
     least `shift_min_auc`, significant at `shift_alpha`, and `shift_margin` above the AUC
     of any baseline day against the others. Per-feature KS and normalized
@@ -133,7 +138,7 @@ def distribution_shift(store: StoreLike, settings: Settings, at: Evaluation) -> 
         if current.height < cfg.shift_min_minutes or baseline.height < cfg.shift_min_baseline_minutes:
             continue
         x_cur, x_base = _matrix(current), _matrix(baseline)
-        test = stats.domain_classifier(x_base, x_cur, cfg.shift_min_auc, cfg.shift_alpha)
+        test = stats.domain_classifier(x_base[:, MIX], x_cur[:, MIX], cfg.shift_min_auc, cfg.shift_alpha)
         reference = _day_to_day_auc(baseline, cfg.shift_min_minutes) if test.detected else []
         bar = max([cfg.shift_min_auc, *(a + cfg.shift_margin for a in reference)])
         firing = test.detected and test.statistic >= bar
