@@ -46,7 +46,7 @@ class Counted:
 
 
 def cache(clock: Clock, served: list[str] | None = None, **kw: Any) -> ResultsCache:
-    kw = {"fresh": 10.0, "max_age": 60.0, "keep_warm": 600.0, **kw}
+    kw = {"fresh": 10.0, "max_age": 60.0, **kw}
     return ResultsCache(clock=clock, served=(served.append if served is not None else lambda _h: None), **kw)
 
 
@@ -118,7 +118,7 @@ def test_max_age_zero_computes_every_time():
 
 def test_a_pinned_key_is_computed_before_it_is_read_and_kept_warm():
     clock = Clock()
-    answers, compute = cache(clock, keep_warm=0.0), Counted()
+    answers, compute = cache(clock), Counted()
     answers.pin("landing", compute)
     eventually(lambda: compute.calls == 1)
     clock.now += 31  # past half of max_age: the worker recomputes it unasked
@@ -127,14 +127,25 @@ def test_a_pinned_key_is_computed_before_it_is_read_and_kept_warm():
     assert answers.get("landing", compute)[0] == 2
 
 
-def test_keys_read_long_ago_are_not_kept_warm():
+def test_keys_that_are_not_pinned_are_recomputed_only_when_read():
     clock = Clock()
-    answers, compute = cache(clock, keep_warm=100.0), Counted()
+    answers, compute = cache(clock), Counted()
     answers.get("k", compute)
-    clock.now += 200
+    clock.now += 40  # past half of max_age, unread: left alone
     answers._wake.set()
     time.sleep(0.2)
     assert compute.calls == 1
+
+
+def test_background_queries_run_on_one_engine_thread():
+    from servelens.analytics import sources
+
+    seen = []
+    answers = cache(Clock())
+    answers.pin("landing", lambda: seen.append(sources._query_settings()) or 1)
+    eventually(lambda: seen)
+    assert seen[0]["max_threads"] == 1 and "max_execution_time" in seen[0]
+    assert "max_threads" not in sources._query_settings()  # a reader's own queries: every thread
 
 
 # --- The real dashboard ---------------------------------------------------------------------

@@ -435,14 +435,13 @@ class DashboardConfig(_Strict):
     # so two processes never announce one transition twice. Give the dashboard the same
     # alerts.sinks as the analytics process: the windows it evaluates alert from it.
     evaluate_triggers: Literal["auto", "on", "off"] = "auto"
-    # Page refreshes' answers are shared by every tab and kept warm (dashboard/results_cache.py):
-    # served as they are while younger than cache_fresh, up to cache_max_age old while a new
-    # one is computed in the background; read within cache_keep_warm, an answer is recomputed
-    # before a reader asks. cache_max_age 0: every refresh computes its own answer.
+    # Page refreshes' answers are shared by every tab (dashboard/results_cache.py): served as
+    # they are while younger than cache_fresh, up to cache_max_age old while a new one is
+    # computed in the background; the Overview's default view is kept computed.
+    # cache_max_age 0: every refresh computes its own answer.
     cache_fresh: timedelta = timedelta(seconds=10)
     cache_max_age: timedelta = timedelta(seconds=60)
-    cache_keep_warm: timedelta = timedelta(minutes=10)
-    _dur = field_validator("cache_fresh", "cache_max_age", "cache_keep_warm", mode="before")(parse_duration)
+    _dur = field_validator("cache_fresh", "cache_max_age", mode="before")(parse_duration)
 
     @model_validator(mode="after")
     def _cache(self) -> DashboardConfig:

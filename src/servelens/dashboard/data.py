@@ -152,7 +152,7 @@ class DataSource:
         self.principal: Principal = OPEN
         ui = settings.dashboard
         self.answers = ResultsCache(ui.cache_fresh.total_seconds(), ui.cache_max_age.total_seconds(),
-                                    ui.cache_keep_warm.total_seconds(), deadline_s=self.guard.deadline_s,
+                                    deadline_s=self.guard.deadline_s,
                                     served=lambda how: self.guard.metrics.answers.labels(how).inc())
 
     # --- who reads (dashboard.access): a tenant viewer's view of the same source ----------

@@ -11,11 +11,14 @@ answer, so it is computed once and shared, the way HTTP's stale-while-revalidate
 - absent or older: computed now; concurrent readers of one key wait for that one
   computation instead of starting their own.
 
-An entry read within `keep_warm` is recomputed in the background once it is older than
-half of `max_age`, and `pin` keeps a key warm for good (the landing page), so the first
-load after a pause does not wait for the engine either. Answers carry the time they were
-computed (the page says "updated" at that time). A computation that fails is not kept:
-its readers get the error, the next reader computes again.
+`pin` keeps a key computed whether read or not (the landing page: recomputed once it is
+older than half of `max_age`), so its first load after a start or a pause does not wait
+for the engine either. Only pinned keys are recomputed unread: keeping every part read
+lately warm recomputed a whole browsing session's pages every half minute, and on two
+cores that took the CPU the pages being loaded needed. Background work runs at low
+priority on one engine thread (analytics.sources.background). Answers carry the time they
+were computed (the page says "updated" at that time). A computation that fails is not
+kept: its readers get the error, the next reader computes again.
 """
 
 from __future__ import annotations
@@ -43,7 +46,6 @@ class _Entry:
     value: Any = None
     computed_at: float = 0.0  # time.monotonic() of its computation
     as_of: datetime | None = None  # wall-clock time of the same, for the page
-    read_at: float = 0.0
     pending: Future | None = None  # a computation readers wait on (no value yet, or expired)
     refreshing: bool = False  # a background recomputation is queued or running
     retry_at: float = 0.0  # after a failed background recomputation, none before this
@@ -54,7 +56,6 @@ class _Entry:
 class ResultsCache:
     fresh: float  # seconds
     max_age: float
-    keep_warm: float
     deadline_s: float = 20.0  # a background recomputation past this stops (dashboard.guard's deadline)
     served: Callable[[str], None] = lambda _how: None  # counts each answer: fresh, stale, computed, waited
     clock: Callable[[], float] = time.monotonic
@@ -81,7 +82,7 @@ class ResultsCache:
                 entry = self._entries[key] = _Entry(compute)
                 self._trim()
             self._entries.move_to_end(key)
-            entry.compute, entry.read_at = compute, now  # the latest reader's source and filters
+            entry.compute = compute  # the latest reader's source and filters
             age = now - entry.computed_at
             if entry.as_of is not None and age < self.max_age:
                 stale = age >= self.fresh
@@ -140,11 +141,10 @@ class ResultsCache:
             return entry.value, entry.as_of
 
     def _due(self) -> None:
-        """(lock held) Queue the entries to keep warm that are past half their max age."""
+        """(lock held) Queue the pinned entries that are past half their max age."""
         now = self.clock()
         for key, entry in self._entries.items():
-            wanted = entry.pinned or now - entry.read_at < self.keep_warm
-            if wanted and entry.as_of is not None and now - entry.computed_at >= self.max_age / 2:
+            if entry.pinned and entry.as_of is not None and now - entry.computed_at >= self.max_age / 2:
                 self._enqueue(key, entry)
 
     def _work(self) -> None:
@@ -169,7 +169,7 @@ class ResultsCache:
             # With no answer yet, readers wait for this computation rather than start their own.
             waiting = entry.pending = Future() if entry.as_of is None else None
         try:
-            with sources.deadline(self.deadline_s):
+            with sources.deadline(self.deadline_s), sources.background():
                 answer = self._store(entry, entry.compute())
             if waiting is not None:
                 waiting.set_result(answer)

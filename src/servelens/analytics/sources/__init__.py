@@ -3,9 +3,11 @@
 The heavy aggregation runs in ClickHouse; Polars receives small pre-aggregated frames
 (one row per group, never one per request). Queries bind every value server-side.
 
-`frame` is the one place a store query becomes a Polars frame, so two guards live here:
-strings are made valid UTF-8 first (Polars panics on invalid ones), and inside
-`deadline(seconds)` every query carries the time left as the engine's max_execution_time.
+`frame` is the one place a store query becomes a Polars frame, so the guards live here:
+strings are made valid UTF-8 first (Polars panics on invalid ones); inside
+`deadline(seconds)` every query carries the time left as the engine's max_execution_time;
+inside `background()` every query runs on one engine thread, so that work nobody waits on
+leaves the cores to the work someone does.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ class DeadlineExceeded(TimeoutError):
 
 
 _DEADLINE: ContextVar[float | None] = ContextVar("analytics_query_deadline", default=None)
+_BACKGROUND: ContextVar[bool] = ContextVar("analytics_query_background", default=False)
 
 
 @contextmanager
@@ -38,15 +41,26 @@ def deadline(seconds: float) -> Iterator[None]:
         _DEADLINE.reset(token)
 
 
+@contextmanager
+def background() -> Iterator[None]:
+    """Run every query of this block on one engine thread (the caller's priority is its own)."""
+    token = _BACKGROUND.set(True)
+    try:
+        yield
+    finally:
+        _BACKGROUND.reset(token)
+
+
 def _query_settings() -> dict[str, Any]:
+    settings: dict[str, Any] = {"max_threads": 1} if _BACKGROUND.get() else {}
     ends = _DEADLINE.get()
     if ends is None:
-        return {}
+        return settings
     left = ends - time.monotonic()
     if left <= 0:
         raise DeadlineExceeded("the report's deadline passed")
     # The engine stops the query itself: work abandoned by a caller that gave up ends too.
-    return {"max_execution_time": round(max(left, 0.001), 3)}
+    return {**settings, "max_execution_time": round(max(left, 0.001), 3)}
 
 
 def frame(store: StoreLike, sql: str, params: dict[str, Any]) -> pl.DataFrame:
