@@ -111,7 +111,8 @@ def test_a_quiet_deployments_queue_climb_is_read_in_pooled_windows(store, make_s
 @pytest.mark.integration
 def test_a_new_task_type_of_a_quiet_service_is_seen_over_pooled_windows(store, make_settings) -> None:
     # 100 requests an hour, a fifth of them a new task type from the onset: 20 an hour,
-    # under min_count (30) in any one window; three windows hold the 300 requests pooled for.
+    # under min_count (30) in any one window; four windows hold the 368 requests pooled for
+    # (among which a tenth-share category reaches 30 with 90 % probability).
     settings = make_settings(triggers={"baseline": "3d"})
     onset = T0 + timedelta(days=3)
     insert(store, T0, onset + 4 * HOUR, Traffic(per_hour=80))
@@ -119,4 +120,15 @@ def test_a_new_task_type_of_a_quiet_service_is_seen_over_pooled_windows(store, m
     insert(store, onset, onset + 4 * HOUR, Traffic(per_hour=20, task_type="translate"), seed=2)
     changes = run_windows(store, settings, onset + HOUR, 4, ["new_workload_shape"], Recorder())
     fired = [t for c in changes for t in c if t["state"] == "active" and t["subject"].get("task_type") == "translate"]
-    assert fired and fired[0]["evidence"]["pooled_windows"] == 3 and fired[0]["evidence"]["requests"] >= 30
+    assert fired and fired[0]["evidence"]["pooled_windows"] == 4 and fired[0]["evidence"]["requests"] >= 30
+
+
+def test_the_pooled_span_gives_a_category_of_the_pooled_share_its_count_nine_times_in_ten() -> None:
+    import numpy as np
+
+    n = pooling.requests_for(30, 0.1)
+    assert n == 368 and pooling.requests_for(30, 0.1, power=0.5) <= 300 < n
+    # checked by drawing: among n requests a tenth-share category holds 30 in ~90 % of draws
+    draws = np.random.default_rng(7).binomial(n, 0.1, 200_000)
+    assert (draws >= 30).mean() == pytest.approx(0.9, abs=0.01)
+    assert (np.random.default_rng(8).binomial(n - 1, 0.1, 200_000) >= 30).mean() < 0.9 + 0.005

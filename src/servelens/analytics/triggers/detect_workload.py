@@ -14,7 +14,6 @@ Two ways traffic can be new, each its own subject (so each opens its own episode
 
 from __future__ import annotations
 
-import math
 from typing import Literal
 
 import numpy as np
@@ -40,7 +39,7 @@ class NewWorkloadShape(TriggerKindConfig):
     alpha: float = Field(1e-4, gt=0, lt=1)
     min_baseline: int = Field(2000, ge=1, description="baseline requests before anything counts as new")
     # A quiet service is pooled over windows until a category of this share of its
-    # traffic would hold min_count (300 requests by default).
+    # traffic would hold min_count with 90 % probability (368 requests by default).
     pool_for_share: float = Field(0.1, gt=0, le=1, description="share a new category in the pooled span must reach")
     shift_min_auc: float = Field(0.75, gt=0.5, le=1)
     shift_alpha: float = Field(1e-3, gt=0, lt=1)
@@ -62,7 +61,7 @@ def novel_categories(store: StoreLike, settings: Settings, at: Evaluation) -> li
     # A quiet service is judged over the trailing windows (up to pool_windows) in which a
     # category of `pool_for_share` of its traffic would reach min_count (pooling.py).
     most = settings.triggers.pool_windows
-    enough = math.ceil(cfg.min_count / cfg.pool_for_share)
+    enough = pooling.requests_for(cfg.min_count, cfg.pool_for_share)
     needed = pooling.needed_windows(pooling.window_counts(store, at, most, "toString(ServiceName)", {"n": "count()"}),
                                     most, lambda c: c["n"] >= enough, ["n"])
     parts = [sources.category_counts(store, settings, pooling.span(at, k), list(cfg.dimensions))

@@ -13,12 +13,14 @@ pooling never peeks at the outcome it would favour.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Callable, Iterable
 
 import numpy as np
 import polars as pl
+from scipy.stats import binom
 
 from servelens.analytics import memo
 from servelens.analytics.query import _ns
@@ -42,6 +44,16 @@ def span(at: Evaluation, windows: int, baseline_since: datetime | None = None) -
     width = at.until - at.since
     since = at.until - windows * width
     return Evaluation(since, at.until, baseline_since or since - (at.since - at.baseline_since))
+
+
+def requests_for(count: int, share: float, power: float = 0.9) -> int:
+    """The fewest requests among which a category of `share` of them reaches `count` with
+    probability `power` (binomial). Pooling for the expected count alone (count / share)
+    would leave a category of exactly that share short of `count` about half the time."""
+    n = math.ceil(count / share)
+    while binom.sf(count - 1, n, share) < power:
+        n += 1
+    return n
 
 
 def window_counts(store: StoreLike, at: Evaluation, most: int, subject: str, counts: dict[str, str],
