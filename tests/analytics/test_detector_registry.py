@@ -24,7 +24,7 @@ FIELDS_BEFORE = {
     "p99_drift": ["alpha", "critical_rise", "min_baseline", "min_requests", "min_rise", "p50_tolerance"],
     "quality_regression": ["critical_drop", "fdr", "keys", "min_baseline", "min_drop", "min_evaluations", "pairs",
                            "windows"],
-    "new_workload_shape": ["alpha", "dimensions", "min_baseline", "min_count", "min_share", "pool_for_share",
+    "new_workload_shape": ["alpha", "dimensions", "grown_ratio", "min_baseline", "min_count", "min_share", "pool_for_share",
                            "rare_share", "shift_alpha", "shift_margin", "shift_min_auc", "shift_min_baseline_minutes",
                            "shift_min_minutes"],
     "retry_storm": ["amplification", "critical_amplification", "min_originals", "min_retries"],

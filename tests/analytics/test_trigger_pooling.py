@@ -132,3 +132,22 @@ def test_the_pooled_span_gives_a_category_of_the_pooled_share_its_count_nine_tim
     draws = np.random.default_rng(7).binomial(n, 0.1, 200_000)
     assert (draws >= 30).mean() == pytest.approx(0.9, abs=0.01)
     assert (np.random.default_rng(8).binomial(n - 1, 0.1, 200_000) >= 30).mean() < 0.9 + 0.005
+
+
+@pytest.mark.integration
+def test_a_rare_category_grown_several_fold_in_a_quiet_service_is_a_new_shape(store, make_settings) -> None:
+    # Long prompts were ~2 % of a 100-an-hour service and become ~13 %: not new (the
+    # baseline had them), too few a minute for the distribution test, but their share grew
+    # past grown_ratio (3x) times the baseline's.
+    settings = make_settings(triggers={"baseline": "3d"})
+    onset = T0 + timedelta(days=3)
+    insert(store, T0, onset + 6 * HOUR, Traffic(per_hour=98, input_tokens=600))
+    insert(store, T0, onset, Traffic(per_hour=2, input_tokens=12000), seed=1)
+    insert(store, onset, onset + 6 * HOUR, Traffic(per_hour=15, input_tokens=12000), seed=2)
+    quiet = run_windows(store, settings, onset, 1, ["new_workload_shape"])
+    changes = run_windows(store, settings, onset + HOUR, 6, ["new_workload_shape"], Recorder())
+    assert quiet == [[]]
+    fired = [t for c in changes for t in c if t["state"] == "active" and t["subject"].get("length_class") == "long"]
+    assert fired, [t["subject"] for c in changes for t in c]
+    ev = fired[0]["evidence"]
+    assert ev["test"]["grown"] and 0.01 < ev["test"]["baseline_share"] < 0.04 and ev["test"]["threshold"] < 0.12

@@ -157,6 +157,13 @@ def test_categorical_novelty() -> None:
     assert stats.categorical_novelty(100, 1000, 20, 50_000).detected  # rare (0.04 %) before
     assert not stats.categorical_novelty(100, 1000, 2500, 50_000).detected  # 5 % before: not new
     assert not stats.categorical_novelty(1, 1000, 0, 50_000).detected  # one stray request
+    # grown: 1.3 % of the baseline, now 10 % of 440 requests, against 3x its baseline share
+    grown = stats.categorical_novelty(44, 440, 650, 50_000, grown_ratio=3.0)
+    assert grown.detected and grown.details["grown"] and grown.threshold == pytest.approx(0.039)
+    assert grown.p_value == pytest.approx(float(sps.binom.sf(43, 440, 0.039)))
+    assert not stats.categorical_novelty(44, 440, 650, 50_000).detected  # without grown_ratio: not new
+    assert not stats.categorical_novelty(25, 440, 650, 50_000, grown_ratio=3.0).detected  # 5.7 %: under 3x at 1e-4
+    assert not stats.categorical_novelty(440, 440, 50_000, 50_000, grown_ratio=3.0).detected  # all, before and now
 
 
 def test_ks_and_wasserstein() -> None:

@@ -2,7 +2,11 @@
 
 Two ways traffic can be new, each its own subject (so each opens its own episode):
 - a category (task type, language, input-length class, a batch feature) rare or absent
-  in the baseline and now a real share of the window: {"service", <dimension>: value};
+  in the baseline and now a real share of the window, or one whose share grew past
+  `grown_ratio` times its share of the baseline (the larger of the whole baseline's and
+  its like hours'): {"service", <dimension>: value}. A quiet service's minutes are too
+  sparse for the distribution test below, so a long-prompt class going from 1 % of the
+  traffic to 10 % is seen here or not at all;
 - a shift of the joint per-minute distribution of the request mix (mean log input
   tokens, mean log output tokens, batch share) against the same hours on earlier days: a
   domain classifier's AUC, {"service", "shape": "distribution"}. The arrival rate is
@@ -36,6 +40,7 @@ class NewWorkloadShape(TriggerKindConfig):
     min_count: int = Field(30, ge=1)
     min_share: float = Field(0.02, ge=0, le=1)
     rare_share: float = Field(0.001, gt=0, lt=1, description="below this share in the baseline = new")
+    grown_ratio: float = Field(3.0, gt=1, description="a share this many times the baseline's = new too")
     alpha: float = Field(1e-4, gt=0, lt=1)
     min_baseline: int = Field(2000, ge=1, description="baseline requests before anything counts as new")
     # A quiet service is pooled over windows until a category of this share of its
@@ -55,8 +60,9 @@ def new_workload_shape(store: StoreLike, settings: Settings, at: Evaluation) -> 
 
 def novel_categories(store: StoreLike, settings: Settings, at: Evaluation) -> list[Finding]:
     """Values with at least `min_count` requests and `min_share` of the window that were
-    below `rare_share` of the baseline, significantly above it now (binomial test). A
-    baseline under `min_baseline` requests judges nothing: on a young store all is new."""
+    below `rare_share` of the baseline and are significantly above it now, or significantly
+    above `grown_ratio` times their baseline share (binomial tests). A baseline under
+    `min_baseline` requests judges nothing: on a young store all is new."""
     cfg = settings.triggers.new_workload_shape
     # A quiet service is judged over the trailing windows (up to pool_windows) in which a
     # category of `pool_for_share` of its traffic would reach min_count (pooling.py).
@@ -71,21 +77,30 @@ def novel_categories(store: StoreLike, settings: Settings, at: Evaluation) -> li
     if counts.is_empty():
         return []
     totals = counts.group_by("service", "dimension").agg(
-        pl.col("n").sum().alias("total"), pl.col("base_n").sum().alias("base_total"))
+        pl.col("n").sum().alias("total"), pl.col("base_n").sum().alias("base_total"),
+        pl.col("like_n").sum().alias("like_total"))
     candidates = (counts.join(totals, on=["service", "dimension"])
                   .filter((pl.col("value") != "") & (pl.col("base_total") >= cfg.min_baseline)
                           & (pl.col("n") >= cfg.min_count) & (pl.col("n") >= cfg.min_share * pl.col("total"))))
     findings = []
     for r in candidates.iter_rows(named=True):
-        test = stats.categorical_novelty(r["n"], r["total"], r["base_n"], r["base_total"], cfg.rare_share, cfg.alpha)
-        seen = "never seen" if r["base_n"] == 0 else f"{test.details['baseline_share']:.2%} of the baseline"
+        # the baseline's share where it is largest: the whole baseline, or its like hours (a
+        # category that is common at night is no news at night)
+        base_n, base_total = r["base_n"], r["base_total"]
+        if r["like_total"] and r["like_n"] * base_total > base_n * r["like_total"]:
+            base_n, base_total = r["like_n"], r["like_total"]
+        test = stats.categorical_novelty(r["n"], r["total"], base_n, base_total, cfg.rare_share, cfg.alpha,
+                                         cfg.grown_ratio)
+        baseline_share = test.details["baseline_share"]
+        seen = ("never seen" if r["base_n"] == 0 else f"{baseline_share:.2%} of the baseline"
+                + (f" ({test.statistic / baseline_share:.1f}x)" if test.details["grown"] else ""))
         findings.append(Finding(
             "new_workload_shape", {"service": r["service"], r["dimension"]: r["value"]}, test.detected,
             severity(False),
             f"{r['service']}: new {r['dimension'].replace('_', ' ')} {r['value']!r}: {test.statistic:.1%} of "
             f"the window ({r['n']} requests), {seen}",
             clean({"dimension": r["dimension"], "value": r["value"], "requests": r["n"], "window_requests": r["total"],
-                   "baseline_requests": r["base_n"], "baseline_total": r["base_total"], "test": test.evidence(),
+                   "baseline_requests": base_n, "baseline_total": base_total, "test": test.evidence(),
                    "pooled_windows": r["pooled_windows"]}),
         ))
     return findings

@@ -175,14 +175,15 @@ def gpu_utilization(store: StoreLike, settings: Settings, at: Evaluation) -> pl.
 
 
 def category_counts(store: StoreLike, settings: Settings, at: Evaluation, dimensions: list[str]) -> pl.DataFrame:
-    """Per service, dimension and value: requests in the window (n) and the baseline
-    (base_n). Value '' (attribute not set) is kept so the caller can total per dimension."""
+    """Per service, dimension and value: requests in the window (n), the baseline (base_n)
+    and the baseline's like hours (like_n: the window's hours on earlier days). Value ''
+    (attribute not set) is kept so the caller can total per dimension."""
     length = length_class(settings.quality.length_classes)
     sql = f"""
         SELECT service, d.1 AS dimension, d.2 AS value,
-               countIf(cur) AS n, countIf(NOT cur) AS base_n
+               countIf(cur) AS n, countIf(NOT cur) AS base_n, countIf(NOT cur AND like) AS like_n
         FROM (SELECT toString(ServiceName) AS service,
-                     {CURRENT} AS cur,
+                     {CURRENT} AS cur, {LIKE_HOURS} AS like,
                      arrayFilter(t -> has({{dimensions:Array(String)}}, t.1), [
                          ('task_type', toString(TaskType)), ('language', toString(Language)),
                          ('length_class', {length.sql}),

@@ -261,16 +261,21 @@ def binomial_rate(k: int, n: int, p0: float, alpha: float = RATE_ALPHA) -> StatR
 # --- distributions -----------------------------------------------------------------------------
 
 def categorical_novelty(count: int, total: int, baseline_count: int, baseline_total: int,
-                        rare_share: float = NOVELTY_RARE_SHARE, alpha: float = RATE_ALPHA) -> StatResult:
+                        rare_share: float = NOVELTY_RARE_SHARE, alpha: float = RATE_ALPHA,
+                        grown_ratio: float | None = None) -> StatResult:
     """A category rare in the baseline (share < rare_share) that is significantly more than
-    rare now (binomial test of the window's count against rare_share)."""
+    rare now (binomial test of the window's count against rare_share); with `grown_ratio`,
+    also one that was not rare but now significantly exceeds grown_ratio times its
+    baseline share (the same test against that share)."""
     baseline_share = baseline_count / baseline_total if baseline_total else 0.0
     share = count / total if total else 0.0
-    pv = float(sps.binom.sf(count - 1, total, rare_share)) if total else 1.0
-    return StatResult("categorical_novelty", share, pv, rare_share,
-                      bool(baseline_share < rare_share and pv < alpha),
+    rare = baseline_share < rare_share
+    null = rare_share if rare else min(1.0, (grown_ratio or math.inf) * baseline_share)
+    pv = float(sps.binom.sf(count - 1, total, null)) if total and null < 1.0 else 1.0
+    return StatResult("categorical_novelty", share, pv, null,
+                      bool((rare or grown_ratio is not None) and pv < alpha),
                       {"baseline_share": baseline_share, "count": count, "baseline_count": baseline_count,
-                       "alpha": alpha})
+                       "alpha": alpha, "grown": not rare})
 
 
 def ks(baseline: Sequence[float], current: Sequence[float], alpha: float = KS_ALPHA) -> StatResult:
