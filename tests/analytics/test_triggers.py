@@ -229,16 +229,23 @@ def test_new_task_type_and_a_token_shift_are_new_workload_shapes(store, make_set
     insert(store, T0, start + HOUR, Traffic(per_hour=300))
     insert(store, start + HOUR, start + 3 * HOUR, Traffic(per_hour=300, input_tokens=1600), seed=1)
     insert(store, start + HOUR, start + 3 * HOUR, Traffic(per_hour=80, task_type="legal-review"), seed=2)
-    insert(store, start + 3 * HOUR, start + 5 * HOUR, Traffic(per_hour=300), seed=3)
+    insert(store, start + 3 * HOUR, start + 6 * HOUR, Traffic(per_hour=300), seed=3)
     recorder = Recorder()
-    changes = run_windows(store, settings, start + HOUR, 5, ["new_workload_shape"], recorder)
+    # six windows: at 300 requests an hour the category test pools two (pooling.requests_for),
+    # so the first window after the change still holds the change's last hour
+    changes = run_windows(store, settings, start + HOUR, 6, ["new_workload_shape"], recorder)
     assert changes[0] == []
     subjects = sorted(json.dumps(t["subject"], sort_keys=True) for t in firing_in(changes[1], "new_workload_shape"))
-    assert subjects == [json.dumps({"service": "chat-api", "shape": "distribution"}, sort_keys=True),
+    # the token shift is seen twice: as the minutes' mix, and as the medium length class
+    # grown from the baseline's few percent to most of the traffic (the grown test)
+    assert subjects == [json.dumps({"service": "chat-api", "length_class": "medium"}, sort_keys=True),
+                        json.dumps({"service": "chat-api", "shape": "distribution"}, sort_keys=True),
                         json.dumps({"service": "chat-api", "task_type": "legal-review"}, sort_keys=True)]
     episodes_ = [t for t in all_triggers(store) if t["kind"] == "new_workload_shape"]
-    assert len(episodes_) == 2 and all(t["state"] == "resolved" for t in episodes_)
-    assert [s for s, _ in recorder.sent] == ["firing", "firing", "resolved", "resolved"]
+    assert len(episodes_) == 3 and all(t["state"] == "resolved" for t in episodes_)
+    assert [s for s, _ in recorder.sent] == ["firing"] * 3 + ["resolved"] * 3
+    grown = next(t for t in episodes_ if "length_class" in t["subject"])
+    assert grown["evidence"]["test"]["grown"]
     shift = next(t for t in episodes_ if "shape" in t["subject"])
     assert shift["evidence"]["test"]["statistic"] > 0.9
     assert shift["evidence"]["features"]["log_input_tokens"]["ks"]["detected"]
