@@ -161,7 +161,7 @@ def distribution_shift(store: StoreLike, settings: Settings, at: Evaluation) -> 
             features[name] = {"mean": float(x_cur[:, i].mean()), "baseline_mean": float(x_base[:, i].mean()),
                               "ks": stats.ks(x_base[:, i], x_cur[:, i]).evidence(),
                               "wasserstein": stats.wasserstein(x_base[:, i], x_cur[:, i]).evidence()}
-        moved = sorted(features, key=lambda f: -(features[f]["wasserstein"]["statistic"] or 0))[:2]
+        moved = sorted(FEATURES[MIX], key=lambda f: -(features[f]["wasserstein"]["statistic"] or 0))[:2]  # of the mix
         findings.append(Finding(
             "new_workload_shape", {"service": service, "shape": "distribution"}, firing, severity(False),
             f"{service}: traffic shape unlike the baseline's same hours (classifier AUC {test.statistic:.2f}); "
