@@ -28,9 +28,9 @@ import shutil
 import statistics
 import tempfile
 import time
-from datetime import timedelta
 import urllib.error
 import urllib.request
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 

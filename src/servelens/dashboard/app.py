@@ -279,11 +279,11 @@ def _register_callbacks(app: dash.Dash) -> None:
     )
     def filter_options(range_key: Any, _tick: Any) -> tuple[Any, ...]:
         source = data.current()
-        window = data.Filters.from_store({"range": range_key})
+        filters = data.Filters.from_store({"range": range_key})
         try:
             # shared like a page's answers: every tab asks on every load (dashboard.results_cache)
-            options, _ = source.guard.call("filter options", source.answer, ("filter-options",), window,
-                                           lambda: source.filter_options(window.range))
+            options, _ = source.guard.call("filter options", source.answer, ("filter-options",), filters,
+                                           lambda: source.filter_options(filters.range))
         except Exception:  # noqa: BLE001 - keep the last options; the guard logged why
             return (dash.no_update,) * len(data.FILTER_KEYS)
         return tuple(options[key] for key in data.FILTER_KEYS)

@@ -99,18 +99,7 @@ class ResultsCache:
         self.served("computed" if owner else "waited")
         if not owner:
             return waiting.result()
-        try:
-            value = compute()
-        except BaseException as exc:
-            with self._lock:
-                entry.pending = None
-            waiting.set_exception(exc)
-            raise
-        answer = self._store(entry, value)
-        with self._lock:
-            entry.pending = None
-        waiting.set_result(answer)
-        return answer
+        return self._compute(entry, compute, waiting)
 
     def pin(self, key: Hashable, compute: Callable[[], Any]) -> None:
         """Keep `key` warm whether read or not, computing it now in the background."""
@@ -134,11 +123,25 @@ class ResultsCache:
             self._worker.start()
         self._wake.set()
 
-    def _store(self, entry: _Entry, value: Any) -> tuple[Any, datetime]:
+    def _compute(self, entry: _Entry, compute: Callable[[], Any], waiting: Future | None) -> tuple[Any, datetime]:
+        """compute() kept as the entry's answer; `waiting` (the readers' future, when this
+        computation owns it) resolved either way, and no longer pending."""
+        try:
+            value = compute()
+        except BaseException as exc:
+            if waiting is not None:
+                with self._lock:
+                    entry.pending = None
+                waiting.set_exception(exc)
+            raise
         with self._lock:
-            entry.value, entry.computed_at = value, self.clock()
-            entry.as_of = datetime.now(timezone.utc)
-            return entry.value, entry.as_of
+            entry.value, entry.computed_at, entry.as_of = value, self.clock(), datetime.now(timezone.utc)
+            if waiting is not None:
+                entry.pending = None
+            answer = entry.value, entry.as_of
+        if waiting is not None:
+            waiting.set_result(answer)
+        return answer
 
     def _due(self) -> None:
         """(lock held) Queue the pinned entries that are past half their max age."""
@@ -170,21 +173,15 @@ class ResultsCache:
             waiting = entry.pending = Future() if entry.as_of is None else None
         try:
             with sources.deadline(self.deadline_s), sources.background():
-                answer = self._store(entry, entry.compute())
-            if waiting is not None:
-                waiting.set_result(answer)
+                self._compute(entry, entry.compute, waiting)
         except (KeyboardInterrupt, SystemExit):
             raise
-        except BaseException as exc:  # noqa: BLE001 - panics too; an old answer stays until it expires
+        except BaseException:  # noqa: BLE001 - panics too; an old answer stays until it expires
             log.warning("background refresh of %.200r failed", key, exc_info=True)
             entry.retry_at = self.clock() + self.fresh
-            if waiting is not None:
-                waiting.set_exception(exc)
         finally:
             with self._lock:
                 entry.refreshing = False
-                if waiting is not None:
-                    entry.pending = None
 
     def _trim(self) -> None:
         """(lock held) Drop the least recently read unpinned entries past MAX_ENTRIES."""

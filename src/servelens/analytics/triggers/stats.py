@@ -272,8 +272,7 @@ def categorical_novelty(count: int, total: int, baseline_count: int, baseline_to
     rare = baseline_share < rare_share
     null = rare_share if rare else min(1.0, (grown_ratio or math.inf) * baseline_share)
     pv = float(sps.binom.sf(count - 1, total, null)) if total and null < 1.0 else 1.0
-    return StatResult("categorical_novelty", share, pv, null,
-                      bool((rare or grown_ratio is not None) and pv < alpha),
+    return StatResult("categorical_novelty", share, pv, null, pv < alpha,  # not rare, no grown_ratio: pv is 1
                       {"baseline_share": baseline_share, "count": count, "baseline_count": baseline_count,
                        "alpha": alpha, "grown": not rare})
 
