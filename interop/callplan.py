@@ -32,6 +32,31 @@ FAKE_API_KEY = "sk-interop-fake-key"
 CHAT_MODEL = "gpt-4o-mini"
 EMBED_MODEL = "text-embedding-3-small"
 SYSTEM = "You are a terse assistant."
+RAG_SYSTEM = ("You answer customers' questions about their orders from the policy passages given with "
+              "the question, and say which passage you used. Never promise what no passage says.")
+PASSAGES = [
+    {"id": "policy-returns-1", "score": 0.91,
+     "content": "Returns: an item may be returned for a full refund within 30 days of delivery, in its "
+                "original packaging, with the receipt or the order number."},
+    {"id": "policy-returns-2", "score": 0.84,
+     "content": "Late returns: from day 31 to day 60 after delivery, a returned item is refunded as store "
+                "credit only. After day 60 no return is accepted, except for faulty items."},
+    {"id": "policy-faults-1", "score": 0.62,
+     "content": "Faulty items: an item that stops working within two years of delivery is repaired or "
+                "replaced free of charge; the customer is asked for a short description of the fault."},
+]
+# An earlier turn of the conversation: the question, the model's tool call, the tool's result
+# and the model's answer (OpenAI's message shapes).
+RAG_HISTORY = [
+    {"role": "user", "content": "Where is my order A-1017?"},
+    {"role": "assistant", "content": None,
+     "tool_calls": [{"id": "call_lookup_1", "type": "function",
+                     "function": {"name": "lookup_order", "arguments": "{\"order\": \"A-1017\"}"}}]},
+    {"role": "tool", "tool_call_id": "call_lookup_1",
+     "content": "{\"order\": \"A-1017\", \"item\": \"blender\", \"status\": \"delivered\", "
+                "\"delivered_days_ago\": 40}"},
+    {"role": "assistant", "content": "Your order A-1017, a blender, was delivered 40 days ago."},
+]
 
 
 @dataclass
@@ -47,6 +72,10 @@ class Call:
     outcome: dict = field(default_factory=dict)
 
     def messages(self) -> list[dict]:
+        if self.kind == "rag":  # the passages inlined after the question, as a RAG app sends them
+            passages = "\n".join(p["content"] for p in PASSAGES)
+            return [{"role": "system", "content": RAG_SYSTEM}, *RAG_HISTORY,
+                    {"role": "user", "content": f"{self.prompt}\n\nPassages:\n{passages}"}]
         return [{"role": "system", "content": SYSTEM},
                 {"role": "user", "content": self.prompt}]
 
@@ -67,6 +96,13 @@ def plan() -> list[Call]:
         c("chat-globex", "chat", "globex", CHAT_MODEL,
           "Say hello to the globex people, who are a different tenant."),
     ]
+
+
+def rag_plan() -> list[Call]:
+    """One retrieval-augmented call with a conversation behind it (the context report's
+    capture): passages retrieved first, then the chat call that inlines them."""
+    return [Call("rag-acme", "rag", "acme", "user-acme-42", "session-acme-1", CHAT_MODEL,
+                 "[call=rag-acme] Can I still return the blender, and how would I be refunded?")]
 
 
 def _status_of(exc: BaseException):
@@ -103,7 +139,7 @@ def run_plan(lib: str, do_call, scope=None, calls: list[Call] | None = None) -> 
     if CALLS_OUT:
         with open(CALLS_OUT, "w", encoding="utf-8") as f:
             for call in calls:
-                f.write(json.dumps(asdict(call), sort_keys=True) + "\n")
+                f.write(json.dumps({**asdict(call), "messages": call.messages()}, sort_keys=True) + "\n")
     return calls
 
 

@@ -99,6 +99,11 @@ LIBS = {
     ),
 }
 
+# The retrieval-augmented captures (callplan.rag_plan): a library's own script for them, in
+# that library's venv.
+VENV_OF = {"openinference_rag": "openinference", "traceloop_rag": "traceloop"}
+LIBS.update({rag: LIBS[lib] for rag, lib in VENV_OF.items()})
+
 # Node libraries: interop/libs/<lib>/ holds package.json, package-lock.json and
 # capture.mjs; lib -> extra files copied next to the script (shared helpers).
 NODE_LIBS = {
@@ -117,10 +122,11 @@ def log(msg: str) -> None:
 
 
 def venv_python(lib: str) -> str:
-    return os.path.join(VENVS, lib, "bin", "python")
+    return os.path.join(VENVS, VENV_OF.get(lib, lib), "bin", "python")
 
 
 def ensure_venv(lib: str, install: bool) -> None:
+    lib = VENV_OF.get(lib, lib)
     req = os.path.join(INTEROP, "requirements", f"{lib}.txt")
     vdir = os.path.join(VENVS, lib)
     stamp = os.path.join(vdir, ".requirements.sha256")
@@ -241,7 +247,7 @@ def capture(lib: str, install: bool) -> dict:
         ensure_node(lib, install)
     else:
         ensure_venv(lib, install)
-    run_dir = os.path.join(VENVS, lib, "run")
+    run_dir = os.path.join(VENVS, VENV_OF.get(lib, lib), f"run-{lib}" if lib in VENV_OF else "run")
     shutil.rmtree(run_dir, ignore_errors=True)
     os.makedirs(run_dir)
     out_dir = os.path.join(PENDING if lib in PENDING_LIBS else CAPTURES, lib)
@@ -269,7 +275,7 @@ def capture(lib: str, install: bool) -> dict:
                INTEROP_PLAN=json.dumps({"system": callplan.SYSTEM,
                                         "calls": [asdict(c) for c in callplan.plan()]}),
                PYTHONUNBUFFERED="1", PYTHONHASHSEED="0",
-               PATH=os.path.join(VENVS, lib, "bin") + os.pathsep + env.get("PATH", ""))
+               PATH=os.path.join(VENVS, VENV_OF.get(lib, lib), "bin") + os.pathsep + env.get("PATH", ""))
     if node:
         script = os.path.join(INTEROP, "libs", lib, "capture.mjs")
         cmd = ["node", os.path.join(node_dir(lib), "capture.mjs")]
@@ -305,6 +311,9 @@ def capture(lib: str, install: bool) -> dict:
             entry.update({k: r.get(k) for k in CALL_FIELDS if k in r})
             entry["http_status"] = entry.pop("status", None)
             entry["server_time_to_first_chunk_ms"] = entry.pop("time_to_first_chunk_ms", None)
+        if c["kind"] == "rag":  # what the prompt held, for the context report's expectations
+            entry["messages"] = c["messages"]
+            entry["passages"] = callplan.PASSAGES
         outcome = dict(c.get("outcome") or {})
         outcome.pop("traceback", None)
         outcome.pop("text", None)
@@ -321,7 +330,7 @@ def capture(lib: str, install: bool) -> dict:
                    "node": subprocess.run(["node", "--version"], capture_output=True,
                                           text=True).stdout.strip()}
     else:
-        runtime = {"requirements": f"interop/requirements/{lib}.txt", "versions": freeze(lib, keys),
+        runtime = {"requirements": f"interop/requirements/{VENV_OF.get(lib, lib)}.txt", "versions": freeze(lib, keys),
                    "python": subprocess.run([venv_python(lib), "-c",
                                              "import sys; print(sys.version.split()[0])"],
                                             capture_output=True, text=True).stdout.strip()}

@@ -9,13 +9,13 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
 from servelens.analytics.reports import registry as reports
-from tests.collector.test_dialects import _replay
+from tests.collector.captures import replay
 
 pytestmark = pytest.mark.integration
 
 
 def test_ingest_health_names_what_is_missing_per_service_and_dialect(collector, otlp_http, store, settings) -> None:
-    _replay("litellm", otlp_http)  # streams carry no TTFT on its spans; nothing is priced here
+    replay("litellm", otlp_http)  # streams carry no TTFT on its spans; nothing is priced here
     provider = TracerProvider(resource=Resource.create({"service.name": "in-house"}))
     provider.add_span_processor(SimpleSpanProcessor(OTLPSpanExporter(endpoint=f"{otlp_http}/v1/traces")))
     with provider.get_tracer("in-house").start_as_current_span("call llm") as span:

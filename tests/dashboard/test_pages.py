@@ -142,6 +142,9 @@ def test_cost(browser, dashboard, otlp_http, tmp_path):
     # the caching panel drew its rows (test_cost_cache_panel checks them to the cent)
     _wait(browser, lambda d: any(t in _text(d, "cost-cache") for t in ("Provider prompt cache", "No caching measured")))
     assert _text(browser, "cost-cache-alert") == ""
+    # the context panel: these spans carry no messages and no counts per part, so it says so
+    _wait(browser, lambda d: "Latency and quality by context size" in _text(d, "cost-context"))
+    assert "unknown for" in _text(browser, "cost-context") and _text(browser, "cost-context-alert") == ""
     _finish(browser, "cost", tmp_path)
     assert [e for e in browser.get_log("browser") if e["level"] == "SEVERE"] == []
 
@@ -210,9 +213,9 @@ def test_reliability(browser, dashboard, otlp_http, tmp_path):
 
 
 def test_ingest(browser, dashboard, otlp_http, tmp_path):
-    from tests.collector.test_dialects import _replay
+    from tests.collector.captures import replay
 
-    _replay("openinference", otlp_http)
+    replay("openinference", otlp_http)
     _open(browser, f"{dashboard.url}/ingest", lambda d: "openinference" in _text(d, "ing-table"))
     row = _text(browser, "ing-table")
     assert "fail-500" in row and "fail-429" in row  # unpriced: no catalog knows them

@@ -565,6 +565,39 @@ class PlanConfig(_Strict):
     autoscaling: AutoscalingDefaults = AutoscalingDefaults()
 
 
+class ContextConfig(_Strict):
+    """Context economics (the `context` report): where a prompt's input tokens go.
+
+    `parts`: a part of the prompt -> the span attributes that carry its token count, first
+    present wins (an application that counts its own context states it exactly; requests
+    without them are estimated from the captured messages). `size_bounds`: the input-token
+    edges of the context-size classes that latency and pass rate are shown by."""
+
+    parts: dict[str, list[str]] = {
+        "system": ["app.context.system_tokens"],
+        "history": ["app.context.history_tokens"],
+        "tool_results": ["app.context.tool_tokens"],
+        "retrieved": ["app.context.retrieved_tokens"],
+    }
+    size_bounds: list[int] = [1000, 4000, 16000, 64000]
+
+    @field_validator("parts")
+    @classmethod
+    def _parts(cls, v: dict[str, list[str]]) -> dict[str, list[str]]:
+        if any(not name or name == "other" for name in v):
+            raise ValueError("a part needs a name, and 'other' is the remainder's")
+        if any(not keys or any(not k for k in keys) for keys in v.values()):
+            raise ValueError("each part needs at least one attribute key")
+        return v
+
+    @field_validator("size_bounds")
+    @classmethod
+    def _bounds(cls, v: list[int]) -> list[int]:
+        if not v or any(b <= 0 for b in v) or any(b >= c for b, c in zip(v, v[1:])):
+            raise ValueError("size_bounds: positive and increasing")
+        return v
+
+
 class SloConfig(_Strict):
     """A request SLO (trigger kind `slo_burn`, the `slo` report): the share of requests of
     its service / deployment that succeed (and, with latency_under, finish within it)."""
@@ -627,6 +660,7 @@ class Settings(BaseSettings):
     spend_budgets: list[SpendBudget] = []
     slos: list[SloConfig] = []
     plan: PlanConfig = PlanConfig()
+    context: ContextConfig = ContextConfig()
 
     @classmethod
     def settings_customise_sources(

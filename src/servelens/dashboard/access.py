@@ -91,7 +91,7 @@ OPTIONAL_POLICY: dict[str, str] = {
 
 # Reports and series that filter every row by tenant; the rest are fleet-wide.
 TENANT_REPORTS = frozenset({"overview", "latency", "cost", "cost-change", "workload", "reliability", "quality",
-                            "stages", "cache"})
+                            "stages", "cache", "context"})
 TENANT_SERIES = frozenset(series.METRICS) - frozenset(series.GPU_METRICS)
 
 SESSION_ID = "sid"  # the session's id in the signed cookie (Credentials.start_session)

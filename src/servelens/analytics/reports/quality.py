@@ -19,12 +19,13 @@ from typing import Any, Mapping
 import polars as pl
 
 from servelens.analytics.query import MIN_TIME, QueryError, ReportQuery, _ns, key_expr
-from servelens.analytics.sources import frame
+from servelens.analytics.sources import context, frame
 from servelens.analytics.sql import length_class, window
 from servelens.core.config import EvaluationConfig, Settings
 from servelens.core.store import StoreLike
 
 SLICE_KEYS = ("task_type", "language", "length_class", "model", "deployment", "tenant")
+CONTEXT_SIZE = "context_size"  # the context report's size class (1-based); not a slice of this report
 DEFAULT_BY = "task_type"
 PASS_LABELS = ["pass", "correct", "good"]
 DEFAULT_THRESHOLD = EvaluationConfig().pass_threshold
@@ -45,6 +46,9 @@ def _key_sql(key: str, settings: Settings) -> tuple[str, dict[str, Any]]:
     """SQL over llm_requests for a slice or filter key (always a String)."""
     if key == "length_class":
         return length_class(settings.quality.length_classes)
+    if key == CONTEXT_SIZE:
+        expr, params = context.size_class(settings.context.size_bounds)
+        return f"toString({expr})", params
     expr, params = key_expr(key, settings.attributes)
     return f"toString({expr})", params
 
@@ -113,7 +117,7 @@ def slice_table(store: StoreLike, settings: Settings, since: datetime, until: da
     params: dict[str, Any] = {**bounds, **_thresholds(settings), "req_since_ns": earliest, "skew_ns": SKEW_NS}
     exprs = {}
     for key in dict.fromkeys([*keys, *filters]):
-        if key not in SLICE_KEYS and key not in filters:
+        if key not in (*SLICE_KEYS, CONTEXT_SIZE) and key not in filters:
             raise QueryError(f"unknown slice key {key!r}; use one of {list(SLICE_KEYS)}")
         exprs[key], extra = _key_sql(key, settings)
         params.update(extra)

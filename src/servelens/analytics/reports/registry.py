@@ -9,7 +9,7 @@ from typing import Any, Callable, Mapping
 import polars as pl
 
 from servelens.analytics.query import QueryError, ReportQuery, iso
-from servelens.analytics.reports import (cache, cost, cost_change, ingest, latency, overview, quality, reliability, slo,
+from servelens.analytics.reports import (cache, context, cost, cost_change, ingest, latency, overview, quality, reliability, slo,
                                          stages, utilization, workload)
 from servelens.core.config import Settings
 from servelens.core.store import StoreLike
@@ -29,6 +29,7 @@ REPORTS: dict[str, tuple[Job, str | None]] = {
     "ingest": (ingest.report, ingest.DEFAULT_BY),
     "slo": (slo.report, None),
     "cache": (cache.report, cache.DEFAULT_BY),
+    "context": (context.report, context.DEFAULT_BY),
 }
 
 

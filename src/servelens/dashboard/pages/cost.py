@@ -12,7 +12,7 @@ from dash import dcc, html
 
 from servelens.dashboard import data, timecharts, traces_links
 from servelens.dashboard.components import (CHART_GROUPS, FONT, LOADING, NO_REQUESTS, NULL, card, chart_layout, empty,
-                                            graph, integer, label, page, pct, plain, register_refresh, search_box,
+                                            graph, integer, label, ms, page, pct, plain, register_refresh, search_box,
                                             table, top_table, updated_line, usd)
 from servelens.dashboard.timecharts import CONTROL, Chart, Line
 
@@ -182,6 +182,50 @@ def cache_panel(rows: list[dict[str, Any]], n: int = data.TOP_N) -> Any:
     return [table(shown, CACHE_COLUMNS, NO_CACHE), note]
 
 
+# The context report's rows (analytics/reports/context.py): parts of the prompt per service,
+# and latency and quality by context size.
+PART_LABELS = {"system": "System prompt", "history": "Conversation history", "tool_results": "Tool results",
+               "retrieved": "Retrieved passages", "question": "Question", "other": "Other (not counted by part)"}
+CONTEXT_PART_COLUMNS = (
+    ("key", "Service", str), ("what", "Part of the prompt", str), ("tokens", "Input tok", integer),
+    ("token_share", "Share of input", pct), ("cost_usd", "Cost", usd), ("cost_share", "Share of cost", pct),
+    ("basis", "Split", plain), ("note", "Note", plain),
+)
+CONTEXT_SIZE_COLUMNS = (
+    ("key", "Context size (input tok)", str), ("requests", "Requests", integer),
+    ("latency_p50_ms", "Latency p50", ms), ("latency_p99_ms", "Latency p99", ms), ("ttft_p50_ms", "TTFT p50", ms),
+    ("evaluations", "Evaluated", integer), ("pass_rate", "Pass rate", pct),
+    ("retrieved_share", "Retrieved share", pct),
+)
+NO_CONTEXT = "No successful LLM requests in this window."
+
+
+def _basis(row: dict[str, Any]) -> str:
+    covered, measured = row.get("covered") or 0, row.get("measured") or 0
+    if not covered:
+        return f"unknown for {integer(row.get('requests'))} requests"
+    how = "measured" if measured == covered else "estimated" if not measured else f"{integer(measured)} measured"
+    return f"{how}, {integer(covered)} of {integer(row.get('requests'))} requests"
+
+
+def context_panel(rows: list[dict[str, Any]], n: int = data.TOP_N) -> list:
+    """The parts of the first n services (most input tokens first), each service's parts
+    largest first; then the size classes."""
+    parts = [r for r in rows if r["kind"] == "part"]
+    totals: dict[str, float] = {}
+    for r in parts:
+        totals[r["key"]] = totals.get(r["key"], 0.0) + (r.get("tokens") or 0.0)
+    services = sorted(totals, key=lambda k: (-totals[k], k))
+    shown = [{**r, "what": PART_LABELS.get(r["part"], r["part"] or "(split unknown)"), "basis": _basis(r)}
+             for key in services[:n] for r in parts if r["key"] == key]
+    more = len(services) - min(len(services), n)
+    note = html.Div(f"{more:,} more services not listed (GET /api/v1/reports/context has them all)",
+                    className="muted", id="cost-context-more") if more else None
+    return [table(shown, CONTEXT_PART_COLUMNS, NO_CONTEXT), note,
+            html.H3("Latency and quality by context size"),
+            table([r for r in rows if r["kind"] == "size"], CONTEXT_SIZE_COLUMNS, NO_CONTEXT)]
+
+
 CHARTS = (
     Chart("spend", "Spend over time", (Line("cost_usd", "spend", CONTROL),), unit="$", stacked=True, control="by"),
     Chart("per-request", "Cost per request over time", (Line("cost_per_request_usd", "per request"),), unit="$"),
@@ -221,6 +265,15 @@ def layout(**_query: str) -> html.Div:
                      "not cost (an upper bound). Response: lookups of spans with app.cache.hit, each hit valued "
                      "at its service's mean cost per request.", className="muted table-note"),
         ]),
+        html.Section(className="panel gap-above", children=[
+            html.H2("Where the prompt's tokens go"), html.Div(id="cost-context-alert"),
+            html.Div(id="cost-context", children=LOADING),
+            html.Div("Measured: the application's own token counts per part (context.parts in the config). "
+                     "Estimated: the captured messages split by role (system, tool results, the last user "
+                     "message as the question, the rest history), with passages a retriever returned earlier "
+                     "in the trace counted as retrieved. Cost: the part's tokens at the service's mean input "
+                     "price; its share of the whole cost of the requests split.", className="muted table-note"),
+        ]),
     )
 
 
@@ -247,6 +300,10 @@ def fetch_cache(source: data.DataSource, filters: data.Filters) -> list[dict[str
     return source.rows("cache", filters)
 
 
+def fetch_context(source: data.DataSource, filters: data.Filters) -> list[dict[str, Any]]:
+    return source.rows("context", filters)
+
+
 def fetch_change(source: data.DataSource, filters: data.Filters) -> list[dict[str, Any]]:
     return source.rows(CHANGE_REPORT, filters)
 
@@ -257,6 +314,8 @@ def register_callbacks(app: dash.Dash) -> None:
     timecharts.register(app, "cost", CHARTS)
     register_refresh(app, "cost", ("cache",), fetch_cache, lambda rows, _filters: (cache_panel(rows),),
                      alert_name="cache-alert")
+    register_refresh(app, "cost", ("context",), fetch_context, lambda rows, _filters: (context_panel(rows),),
+                     alert_name="context-alert")
     # Its own refresh: the change's decomposition can take far longer than the spend itself.
     register_refresh(app, "cost", ("change",), fetch_change,
                      lambda rows, filters: (change_panel(rows, filters.range_label),),

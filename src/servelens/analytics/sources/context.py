@@ -1,0 +1,213 @@
+"""Where a prompt's input tokens go: per LLM request, its input split into parts (the
+`context` report).
+
+Two ways to know, the first that applies per request:
+- **measured**: the span carries a token count for one or more parts under the attribute
+  keys `context.parts` names (kept in llm_requests.Labels). The input tokens they do not
+  cover are the part `other`.
+- **estimated**: the span carries the prompt's messages, as the instrumentation libraries
+  capture them: GenAI semconv `gen_ai.input.messages` (+ `gen_ai.system_instructions`),
+  OpenInference `llm.input_messages.N.message.*`, OpenLLMetry's older
+  `gen_ai.prompt.N.role|content`, Langfuse `langfuse.observation.input`, the Vercel AI
+  SDK's `ai.prompt.messages`. Each message's characters count for a part by its role:
+  system / developer -> `system`; tool / function -> `tool_results`; the last user message
+  -> `question`; every other message (assistant turns, earlier user turns) -> `history`.
+  Passages retrieved earlier in the same trace (OpenInference RETRIEVER spans'
+  `retrieval.documents.N.document.content`, semconv retrieval spans'
+  `gen_ai.retrieval.documents` where they hold content) are inlined into a prompt by the
+  application: their characters move to `retrieved` from the question, then from the
+  system prompt (never more than those hold). The request's input tokens are split in
+  proportion to the characters: tokenizers differ, characters per token differ little
+  between the parts of one prompt.
+
+Requests with neither are counted, not split (`coverage`). Errors and embeddings are left
+out: an embedding's input is one text, a failed request's tokens are unknown.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import polars as pl
+
+from servelens.analytics.query import ReportQuery, key_expr
+from servelens.analytics.sources import frame
+from servelens.analytics.sql import bind, window
+from servelens.core.config import Settings
+from servelens.core.store import StoreLike
+
+ESTIMATED_PARTS = ("system", "history", "tool_results", "retrieved", "question")
+OTHER = "other"
+SYSTEM_ROLES = ("system", "developer")
+TOOL_ROLES = ("tool", "function", "ipython")
+USER_ROLES = ("user", "human")
+# Retrieval spans are read from this long before the window: a request early in the window
+# may inline what was retrieved just before it.
+RETRIEVAL_BEFORE_NS = 3600 * 10**9
+
+
+def _text_len(json: str, key: str) -> str:
+    """Characters of `key` in a JSON object: the string's, else the raw JSON's ('' if absent)."""
+    return (f"if(JSONType({json}, '{key}') = 'String', lengthUTF8(JSONExtractString({json}, '{key}')), "
+            f"length(JSONExtractRaw({json}, '{key}')))")
+
+
+def _role_content_list(attribute: str) -> str:
+    """A JSON list of {role, content} (OpenAI's messages, Langfuse, the Vercel AI SDK); a
+    content that is a list of parts counts each part's `text`, or its JSON (a tool result)."""
+    part = "if(JSONType(e, 'text') = 'String', lengthUTF8(JSONExtractString(e, 'text')), length(e))"
+    content = (f"if(JSONType(m, 'content') = 'Array', arraySum(arrayMap(e -> {part}, JSONExtractArrayRaw(m, 'content'))), "
+               f"{_text_len('m', 'content')})")
+    return (f"arrayMap(m -> (lower(JSONExtractString(m, 'role')), toUInt64({content})), "
+            f"JSONExtractArrayRaw(a['{attribute}']))")
+
+
+def _semconv_messages() -> str:
+    """gen_ai.input.messages: [{role, parts: [{type, content | response | ...}]}]."""
+    part = f"{_text_len('p', 'content')} + {_text_len('p', 'response')} + {_text_len('p', 'result')}"
+    return ("arrayMap(m -> (lower(JSONExtractString(m, 'role')), "
+            f"toUInt64(arraySum(arrayMap(p -> {part}, JSONExtractArrayRaw(m, 'parts'))))), "
+            "JSONExtractArrayRaw(a['gen_ai.input.messages']))")
+
+
+def _flattened(prefix: str, role: str, content: str) -> str:
+    """Messages flattened into one attribute per field: `{prefix}N{role}` and every
+    `{prefix}N{content}...` key (OpenInference's multi-part `contents.M.message_content.text`
+    included, its `.type` tags not)."""
+    count = f"length(arrayFilter(k -> startsWith(k, '{prefix}') AND endsWith(k, '{role}'), mapKeys(a)))"
+    chars = (f"arraySum(arrayMap((k, v) -> if(startsWith(k, concat('{prefix}', toString(i), '{content}')) "
+             f"AND NOT endsWith(k, '.type'), lengthUTF8(v), 0), mapKeys(a), mapValues(a)))")
+    return (f"arrayMap(i -> (lower(a[concat('{prefix}', toString(i), '{role}')]), toUInt64({chars})), "
+            f"range(toUInt64({count})))")
+
+
+MESSAGES = f"""multiIf(
+    mapContains(a, 'gen_ai.input.messages'), {_semconv_messages()},
+    mapContains(a, 'llm.input_messages.0.message.role'),
+        {_flattened('llm.input_messages.', '.message.role', '.message.content')},
+    mapContains(a, 'gen_ai.prompt.0.role'), {_flattened('gen_ai.prompt.', '.role', '.content')},
+    mapContains(a, 'ai.prompt.messages'), {_role_content_list('ai.prompt.messages')},
+    mapContains(a, 'langfuse.observation.input'), {_role_content_list('langfuse.observation.input')},
+    CAST([], 'Array(Tuple(String, UInt64))'))"""
+
+# gen_ai.system_instructions: [{type, content}], kept apart from the messages by semconv
+# (some libraries send the system message in both: then it counts once).
+SYSTEM_INSTRUCTIONS = (f"toUInt64(arraySum(arrayMap(p -> {_text_len('p', 'content')}, "
+                       "JSONExtractArrayRaw(a['gen_ai.system_instructions']))))")
+
+HAS_MESSAGES = ("(mapContains(a, 'gen_ai.input.messages') OR mapContains(a, 'llm.input_messages.0.message.role') "
+                "OR mapContains(a, 'gen_ai.prompt.0.role') OR mapContains(a, 'ai.prompt.messages') "
+                "OR mapContains(a, 'langfuse.observation.input'))")
+
+RETRIEVED_CHARS = f"""(
+    arraySum(arrayMap((k, v) -> if(startsWith(k, 'retrieval.documents.') AND endsWith(k, '.document.content'),
+                                   lengthUTF8(v), 0), mapKeys(a), mapValues(a)))
+    + arraySum(arrayMap(d -> {_text_len('d', 'content')}, JSONExtractArrayRaw(a['gen_ai.retrieval.documents']))))"""
+
+# Spans whose retrieved documents hold text (a retriever's span without them adds nothing);
+# read by key alone, so the spans of the window are not read whole.
+HAS_DOCUMENTS = ("(mapContains(a, 'retrieval.documents.0.document.content') "
+                 "OR mapContains(a, 'gen_ai.retrieval.documents'))")
+
+
+def size_class(bounds: Sequence[int]) -> tuple[str, dict[str, Any]]:
+    """The context-size class of a request (1-based index over `bounds` of InputTokens)."""
+    return "(arrayCount(b -> InputTokens >= b, {size_bounds:Array(UInt64)}) + 1)", {"size_bounds": list(bounds)}
+
+
+def size_labels(bounds: Sequence[int]) -> list[str]:
+    """'< 1k', '1k-4k', ..., '>= 64k' for class 1..len(bounds)+1."""
+    def k(n: int) -> str:
+        return f"{n // 1000}k" if n % 1000 == 0 else str(n)
+    return [f"< {k(bounds[0])}", *(f"{k(a)}-{k(b)}" for a, b in zip(bounds, bounds[1:])), f">= {k(bounds[-1])}"]
+
+
+def _explicit(parts: dict[str, list[str]], params: dict[str, Any]) -> tuple[str, list[str]]:
+    """Per configured part, the first of its keys present in Labels as a number (NULL if none)."""
+    names = list(parts)
+    exprs = []
+    for i, name in enumerate(names):
+        params[f"ctx_keys_{i}"] = parts[name]
+        exprs.append(f"toFloat64OrNull(arrayFirst(v -> v != '', arrayMap(k -> Labels[k], {{ctx_keys_{i}:Array(String)}})))")
+    return f"[{', '.join(exprs)}]" if exprs else "CAST([], 'Array(Nullable(Float64))')", names
+
+
+def part_sums(store: StoreLike, settings: Settings, q: ReportQuery) -> pl.DataFrame:
+    """Per group of q.by and context-size class: requests, input tokens, the covered ones
+    (measured or estimated), the measured ones, and the input tokens of each part (`part`,
+    `tokens`: one row per part present). Nothing when the window has no LLM request."""
+    where, params = q.where(settings.attributes)
+    key_sql, key_params = key_expr(q.by, settings.attributes) if q.by else ("''", {})
+    params.update(key_params)
+    size_sql, size_params = size_class(settings.context.size_bounds)
+    params.update(size_params)
+    explicit_sql, names = _explicit(settings.context.parts, params)
+    params["ctx_names"] = names
+    params["retrieval_before_ns"] = RETRIEVAL_BEFORE_NS
+    msg_window = window().sql
+    ret_window = window(before="retrieval_before_ns").sql
+    sql = f"""
+    WITH
+    req AS (
+        SELECT TraceId, SpanId, toString({key_sql}) AS key, {size_sql} AS size, toFloat64(InputTokens) AS input,
+               {explicit_sql} AS explicit
+        FROM llm_requests
+        WHERE {where} AND NOT IsError AND InputTokens > 0 AND Operation != 'embeddings'),
+    msg AS (
+        SELECT SpanId, any(Timestamp) AS started, any(messages) AS messages, any(instructions) AS instructions
+        FROM (SELECT SpanId, Timestamp, SpanAttributes AS a, {MESSAGES} AS messages,
+                     {SYSTEM_INSTRUCTIONS} AS instructions
+              FROM otel_traces
+              WHERE {msg_window} AND SpanId IN (SELECT SpanId FROM req) AND {HAS_MESSAGES})
+        GROUP BY SpanId),
+    ret AS (
+        SELECT TraceId, groupArray((Timestamp, chars)) AS retrievals
+        FROM (SELECT TraceId, Timestamp, {RETRIEVED_CHARS} AS chars
+              FROM (SELECT TraceId, Timestamp, SpanAttributes AS a FROM otel_traces
+                    WHERE {ret_window} AND TraceId IN (SELECT TraceId FROM req) AND {HAS_DOCUMENTS}))
+        WHERE chars > 0
+        GROUP BY TraceId),
+    spans AS (
+        SELECT req.key AS key, req.size AS size, req.input AS input,
+               arrayExists(x -> x IS NOT NULL, req.explicit) AS measured,
+               length(msg.messages) > 0 AS estimated,
+               msg.messages AS m,
+               arraySum(arrayMap(x -> if(x.1 IN {SYSTEM_ROLES}, x.2, 0), m))
+                   + if(arrayExists(x -> x.1 IN {SYSTEM_ROLES}, m), 0, msg.instructions) AS sys_c,
+               arraySum(arrayMap(x -> if(x.1 IN {TOOL_ROLES}, x.2, 0), m)) AS tool_c,
+               arrayLastIndex(x -> x.1 IN {USER_ROLES}, m) AS last_user,
+               if(last_user > 0, m[last_user].2, 0) AS q_c,
+               arraySum(arrayMap(x -> x.2, m)) + sys_c - arraySum(arrayMap(x -> if(x.1 IN {SYSTEM_ROLES}, x.2, 0), m))
+                   AS total_c,
+               total_c - sys_c - tool_c - q_c AS hist_c,
+               least(arraySum(arrayMap(r -> if(r.1 <= msg.started, r.2, 0), ret.retrievals)), q_c + sys_c) AS ret_c,
+               if(total_c > 0, req.input / total_c, 0) AS per_char,
+               multiIf(
+                   measured,
+                   arrayConcat(
+                       arrayFilter(p -> p.2 > 0, arrayMap((n, x) -> (n, ifNull(x, 0)), {{ctx_names:Array(String)}}, req.explicit)),
+                       [('{OTHER}', greatest(req.input - arraySum(arrayMap(x -> ifNull(x, 0), req.explicit)), 0))]),
+                   estimated AND total_c > 0,
+                   [('system', (sys_c - (ret_c - least(ret_c, q_c))) * per_char),
+                    ('history', hist_c * per_char),
+                    ('tool_results', tool_c * per_char),
+                    ('retrieved', ret_c * per_char),
+                    ('question', (q_c - least(ret_c, q_c)) * per_char)],
+                   CAST([], 'Array(Tuple(String, Float64))')) AS parts
+        FROM req
+        LEFT JOIN msg ON req.SpanId = msg.SpanId
+        LEFT JOIN ret ON req.TraceId = ret.TraceId)
+    SELECT key, size, requests, input_tokens, covered, covered_tokens, measured, part, tokens
+    FROM (SELECT key, size, count() AS requests, sum(input) AS input_tokens,
+                 countIf(length(parts) > 0) AS covered, sumIf(input, length(parts) > 0) AS covered_tokens,
+                 countIf(measured) AS measured,
+                 sumMap(arrayMap(p -> p.1, parts), arrayMap(p -> p.2, parts)) AS sums
+          FROM spans
+          GROUP BY key, size)
+    LEFT ARRAY JOIN sums.1 AS part, sums.2 AS tokens"""
+    schema = {"key": pl.String, "size": pl.Int64, "requests": pl.Int64, "input_tokens": pl.Float64,
+              "covered": pl.Int64, "covered_tokens": pl.Float64, "measured": pl.Int64, "part": pl.String,
+              "tokens": pl.Float64}
+    out = frame(store, sql, params)
+    # A group with no part present keeps one row, part '' (LEFT ARRAY JOIN's default).
+    return pl.DataFrame(schema=schema) if out.is_empty() else out.cast(schema)
