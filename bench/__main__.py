@@ -8,7 +8,7 @@ remaining arguments on (`--quick`, `--no-write`, ...).
 import sys
 
 from bench import (analytics, dashboard_scale, detection, fleet_data, ingest, ingest_default, insert_cost,
-                   plan_accuracy, plan_replay, power, rollup_cost)
+                   plan_accuracy, plan_backtest, plan_replay, power, rollup_cost)
 
 BENCHES = {"ingest_default": ingest_default.main, "ingest": ingest.main, "analytics": analytics.main,
            "detection": detection.main}
@@ -17,11 +17,13 @@ FLEET = {"fleet_data": fleet_data.main, "dashboard_scale": dashboard_scale.main,
 # Arithmetic and models, by name: the detection floors per volume; capacity planning against simulation.
 TABLES = {"power": power.main, "plan_accuracy": plan_accuracy.main, "plan_replay": plan_replay.main,
           "insert_cost": insert_cost.main}
+# On a fleet directory fleet_data wrote: the replay's backtest.
+FLEET_TABLES = {"plan_backtest": plan_backtest.main}
 
 
 def main(argv: list[str]) -> int:
-    if argv and argv[0] in {**BENCHES, **FLEET, **TABLES}:
-        return {**BENCHES, **FLEET, **TABLES}[argv[0]](argv[1:])
+    if argv and argv[0] in {**BENCHES, **FLEET, **TABLES, **FLEET_TABLES}:
+        return {**BENCHES, **FLEET, **TABLES, **FLEET_TABLES}[argv[0]](argv[1:])
     return max(bench(argv) for bench in BENCHES.values())
 
 

@@ -117,7 +117,11 @@ def report(store: StoreLike, settings: Settings, q: ReportQuery) -> pl.DataFrame
     sums = source.part_sums(store, settings, q)
     if sums.is_empty():
         return _shaped()
-    return _shaped(part_rows(sums, _unit_prices(store, settings, q)), size_rows(store, settings, q, sums))
+    # Prices only where a split is known: a deployment that captures no context pays nothing for them.
+    prices = (_unit_prices(store, settings, q) if sums.get_column("covered").sum() else
+              pl.DataFrame(schema={"key": pl.String, "usd_per_input_token": pl.Float64, "usd_per_request": pl.Float64,
+                                   "_partly": pl.Boolean}))
+    return _shaped(part_rows(sums, prices), size_rows(store, settings, q, sums))
 
 
 def _shaped(*frames: pl.DataFrame) -> pl.DataFrame:

@@ -122,14 +122,30 @@ def size_labels(bounds: Sequence[int]) -> list[str]:
     return [f"< {k(bounds[0])}", *(f"{k(a)}-{k(b)}" for a, b in zip(bounds, bounds[1:])), f">= {k(bounds[-1])}"]
 
 
-def _explicit(parts: dict[str, list[str]], params: dict[str, Any]) -> tuple[str, list[str]]:
-    """Per configured part, the first of its keys present in Labels as a number (NULL if none)."""
-    names = list(parts)
+def _explicit(parts: dict[str, list[str]], present: bool, params: dict[str, Any]) -> str:
+    """Per configured part, the first of its keys present in Labels as a number (NULL if
+    none); an empty array when no request of the window carries any of them."""
+    if not present or not parts:
+        return "CAST([], 'Array(Nullable(Float64))')"
     exprs = []
-    for i, name in enumerate(names):
-        params[f"ctx_keys_{i}"] = parts[name]
+    for i, keys in enumerate(parts.values()):
+        params[f"ctx_keys_{i}"] = keys
         exprs.append(f"toFloat64OrNull(arrayFirst(v -> v != '', arrayMap(k -> Labels[k], {{ctx_keys_{i}:Array(String)}})))")
-    return f"[{', '.join(exprs)}]" if exprs else "CAST([], 'Array(Nullable(Float64))')", names
+    return f"[{', '.join(exprs)}]"
+
+
+def _present(store: StoreLike, where: str, params: dict[str, Any]) -> dict[str, bool]:
+    """Which sources the window holds at all: measured counts, captured messages, retrieved
+    documents (read by key alone: a deployment that captures none pays for none)."""
+    found = frame(store, f"""
+        SELECT (SELECT count() > 0 FROM llm_requests WHERE {where} AND hasAny(mapKeys(Labels), {{ctx_all_keys:Array(String)}}))
+                   AS measured,
+               (SELECT count() > 0 FROM (SELECT SpanAttributes AS a FROM otel_traces WHERE {window().sql})
+                WHERE {HAS_MESSAGES}) AS messages,
+               (SELECT count() > 0 FROM (SELECT SpanAttributes AS a FROM otel_traces
+                                         WHERE {window(before="retrieval_before_ns").sql})
+                WHERE {HAS_DOCUMENTS}) AS documents""", params)
+    return {k: bool(v) for k, v in found.row(0, named=True).items()}
 
 
 def part_sums(store: StoreLike, settings: Settings, q: ReportQuery) -> pl.DataFrame:
@@ -141,52 +157,69 @@ def part_sums(store: StoreLike, settings: Settings, q: ReportQuery) -> pl.DataFr
     params.update(key_params)
     size_sql, size_params = size_class(settings.context.size_bounds)
     params.update(size_params)
-    explicit_sql, names = _explicit(settings.context.parts, params)
-    params["ctx_names"] = names
-    params["retrieval_before_ns"] = RETRIEVAL_BEFORE_NS
-    msg_window = window().sql
-    ret_window = window(before="retrieval_before_ns").sql
+    parts = settings.context.parts
+    params.update(ctx_names=list(parts), ctx_all_keys=[k for keys in parts.values() for k in keys],
+                  retrieval_before_ns=RETRIEVAL_BEFORE_NS)
+    present = _present(store, where, params)
+    explicit_sql = _explicit(parts, present["measured"], params)
+    # The configured parts and the rest as `other` (an empty array when nothing is measured).
+    measured_parts = (f"""arrayConcat(
+                       arrayFilter(p -> p.2 > 0, arrayMap((n, x) -> (n, ifNull(x, 0)), {{ctx_names:Array(String)}},
+                                                          req.explicit)),
+                       [('{OTHER}', greatest(req.input - arraySum(arrayMap(x -> ifNull(x, 0), req.explicit)), 0))])"""
+                      if present["measured"] and parts else "CAST([], 'Array(Tuple(String, Float64))')")
+    empty_messages = "CAST([], 'Array(Tuple(String, UInt64))')"
+    msg_cte = msg_join = ret_cte = ret_join = ""
+    messages, instructions, started = empty_messages, "toUInt64(0)", "toDateTime64(0, 9)"
+    retrievals = "CAST([], 'Array(Tuple(DateTime64(9), UInt64))')"
+    if present["messages"]:
+        msg_cte = f"""
+    msg AS (
+        SELECT TraceId, SpanId, any(Timestamp) AS started, any(messages) AS messages, any(instructions) AS instructions
+        FROM (SELECT TraceId, SpanId, Timestamp, SpanAttributes AS a, {MESSAGES} AS messages,
+                     {SYSTEM_INSTRUCTIONS} AS instructions
+              FROM otel_traces
+              WHERE {window().sql} AND {HAS_MESSAGES} AND SpanId IN (SELECT SpanId FROM req))
+        GROUP BY TraceId, SpanId),"""
+        msg_join = "LEFT JOIN msg ON req.TraceId = msg.TraceId AND req.SpanId = msg.SpanId"
+        messages, instructions, started = "msg.messages", "msg.instructions", "msg.started"
+        if present["documents"]:
+            ret_cte = f"""
+    ret AS (
+        SELECT TraceId, groupArray((Timestamp, chars)) AS retrievals
+        FROM (SELECT TraceId, Timestamp, {RETRIEVED_CHARS} AS chars
+              FROM (SELECT TraceId, Timestamp, SpanAttributes AS a FROM otel_traces
+                    WHERE {window(before="retrieval_before_ns").sql} AND {HAS_DOCUMENTS}
+                      AND TraceId IN (SELECT TraceId FROM req)))
+        WHERE chars > 0
+        GROUP BY TraceId),"""
+            ret_join = "LEFT JOIN ret ON req.TraceId = ret.TraceId"
+            retrievals = "ret.retrievals"
     sql = f"""
     WITH
     req AS (
         SELECT TraceId, SpanId, toString({key_sql}) AS key, {size_sql} AS size, toFloat64(InputTokens) AS input,
                {explicit_sql} AS explicit
         FROM llm_requests
-        WHERE {where} AND NOT IsError AND InputTokens > 0 AND Operation != 'embeddings'),
-    msg AS (
-        SELECT SpanId, any(Timestamp) AS started, any(messages) AS messages, any(instructions) AS instructions
-        FROM (SELECT SpanId, Timestamp, SpanAttributes AS a, {MESSAGES} AS messages,
-                     {SYSTEM_INSTRUCTIONS} AS instructions
-              FROM otel_traces
-              WHERE {msg_window} AND SpanId IN (SELECT SpanId FROM req) AND {HAS_MESSAGES})
-        GROUP BY SpanId),
-    ret AS (
-        SELECT TraceId, groupArray((Timestamp, chars)) AS retrievals
-        FROM (SELECT TraceId, Timestamp, {RETRIEVED_CHARS} AS chars
-              FROM (SELECT TraceId, Timestamp, SpanAttributes AS a FROM otel_traces
-                    WHERE {ret_window} AND TraceId IN (SELECT TraceId FROM req) AND {HAS_DOCUMENTS}))
-        WHERE chars > 0
-        GROUP BY TraceId),
+        WHERE {where} AND NOT IsError AND InputTokens > 0 AND Operation != 'embeddings'),{msg_cte}{ret_cte}
     spans AS (
         SELECT req.key AS key, req.size AS size, req.input AS input,
                arrayExists(x -> x IS NOT NULL, req.explicit) AS measured,
-               length(msg.messages) > 0 AS estimated,
-               msg.messages AS m,
+               {messages} AS m,
+               length(m) > 0 AS estimated,
                arraySum(arrayMap(x -> if(x.1 IN {SYSTEM_ROLES}, x.2, 0), m))
-                   + if(arrayExists(x -> x.1 IN {SYSTEM_ROLES}, m), 0, msg.instructions) AS sys_c,
+                   + if(arrayExists(x -> x.1 IN {SYSTEM_ROLES}, m), 0, {instructions}) AS sys_c,
                arraySum(arrayMap(x -> if(x.1 IN {TOOL_ROLES}, x.2, 0), m)) AS tool_c,
                arrayLastIndex(x -> x.1 IN {USER_ROLES}, m) AS last_user,
                if(last_user > 0, m[last_user].2, 0) AS q_c,
                arraySum(arrayMap(x -> x.2, m)) + sys_c - arraySum(arrayMap(x -> if(x.1 IN {SYSTEM_ROLES}, x.2, 0), m))
                    AS total_c,
                total_c - sys_c - tool_c - q_c AS hist_c,
-               least(arraySum(arrayMap(r -> if(r.1 <= msg.started, r.2, 0), ret.retrievals)), q_c + sys_c) AS ret_c,
+               least(arraySum(arrayMap(r -> if(r.1 <= {started}, r.2, 0), {retrievals})), q_c + sys_c) AS ret_c,
                if(total_c > 0, req.input / total_c, 0) AS per_char,
                multiIf(
                    measured,
-                   arrayConcat(
-                       arrayFilter(p -> p.2 > 0, arrayMap((n, x) -> (n, ifNull(x, 0)), {{ctx_names:Array(String)}}, req.explicit)),
-                       [('{OTHER}', greatest(req.input - arraySum(arrayMap(x -> ifNull(x, 0), req.explicit)), 0))]),
+                   {measured_parts},
                    estimated AND total_c > 0,
                    [('system', (sys_c - (ret_c - least(ret_c, q_c))) * per_char),
                     ('history', hist_c * per_char),
@@ -195,8 +228,8 @@ def part_sums(store: StoreLike, settings: Settings, q: ReportQuery) -> pl.DataFr
                     ('question', (q_c - least(ret_c, q_c)) * per_char)],
                    CAST([], 'Array(Tuple(String, Float64))')) AS parts
         FROM req
-        LEFT JOIN msg ON req.SpanId = msg.SpanId
-        LEFT JOIN ret ON req.TraceId = ret.TraceId)
+        {msg_join}
+        {ret_join})
     SELECT key, size, requests, input_tokens, covered, covered_tokens, measured, part, tokens
     FROM (SELECT key, size, count() AS requests, sum(input) AS input_tokens,
                  countIf(length(parts) > 0) AS covered, sumIf(input, length(parts) > 0) AS covered_tokens,
