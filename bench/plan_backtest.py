@@ -67,6 +67,23 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
+def reading(rows: list[dict[str, Any]]) -> str:
+    """What the table says, from its own figures."""
+    def worst(key: str) -> float:
+        return max(abs(r["doc"]["backtest"]["errors"][key] or 0.0) for r in rows)
+
+    busy = [(r["doc"]["backtest"]["busy_share_simulated"], r["doc"]["backtest"]["gpu_utilization_observed"])
+            for r in rows]
+    return (f"Reading it: TTFT and latency p99 are replayed within {worst('ttft_p99_s'):.0%} and "
+            f"{worst('latency_p99_s'):.0%}: prefill and decode time follow the tokens in this fleet, and the fit "
+            f"finds them. Queue wait is not (worst {worst('queue_wait_p99_s'):.0%}): bench/fleet_data.py draws each "
+            f"request's vLLM queue time from a lognormal that ignores load, so at the replayed busy share "
+            f"({min(b for b, _ in busy if b is not None):.0%}-{max(b for b, _ in busy if b is not None):.0%} of "
+            f"the measured replicas) no server the replay can fit queues at all; likewise its GPU utilization is a "
+            f"daily wave unrelated to the requests. The backtest says so (\"off by 100 %\"), which is what it is "
+            f"for: on traffic from a batching server (the accuracy table above) the same replay is exact.")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench plan_backtest", description=__doc__.split("\n\n")[0])
     parser.add_argument("--fleet", required=True, help="a directory bench/fleet_data.py wrote")
@@ -77,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     text = (f"`python -m bench plan_backtest --fleet {fleet}` on {cpu_model()} ({os.cpu_count()} cores), "
             f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC: each self-hosted deployment of the fleet replayed at "
             f"its measured capacity (the Plan page's backtest), windows ending at the last full hour.\n\n"
-            f"{table(rows)}")
+            f"{table(rows)}\n\n{reading(rows)}")
     print(text)
     if args.write:
         write_section("plan-backtest", "Capacity planning: the backtest on the benchmark fleet", text)

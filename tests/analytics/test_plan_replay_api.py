@@ -201,3 +201,22 @@ def test_the_trace_exports_as_csv_for_vidur_and_in_full(store, make_settings, tm
                      UNTIL.isoformat(), "--config", str(config)]) == 0
     printed = capsys.readouterr()
     assert "backtest:" in printed.out and "step time" in printed.out and "replay [" in printed.err
+
+
+def test_failures_without_token_counts_are_left_out_and_said(store, make_settings) -> None:
+    """A fleet's refused requests (429 at the door, no usage reported) cannot be sized: the
+    replay runs on the others and says how many it left out."""
+    from servelens.analytics.plan import replay
+
+    settings = make_settings(deployments=[DEPLOYMENT])
+    truth = _ground_truth(store)
+    refused = [[SINCE + timedelta(minutes=1, seconds=i), "vllm-prod", "vllm-svc", "llama-70b", "acme", 0, 0, 0.05,
+                True, 429] for i in range(20)]
+    store.client().insert("llm_requests", refused, column_names=[
+        "Timestamp", "Deployment", "ServiceName", "Model", "Tenant", "InputTokens", "OutputTokens", "LatencySeconds",
+        "IsError", "HttpStatusCode"])
+    doc = replay.replay(store, settings, {"deployment": "vllm-prod", "since": SINCE.isoformat(),
+                                          "until": UNTIL.isoformat()})
+    assert doc["requests"] == truth["requests"]  # the sized ones, all of them
+    assert any(n.startswith("20 requests without token counts") for n in doc["notes"])
+    assert doc["backtest"]["worst_error"] is not None and doc["backtest"]["worst_error"] < 0.15

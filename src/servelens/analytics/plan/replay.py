@@ -45,7 +45,7 @@ _TRACE = f"""
            coalesce(PrefillSeconds, TtftSeconds - ifNull(QueueSeconds, 0)) AS prefill_s,
            coalesce(DecodeSeconds, LatencySeconds - TtftSeconds) AS decode_s,
            toStartOfMinute(Timestamp) AS minute
-    FROM llm_requests WHERE {_WINDOW} ORDER BY t_ns"""
+    FROM llm_requests WHERE {_WINDOW} AND InputTokens > 0 ORDER BY t_ns"""
 
 # Whether a replica ever held requests waiting: only then is the most it ran its sequence cap.
 _WAITED = f"SELECT max(Waiting) AS waiting FROM engine_samples WHERE {_WINDOW}"
@@ -67,6 +67,9 @@ class Trace:
     requests: pl.DataFrame  # one row per request, by arrival
     running: pl.DataFrame  # minute -> mean running sequences per replica (may be empty)
     waited: bool  # the engine reported requests waiting at some point
+    # Requests of the window with no token counts (failures that reported no usage: refused at
+    # the door, or cut before the engine said): the replay cannot size them and leaves them out.
+    unsized: int = 0
 
     @property
     def arrival_s(self) -> np.ndarray:
@@ -84,7 +87,10 @@ def load(store: StoreLike, deployment: str, since: datetime, until: datetime,
         raise QueryError(f"{n:,} requests in the window; the replay holds at most {max_requests:,}: "
                          "narrow since/until")
     waited = json_safe(frame(store, _WAITED, p).get_column("waiting")[0])
-    return Trace(deployment, since, until, frame(store, _TRACE, p), frame(store, _RUNNING, p), bool(waited))
+    requests = frame(store, _TRACE, p)
+    if requests.is_empty():
+        raise QueryError(f"no request of deployment {deployment!r} between since and until reported its token counts")
+    return Trace(deployment, since, until, requests, frame(store, _RUNNING, p), bool(waited), n - requests.height)
 
 
 def fit_server(trace: Trace, replicas: int, max_seqs: int | None, gpus_per_replica: int) -> tuple[Server, dict[str, Any]]:
@@ -265,6 +271,9 @@ def replay(store: StoreLike, settings: Any, params: Mapping[str, Any], now: date
     w = measure(store, settings, deployment, since, until)
     trace = load(store, deployment, since, until)
     notes = list(w.notes)
+    if trace.unsized:
+        notes.append(f"{trace.unsized:,} requests without token counts (failures that reported no usage) are not "
+                     "replayed")
     replicas = w.replicas or w.gpus
     if replicas is None:
         replicas = 1
