@@ -207,13 +207,13 @@ def part_sums(store: StoreLike, settings: Settings, q: ReportQuery) -> pl.DataFr
                arrayExists(x -> x IS NOT NULL, req.explicit) AS measured,
                {messages} AS m,
                length(m) > 0 AS estimated,
-               arraySum(arrayMap(x -> if(x.1 IN {SYSTEM_ROLES}, x.2, 0), m))
-                   + if(arrayExists(x -> x.1 IN {SYSTEM_ROLES}, m), 0, {instructions}) AS sys_c,
+               arraySum(arrayMap(x -> if(x.1 IN {SYSTEM_ROLES}, x.2, 0), m)) AS sys_msg_c,
+               if(arrayExists(x -> x.1 IN {SYSTEM_ROLES}, m), 0, {instructions}) AS instructions_c,
+               sys_msg_c + instructions_c AS sys_c,
                arraySum(arrayMap(x -> if(x.1 IN {TOOL_ROLES}, x.2, 0), m)) AS tool_c,
                arrayLastIndex(x -> x.1 IN {USER_ROLES}, m) AS last_user,
                if(last_user > 0, m[last_user].2, 0) AS q_c,
-               arraySum(arrayMap(x -> x.2, m)) + sys_c - arraySum(arrayMap(x -> if(x.1 IN {SYSTEM_ROLES}, x.2, 0), m))
-                   AS total_c,
+               arraySum(arrayMap(x -> x.2, m)) + instructions_c AS total_c,
                total_c - sys_c - tool_c - q_c AS hist_c,
                least(arraySum(arrayMap(r -> if(r.1 <= {started}, r.2, 0), {retrievals})), q_c + sys_c) AS ret_c,
                if(total_c > 0, req.input / total_c, 0) AS per_char,
