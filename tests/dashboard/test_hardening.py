@@ -324,12 +324,10 @@ def test_hostile_callback_inputs_are_dropped_and_the_page_still_draws(served, st
             status, response = _refresh(url, alert, deps, filters=filters, values=dict.fromkeys(controls, value))
             assert status == 200 and _alert(response, alert) is None, (alert, filters, value)
 
+    # The filters' store is filled in the browser, so no server callback takes its values:
+    # every reader cleans them (above).
     keep = next(d for d in deps if d["output"] == f"{data.FILTERS_ID}.data")
-    body = {"output": keep["output"], "outputs": {"id": data.FILTERS_ID, "property": "data"}, "state": [],
-            "changedPropIds": ["filter-range.value"],
-            "inputs": [{**i, "value": v} for i, v in zip(keep["inputs"], itertools.cycle(HOSTILE_VALUES))]}
-    status, payload = post_callback(url, body)
-    assert status == 200 and json.loads(payload)["response"][data.FILTERS_ID]["data"] == data.Filters().to_store()
+    assert keep.get("clientside_function"), keep
 
 
 def test_filters_keep_only_short_strings():

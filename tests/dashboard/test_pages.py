@@ -75,6 +75,17 @@ def _finish(driver, page: str, tmp_path: Path) -> None:
     shutil.copyfile(tmp_path / f"{page}.png", f"/tmp/servelens_{page}.png")
     severe = [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
     assert severe == []
+    assert driver.execute_script(UNDRAWN_TRACES_JS) == []
+
+
+# Traces whose type the page's plotly.js bundle lacks (dashboard.plotly_bundle): plotly.js
+# draws such a trace as a scatter, silently.
+UNDRAWN_TRACES_JS = """
+    return Array.from(document.querySelectorAll('.js-plotly-plot')).flatMap(function (gd) {
+        return (gd._fullData || []).filter(function (t) { return (gd.data[t.index].type || 'scatter') !== t.type; })
+            .map(function (t) { return gd.data[t.index].type; });
+    });
+"""
 
 
 def send_gpu_samples(otlp_http: str) -> None:

@@ -76,6 +76,7 @@ POLICY: dict[str, str] = {
     "/_dash-dependencies": READ,
     "/_dash-update-component": READ,
     "/_dash-component-suites/<string:package_name>/<path:fingerprinted_path>": READ,
+    "servelens_plotly_bundle": READ,  # plotly.js, as the pages load it (dashboard.plotly_bundle)
     "/_reload-hash": READ,
     "/_favicon.ico": PUBLIC,
     "_dash_assets.static": READ,

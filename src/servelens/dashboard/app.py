@@ -20,7 +20,8 @@ from dash import ALL, Input, Output, State, dcc, html
 from servelens.core.auth.credentials import Credentials
 from servelens.core.config import Settings
 from servelens.core.store import StoreLike
-from servelens.dashboard import access, admin_api, api, data, oidc, signin, telemetry, timecharts
+from servelens.dashboard import (access, admin_api, api, data, first_page, oidc, plotly_bundle, signin, telemetry,
+                                 timecharts)
 from servelens.dashboard.components import keep_warm as keep_page_warm
 from servelens.dashboard.components import pause_when_hidden
 from servelens.dashboard.guard import Guard
@@ -63,6 +64,7 @@ def create_app(settings: Settings, store: StoreLike,
     guard = guard or Guard()
     credentials = credentials or Credentials(store, settings)
     access.Access(settings, credentials).install(app.server)
+    plotly_bundle.install(app.server)
     app.server.register_blueprint(signin.blueprint(settings, credentials, store, guard.metrics))
     app.server.register_blueprint(telemetry.blueprint(guard.metrics))
     sso = oidc.blueprint(settings, credentials, store, guard.metrics)
@@ -182,7 +184,7 @@ def _layout() -> html.Div:
         # assets/visibility.js keeps this False while the tab is hidden: intervals pause then.
         dcc.Store(id=data.VISIBLE_ID, storage_type="memory", data=True),
         dcc.Interval(id="filter-options-refresh", interval=_OPTIONS_REFRESH_MS),
-        html.Main(dash.page_container, className="content"),
+        html.Main(first_page.page_container(dash.get_app()), className="content"),
     ])
 
 
@@ -217,17 +219,22 @@ def _nav_pages(who: access.Principal | None = None) -> list[dict[str, Any]]:
 
 
 def _register_callbacks(app: dash.Dash) -> None:
-    @app.callback(
+    # The top bar's values, gathered in the browser: a server round trip here would hold
+    # back every page's first refresh, which waits for this store (BENCHMARKS.md, "Dashboard
+    # load in the browser"). Every reader cleans what it reads (data.Filters.from_store).
+    app.clientside_callback(
+        """function (range, since, until) {
+            const keys = %s, values = Array.prototype.slice.call(arguments, 3);
+            const out = {range: range, since: since, until: until};
+            keys.forEach(function (key, i) { out[key] = values[i] === undefined ? null : values[i]; });
+            return out;
+        }""" % json.dumps(list(data.FILTER_KEYS)),
         Output(data.FILTERS_ID, "data"),
         Input("filter-range", "value"),
         Input("filter-from", "value"),
         Input("filter-to", "value"),
         *(Input(f"filter-{key}", "value") for key in data.FILTER_KEYS),
     )
-    def keep_filters(range_key: Any, since: Any, until: Any, *values: Any) -> dict[str, Any]:
-        # Filters.from_store drops what is not a plain short string (a crafted request's value)
-        return data.Filters.from_store({"range": range_key, "since": since, "until": until,
-                                        **dict(zip(data.FILTER_KEYS, values))}).to_store()
 
     # A click on a chart's point opens the requests of its bucket: the line's link
     # (timecharts._link, in its trace's meta) with the clicked bucket as since/until.
@@ -289,6 +296,8 @@ def _register_callbacks(app: dash.Dash) -> None:
         return tuple(options[key] for key in data.FILTER_KEYS)
 
     pause_when_hidden(app, "filter-options-refresh")
+
+    first_page.register(app, "url")
 
     # Highlight the current page's link in the browser; no round trip needed.
     app.clientside_callback(

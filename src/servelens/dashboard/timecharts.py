@@ -111,6 +111,8 @@ def _link(line: Line, key: Any, bucket: str, filters: data.Filters) -> dict[str,
 # The figure as Plotly.js reads it, built as plain data: plotly.graph_objects validates
 # and deep-copies its template on every figure, 50 ms each, most of a page's chart refresh
 # (BENCHMARKS.md "Dashboard cardinality"). The template's layout part is read once.
+# Room for a y label such as "12.5k ms" or "$0.0125", and a date label's two lines.
+_MARGIN = {"l": 64, "r": 16, "t": 28, "b": 44}
 _TEMPLATE = {"layout": pio.templates["plotly_white"].to_plotly_json()["layout"]}
 
 
@@ -135,8 +137,11 @@ def figure(chart: Chart, docs: Sequence[tuple[Line, dict]], marks: Sequence[dict
     since, until = filters.window()
     layout = chart_layout(chart.height, dragmode="zoom", hovermode="x unified", showlegend=len(traces) > 1)
     layout.update(template=_TEMPLATE,
-                  xaxis={"range": [since.isoformat(), until.isoformat()], "type": "date"},
-                  yaxis={"rangemode": "tozero", "fixedrange": True,
+                  # Margins fixed to fit the labels, not grown to them: a grown margin makes
+                  # plotly.js draw the chart twice (BENCHMARKS.md, "Dashboard load in the browser").
+                  margin=_MARGIN,
+                  xaxis={"range": [since.isoformat(), until.isoformat()], "type": "date", "automargin": False},
+                  yaxis={"rangemode": "tozero", "fixedrange": True, "automargin": False,
                          "ticksuffix": {"ms": " ms", "%": " %"}.get(chart.unit, ""),
                          "tickprefix": "$" if chart.unit == "$" else ""},
                   shapes=[_shape(mark, scale) for mark in marks],

@@ -112,16 +112,22 @@ def _signed(value: float) -> str:
 
 
 def change_figure(rows: list[dict[str, Any]], range_label: str) -> go.Figure:
+    """A waterfall drawn as floating bars (plotly.js' bar with a base): the previous
+    total, each driver from the running total, the last total. The pages' plotly.js
+    bundle has no waterfall trace (dashboard.plotly_bundle)."""
     previous, current = rows[0]["previous_cost_usd"], rows[0]["current_cost_usd"]
     labels = [f"Previous<br>{range_label}", *(DRIVER_LABELS.get(r["driver"], label(r["driver"])) for r in rows),
               f"Last<br>{range_label}"]
-    fig = go.Figure(go.Waterfall(
-        x=labels, y=[previous, *(r["delta_usd"] for r in rows), current],
-        measure=["absolute", *(["relative"] * len(rows)), "total"],
-        text=[usd(previous), *(_signed(r["delta_usd"]) for r in rows), usd(current)], textposition="outside",
-        textfont=dict(size=11, color=FONT["color"]),
-        increasing=dict(marker_color=UP_COLOR), decreasing=dict(marker_color=DOWN_COLOR),
-        totals=dict(marker_color=TOTAL_COLOR), connector=dict(line=dict(color="#c9ced8", width=1)),
+    deltas = [r["delta_usd"] for r in rows]
+    bases, running = [], previous
+    for delta in deltas:
+        bases.append(running)
+        running += delta
+    fig = go.Figure(go.Bar(
+        x=labels, y=[previous, *deltas, current], base=[0, *bases, 0],
+        marker_color=[TOTAL_COLOR, *(UP_COLOR if d > 0 else DOWN_COLOR for d in deltas), TOTAL_COLOR],
+        text=[usd(previous), *(_signed(d) for d in deltas), usd(current)], textposition="outside",
+        textfont=dict(size=11, color=FONT["color"]), cliponaxis=False,
         hovertemplate="%{x}: %{text}<extra></extra>"))
     fig.update_layout(**chart_layout(CHART_HEIGHT, showlegend=False))
     fig.update_yaxes(tickprefix="$", rangemode="tozero")
