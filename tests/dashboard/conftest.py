@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Iterator
 
 import pytest
+from dash import dash_table
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
@@ -129,3 +130,23 @@ def http(method: str, url: str) -> tuple[int, str, Any]:
             return resp.status, resp.headers.get("Content-Type", ""), json.loads(resp.read())
     except urllib.error.HTTPError as exc:
         return exc.code, exc.headers.get("Content-Type", ""), json.loads(exc.read())
+
+
+def component_texts(component: Any) -> list[str]:
+    """Every string in a rendered component tree, depth first."""
+    if component is None:
+        return []
+    if isinstance(component, (str, int, float)):
+        return [str(component)]
+    if isinstance(component, (list, tuple)):
+        return [s for child in component for s in component_texts(child)]
+    return component_texts(getattr(component, "children", None))
+
+
+def table_rows(component: Any) -> list[list[str]]:
+    """The cells' text of a table that components.table drew: a DataTable's rows in its
+    columns' order (text cells), or an html.Table's body rows (cells with components)."""
+    if isinstance(component, dash_table.DataTable):
+        keys = [column["id"] for column in component.columns]
+        return [[row[key] for key in keys] for row in component.data]
+    return [[" ".join(component_texts(cell)) for cell in tr.children] for tr in component.children[1].children]

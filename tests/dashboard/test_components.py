@@ -7,10 +7,13 @@ import types
 
 import dash
 import flask
+from dash import dash_table
 
 from servelens.dashboard import data
-from servelens.dashboard.components import NULL, integer, ms, pct, register_refresh, show, table, updated_line, usd
+from servelens.dashboard.components import (NULL, badge, integer, ms, pct, register_refresh, show, table, updated_line,
+                                            usd)
 from servelens.dashboard.guard import Guard
+from tests.dashboard.conftest import table_rows
 
 
 def test_formatters():
@@ -24,12 +27,19 @@ def test_formatters():
 def test_table_formats_numbers_and_marks_missing_values():
     assert table([], (("model", "Model", str),), "nothing").className == "empty"
     columns = (("model", "Model", str), ("requests", "Requests", integer), ("p99", "p99", ms))
-    html_table = table([{"model": "gpt-4o", "requests": 1200, "p99": None}, {"requests": 3, "p99": 2.5}],
-                       columns, "nothing")
+    rows = [{"model": "gpt-4o", "requests": 1200, "p99": None}, {"requests": 3, "p99": 2.5}]
+    expected = [["gpt-4o", "1,200", NULL], ["(none)", "3", "2.5 ms"]]
+    # text cells: one DataTable, numbers right-aligned
+    grid = table(rows, columns, "nothing")
+    assert isinstance(grid, dash_table.DataTable) and table_rows(grid) == expected
+    assert [c["if"]["column_id"] for c in grid.style_cell_conditional if c["textAlign"] == "right"] == [
+        "requests", "p99"]
+    # a cell that is a component (a badge, a link): an html.Table, numbers marked "num"
+    html_table = table([{**rows[0], "model": badge("binding")}, rows[1]], columns, "nothing")
     head, body = html_table.children
     assert [th.className for th in head.children.children] == [None, "num", "num"]
-    assert [[td.children for td in tr.children] for tr in body.children] == [
-        ["gpt-4o", "1,200", NULL], ["(none)", "3", "2.5 ms"]]
+    assert table_rows(html_table) == [["binding", "1,200", NULL], expected[1]]
+    assert [[td.className for td in tr.children] for tr in body.children][0] == [None, "num", "num"]
 
 
 class _App:

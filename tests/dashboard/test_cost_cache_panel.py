@@ -16,6 +16,7 @@ from opentelemetry.trace import SpanKind
 from servelens.dashboard import data
 from servelens.dashboard.app import create_app
 from servelens.dashboard.components import pct, usd
+from tests.dashboard.conftest import table_rows
 
 pytestmark = pytest.mark.integration
 
@@ -64,7 +65,7 @@ def test_the_panel_lists_each_cache_with_what_it_saved(settings, store, otlp_htt
 
     panel, more = page.cache_panel(rows)
     assert more is None  # every row listed
-    cells = [[str(td.children) for td in tr.children] for tr in panel.children[1].children]
+    cells = table_rows(panel)
     assert cells[0][:2] == ["Provider prompt cache", "m-cached"]
     assert pct(0.4) in cells[0] and usd(0.0175) in cells[0]
     assert cells[1][:2] == ["Response cache (app.cache.hit)", "chat"] and pct(0.3) in cells[1]
@@ -85,6 +86,6 @@ def test_the_panel_lists_the_first_rows_of_each_kind_and_counts_the_rest(setting
     rows = [{"kind": "provider", "key": f"m-{i}", "unit": "input tokens", "lookups": 1000, "hits": i, "writes": 0,
              "hit_rate": i / 1000, "saved_usd": i / 100, "saved_prefill_s": None, "note": None} for i in range(60)]
     panel, more = page.cache_panel(rows, n=25)
-    keys = [str(tr.children[1].children) for tr in panel.children[1].children]
+    keys = [row[1] for row in table_rows(panel)]
     assert keys == [f"m-{i}" for i in range(59, 34, -1)]  # the largest savings first
     assert "35 more not listed" in str(more.children)

@@ -16,6 +16,7 @@ from servelens.analytics.plan import capacity
 from servelens.dashboard import data
 from servelens.dashboard.app import create_app
 from tests.analytics.test_plan_capacity import LLAMA, SINCE, UNTIL, _engine, _history
+from tests.dashboard.conftest import table_rows
 from tests.dashboard.test_browser import CHROMEDRIVER, CHROMIUM, _text, browser  # noqa: F401 - the fixture
 from tests.dashboard.test_pages import _finish, _open, _plots, _row, _wait
 from tests.dashboard.test_pages_triggers_quality import texts
@@ -49,7 +50,7 @@ def test_the_page_shows_tier_a_on_the_measured_hour(page, store, settings, histo
     assert doc["replicas_needed"] == expected["replicas_needed"] and doc["at"] == expected["at"]
     answer, listing, _chart, measured, _ = page.render(doc, filters)
     assert f"{doc['replicas_needed']} replicas" in texts(answer)[0]
-    rows = [texts(tr) for tr in listing.children[1].children]
+    rows = table_rows(listing)
     assert [r[0] for r in rows if "now" in r[-1]] == [str(doc["measured"]["replicas"])]
     assert any("Backtest" in t for t in texts(measured))
     # A target no replica count can meet, and a range without traffic, are said plainly.

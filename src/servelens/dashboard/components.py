@@ -80,21 +80,48 @@ def empty(text: str) -> html.Div:
 def table(rows: list[dict[str, Any]], columns: tuple, empty_text: str) -> html.Div | html.Table:
     """rows as a table of (field, header, formatter) columns; a formatter `str` marks a text
     column (left-aligned, "(none)" for a missing value), any other a number (right-aligned,
-    NULL for a missing value). For short lists whose cells may be components (badges,
-    links); a report's groups go through top_table."""
+    NULL for a missing value). For short lists; a report's groups go through top_table.
+
+    Cells that are all text make one DataTable (see top_table); cells that hold components
+    (badges, links) an html.Table."""
     if not rows:
         return empty(empty_text)
-    numeric = {key for key, _, fmt in columns if fmt not in TEXT_FORMATS}
+    numeric = [key for key, _, fmt in columns if fmt not in TEXT_FORMATS]
+    cells = [{key: show(row.get(key), fmt) if fmt is not str else (row.get(key) or "(none)")
+              for key, _, fmt in columns} for row in rows]
+    if all(isinstance(value, str) for row in cells for value in row.values()):
+        return _grid(cells, columns, numeric)
     return html.Table(className="data-table", children=[
         html.Thead(html.Tr([html.Th(label, className="num" if key in numeric else None)
                             for key, label, _ in columns])),
         html.Tbody([
-            html.Tr([html.Td(show(row.get(key), fmt) if fmt is not str else (row.get(key) or "(none)"),
-                             className="num" if key in numeric else None)
-                     for key, _, fmt in columns])
-            for row in rows
+            html.Tr([html.Td(row[key], className="num" if key in numeric else None) for key, _, _ in columns])
+            for row in cells
         ]),
     ])
+
+
+def _grid(cells: list[dict[str, str]], columns: tuple, numeric: Sequence[str],
+          tooltips: list[dict[str, str]] | None = None, styles: Sequence[dict[str, Any]] = ()) -> dash_table.DataTable:
+    """Text cells as one DataTable, styled as the pages' tables; flagged text (FLAGS) in red."""
+    text_keys = [key for key, _, fmt in columns if fmt in TEXT_FORMATS]
+    return dash_table.DataTable(
+        data=cells,
+        columns=[{"id": key, "name": name} for key, name, _ in columns],
+        cell_selectable=False, style_as_list_view=True, fill_width=True,
+        **({"tooltip_data": tooltips, "tooltip_delay": 300, "tooltip_duration": None} if tooltips else {}),
+        style_table={"overflowX": "auto"},
+        style_cell={"fontFamily": FONT["family"], "fontSize": "13px", "padding": "6px 8px", "textAlign": "left",
+                    "border": "none", "borderBottom": "1px solid #f0f2f5", "color": FONT["color"]},
+        style_header={"fontWeight": 500, "color": "#6b7385", "backgroundColor": "white",
+                      "borderBottom": "1px solid #e3e6eb"},
+        style_cell_conditional=[{"if": {"column_id": key}, "textAlign": "right"} for key in numeric],
+        style_data_conditional=[
+            *styles,
+            *({"if": {"filter_query": f'{{{key}}} = "{flag}"', "column_id": key}, "color": "#c0392b"}
+              for key in text_keys for flag in FLAGS),
+        ],
+    )
 
 
 # Text a top-N table shows in red (a flag, as badges are in the other tables).
@@ -127,25 +154,11 @@ def top_table(top: data.Top, columns: tuple, empty_text: str, what: str, measure
         if missing:
             names = ", ".join(name for key, name, _ in columns if key in missing)
             note += f" ({names}: {NOT_SUMMABLE}, shown as {NULL})"
-    text_keys = [key for key, _, fmt in columns if fmt in TEXT_FORMATS]
-    grid = dash_table.DataTable(
-        data=[{key: _cell_text(row, key, fmt, top.not_summed) for key, _, fmt in columns} for row in rows],
-        columns=[{"id": key, "name": name} for key, name, _ in columns],
-        cell_selectable=False, style_as_list_view=True, fill_width=True,
-        tooltip_data=[{key: NOT_SUMMABLE for key in missing} if row.get("_other") else {} for row in rows],
-        tooltip_delay=300, tooltip_duration=None,
-        style_table={"overflowX": "auto"},
-        style_cell={"fontFamily": FONT["family"], "fontSize": "13px", "padding": "6px 8px", "textAlign": "left",
-                    "border": "none", "borderBottom": "1px solid #f0f2f5", "color": FONT["color"]},
-        style_header={"fontWeight": 500, "color": "#6b7385", "backgroundColor": "white",
-                      "borderBottom": "1px solid #e3e6eb"},
-        style_cell_conditional=[{"if": {"column_id": key}, "textAlign": "right"} for key in numeric],
-        style_data_conditional=[
-            *([{"if": {"row_index": len(rows) - 1}, "color": "#6b7385", "fontStyle": "italic"}] if top.other else []),
-            *({"if": {"filter_query": f'{{{key}}} = "{flag}"', "column_id": key}, "color": "#c0392b"}
-              for key in text_keys for flag in FLAGS),
-        ],
-    )
+    grid = _grid([{key: _cell_text(row, key, fmt, top.not_summed) for key, _, fmt in columns} for row in rows],
+                 columns, numeric,
+                 tooltips=[{key: NOT_SUMMABLE for key in missing} if row.get("_other") else {} for row in rows],
+                 styles=[{"if": {"row_index": len(rows) - 1}, "color": "#6b7385", "fontStyle": "italic"}]
+                 if top.other else [])
     return html.Div([grid, html.Div(note + ".", className="muted table-note")], className="top-table")
 
 

@@ -10,9 +10,9 @@ import plotly.graph_objects as go
 from dash import dcc, html
 
 from servelens.dashboard import data, timecharts, traces_links
-from servelens.dashboard.components import (CHART_GROUPS, LOADING, NO_REQUESTS, badge, chart_layout, empty, graph,
-                                            integer, labels, ms, page, panel, register_refresh, search_box, table,
-                                            top_table, updated_line)
+from servelens.dashboard.components import (BADGES, CHART_GROUPS, LOADING, NO_REQUESTS, chart_layout, empty, graph,
+                                            integer, labels, ms, page, panel, plain, register_refresh, search_box,
+                                            table, top_table, updated_line)
 from servelens.dashboard.timecharts import CONTROL, Chart, Line
 
 dash.register_page(__name__, path="/latency", name="Latency & stages", title="Latency & stages · servelens")
@@ -29,8 +29,10 @@ def _headroom(value: float) -> str:
     return ms(value) if value >= 0 else f"{ms(-value)} over"
 
 
-def _flags(row: dict[str, Any]) -> list[html.Span]:
-    return [badge(kind) for kind, field in (("binding", "binding"), ("over", "over_budget")) if row.get(field)]
+def _flags(row: dict[str, Any]) -> str:
+    """As text, so that the stage table is one component ("over budget" shows in red)."""
+    return " · ".join(BADGES[kind] for kind, field in (("binding", "binding"), ("over", "over_budget"))
+                      if row.get(field))
 
 
 def _latency_columns(by: str) -> tuple:
@@ -44,7 +46,7 @@ def _latency_columns(by: str) -> tuple:
 
 STAGE_COLUMNS = (
     ("stage", "Stage", str), ("p50_ms", "p50", ms), ("p99_ms", "p99", ms), ("ceiling_ms", "Ceiling", ms),
-    ("headroom_ms", "Headroom", _headroom), ("flags", "", lambda flags: flags),
+    ("headroom_ms", "Headroom", _headroom), ("flags", "", plain),
 )
 
 
