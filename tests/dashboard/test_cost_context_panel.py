@@ -5,7 +5,6 @@ running receiver, read back through the context report into the panel's tables."
 from __future__ import annotations
 
 import json
-from typing import Any
 
 import pytest
 
@@ -13,20 +12,9 @@ from servelens.dashboard import data
 from servelens.dashboard.app import create_app
 from servelens.dashboard.components import integer, pct
 from tests.collector.captures import CAPTURES, replay
-from tests.dashboard.conftest import table_rows
+from tests.dashboard.conftest import component_texts, table_rows
 
 pytestmark = pytest.mark.integration
-
-
-def _text(component: Any) -> list[str]:
-    """Every string in a component tree, in order."""
-    if component is None:
-        return []
-    if isinstance(component, (str, int, float)):
-        return [str(component)]
-    if isinstance(component, (list, tuple)):
-        return [t for c in component for t in _text(c)]
-    return _text(getattr(component, "children", None))
 
 
 def test_the_panel_lists_each_part_and_the_size_classes(settings, store, collector) -> None:
@@ -38,7 +26,7 @@ def test_the_panel_lists_each_part_and_the_size_classes(settings, store, collect
 
     rows = page.fetch_context(data.DataSource(settings, store), data.Filters())
     parts_table, more, heading, sizes_table = page.context_panel(rows)
-    assert more is None and _text(heading) == ["Latency and quality by context size"]
+    assert more is None and component_texts(heading) == ["Latency and quality by context size"]
     shown = table_rows(parts_table)
     assert [r[1] for r in shown] == ["Retrieved passages", "System prompt", "Question", "Tool results",
                                      "Conversation history"]  # largest first

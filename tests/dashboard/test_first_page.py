@@ -87,6 +87,14 @@ def served(settings, store) -> Iterator[tuple[DashboardServer, list[str]]]:
     server.shutdown()
 
 
+def in_browser(test: Any) -> Any:
+    for mark in (pytest.mark.browser, pytest.mark.integration,
+                 pytest.mark.skipif(not (shutil.which(CHROMIUM) and shutil.which(CHROMEDRIVER)),
+                                    reason="needs Debian's chromium and chromium-driver")):
+        test = mark(test)
+    return test
+
+
 def _routed(outputs: list[str]) -> int:
     return sum(first_page.CONTENT in output for output in outputs)
 
@@ -95,10 +103,7 @@ def _cost_drawn(driver: Any) -> bool:
     return bool(driver.find_elements(By.CSS_SELECTOR, "#cost-table table"))
 
 
-@pytest.mark.browser
-@pytest.mark.integration
-@pytest.mark.skipif(not (shutil.which(CHROMIUM) and shutil.which(CHROMEDRIVER)),
-                    reason="needs Debian's chromium and chromium-driver")
+@in_browser
 def test_a_page_loads_without_routing_and_navigation_still_routes(browser, served, otlp_http):
     server, outputs = served
     send(otlp_http, make_traffic(10, seed=5, ago=(60, 3600)))
@@ -113,10 +118,7 @@ def test_a_page_loads_without_routing_and_navigation_still_routes(browser, serve
     assert not browser.find_elements(By.ID, "cost-table")
 
 
-@pytest.mark.browser
-@pytest.mark.integration
-@pytest.mark.skipif(not (shutil.which(CHROMIUM) and shutil.which(CHROMEDRIVER)),
-                    reason="needs Debian's chromium and chromium-driver")
+@in_browser
 def test_a_referer_naming_another_page_still_shows_the_page_the_browser_is_on(browser, served, otlp_http):
     server, outputs = served
     send(otlp_http, make_traffic(10, seed=6, ago=(60, 3600)))

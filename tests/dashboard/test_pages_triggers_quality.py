@@ -25,7 +25,7 @@ from servelens.analytics.triggers import engine
 from servelens.dashboard import data
 from servelens.dashboard.app import create_app
 from servelens.dashboard.components import pct
-from tests.dashboard.conftest import PRICING
+from tests.dashboard.conftest import PRICING, component_texts
 from tests.dashboard.test_browser import CHROMEDRIVER, CHROMIUM, _text, browser  # noqa: F401 - the fixture
 from tests.dashboard.test_pages import _finish, _open, _plots, _row, _wait
 
@@ -98,15 +98,7 @@ def _errors(store: Any, service: str, since: datetime, until: datetime) -> tuple
         parameters={"service": service, "since": since, "until": until}).first_row
 
 
-def texts(component: Any) -> list[str]:
-    """Every string in a rendered component tree, depth first."""
-    if component is None:
-        return []
-    if isinstance(component, (str, int, float)):
-        return [str(component)]
-    if isinstance(component, (list, tuple)):
-        return [s for child in component for s in texts(child)]
-    return texts(getattr(component, "children", None))
+texts = component_texts  # every string in a rendered component tree, depth first
 
 
 # --- fetch and render, no browser -------------------------------------------------------------
