@@ -16,7 +16,9 @@ from datetime import datetime, timedelta, timezone
 import numpy as np
 import pytest
 
+from servelens.analytics.query import ReportQuery
 from servelens.analytics.reports.registry import run
+from servelens.analytics.reports.utilization import deployment_costs
 
 pytestmark = pytest.mark.integration
 
@@ -147,6 +149,13 @@ def test_utilization_matches_the_samples(make_settings, store, loaded, window) -
             continue
         for name, value in deployments[dep].items():
             assert rows[dep][name] == approx(value), (dep, name)
+
+    # what the cost reports allocate (read without the p95 and the per-minute peaks)
+    costs = {r["deployment"]: r for r in deployment_costs(store, settings, ReportQuery(since, until))
+             .iter_rows(named=True)}
+    for dep, row in rows.items():
+        for name in ("provisioned_cost_usd", "busy_cost_usd", "idle_cost_usd"):
+            assert costs[dep][name] == approx(row[name]), (dep, name)
 
     (overview,) = run("overview", store, settings, params)["rows"]
     assert overview["gpu_utilization"] == (None if fleet is None else approx(fleet))

@@ -38,6 +38,12 @@ def active() -> bool:
     return _MEMO.get() is not None
 
 
+def get(key: Hashable) -> Any:
+    """The value this run holds for `key`, None if none (or outside run())."""
+    memo = _MEMO.get()
+    return None if memo is None else memo.get(key)
+
+
 def cached(key: Hashable, compute: Callable[[], T]) -> T:
     """compute(), or inside run() the value computed earlier for the same key."""
     memo = _MEMO.get()

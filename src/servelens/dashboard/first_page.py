@@ -39,7 +39,7 @@ def page_container(app: dash.Dash) -> html.Div:
     page, path, search = found
     try:
         layout = page["layout"](**_query(search)) if callable(page["layout"]) else page["layout"]
-        title = page["title"](**{}) if callable(page["title"]) else page["title"]
+        title = page["title"]() if callable(page["title"]) else page["title"]
     except Exception:  # noqa: BLE001 - the routing callback renders it instead, as without this
         log.exception("the first layout of %s could not be built", path)
         return html.Div([dash.page_container, dcc.Store(id=SHOWN_ID, data=None)])

@@ -89,8 +89,8 @@ def _window_hours(q: ReportQuery) -> float:
     return (q.until - q.since).total_seconds() / 3600
 
 
-def _gpus(store: StoreLike, settings: Settings, q: ReportQuery) -> pl.LazyFrame:
-    gpus = source.per_gpu(store, settings, q)
+def _gpus(store: StoreLike, settings: Settings, q: ReportQuery, p95: bool = True) -> pl.LazyFrame:
+    gpus = source.per_gpu(store, settings, q, p95)
     return (gpus if gpus.height else pl.DataFrame(schema=_GPU_SCHEMA)).lazy()
 
 
@@ -103,8 +103,9 @@ def deployment_costs(store: StoreLike, settings: Settings, q: ReportQuery) -> pl
     if not settings.deployments:
         return pl.DataFrame(schema={"deployment": pl.String, "provisioned_cost_usd": pl.Float64,
                                     "busy_cost_usd": pl.Float64, "idle_cost_usd": pl.Float64})
-    gpus, minutes = _gpu_frames(store, settings, q)
-    return (deployment_rollup(gpus, minutes, settings, _window_hours(q))
+    # the costs need each GPU's hours and mean, not its p95 nor the per-minute peaks
+    no_minutes = pl.LazyFrame(schema={"deployment": pl.String, "minute_util": pl.Float64})
+    return (deployment_rollup(_gpus(store, settings, q, p95=False), no_minutes, settings, _window_hours(q))
             .select("deployment", "provisioned_cost_usd", "busy_cost_usd", "idle_cost_usd").collect())
 
 
