@@ -85,12 +85,15 @@ WATCH = 4  # windows evaluated after an onset
 RECALL_TARGET, FALSE_PER_WEEK_TARGET = 0.95, 1.0
 
 BUDGET_TOTAL_S = 4.0
+SLO_OBJECTIVE = 0.99
 CONFIG: dict[str, Any] = {
     "pricing": {"models": [
         {"model": "gpt-4o-mini", "input_per_mtok": 0.15, "output_per_mtok": 0.60},
         {"model": "gpt-4o", "input_per_mtok": 2.50, "output_per_mtok": 10.00}]},
     "deployments": [{"name": "llama-prod", "gpus": {"hosts": ["gpu-1"]}, "gpu_hourly_usd": 2.5,
                      "primary_model": "llama-70b", "budgets": {"total": f"{BUDGET_TOTAL_S:g}s", "queue": "500ms"}}],
+    # chat-api's usual 0.5 % errors burn its error budget at half the sustainable rate
+    "slos": [{"name": "chat-availability", "service": "chat-api", "objective": SLO_OBJECTIVE}],
 }
 
 @dataclass(frozen=True)
@@ -195,6 +198,11 @@ def injections() -> dict[str, list[Injection]]:
             Injection("cost_anomaly", f"rag-api prompts and answers {x:g}x longer: cost per request +{x - 1:.0%}",
                       ("search",), {"input_tokens": search.input_tokens * x, "output_tokens": search.output_tokens * x},
                       subjects=({"service": "rag-api"},)) for x in (1.5, 2.0, 3.0)],
+        # Burns the fast rule (1 h and 5 min at 14.4x) pages on; a burn b under it fires
+        # later by design, after about rate / b x the rule's long window (detect_slo.py).
+        "slo_burn": [Injection("slo_burn", f"chat-api errors 0.5 % -> {e:.0%}: {e / (1 - SLO_OBJECTIVE):.0f}x burn of "
+                               f"its {SLO_OBJECTIVE:.0%} objective", ("chat", "summarize"), {"error_share": e},
+                               subjects=({"slo": "chat-availability"},)) for e in (0.15, 0.25, 0.5)],
     }
     assert set(out) <= set(KINDS), set(out) - set(KINDS)
     return out
