@@ -234,6 +234,8 @@ def _top_table(response: dict[str, Any], element: str) -> tuple[list[dict[str, A
 
 
 def test_pages_answer_a_bounded_top_n_whatever_the_number_of_groups(served, store):
+    from servelens.dashboard.pages import overview  # imported by the app (Dash Pages)
+
     generate(store.client(), REQUESTS, GROUPS)
     url, deps = served.url, dependencies(served.url)
     for alert in REFRESHES:
@@ -242,19 +244,19 @@ def test_pages_answer_a_bounded_top_n_whatever_the_number_of_groups(served, stor
 
     _, response = _refresh(url, "overview-cost-alert", deps)
     rows, note = _top_table(response, "overview-cost")
-    assert len(rows) == data.TOP_N + 1 and rows[-1]["tenant"] == f"other ({GROUPS - data.TOP_N:,} more)"
+    assert len(rows) == overview.TOP_N + 1 and rows[-1]["tenant"] == f"other ({GROUPS - overview.TOP_N:,} more)"
     assert sum(int(r["requests"].replace(",", "")) for r in rows) == REQUESTS  # the rest's totals add up
-    assert note.startswith(f"Top {data.TOP_N} of 5,000 tenants by cost")
+    assert note.startswith(f"Top {overview.TOP_N} of 5,000 tenants by cost")
 
     _, response = _refresh(url, "overview-latency-alert", deps)
     rows, note = _top_table(response, "overview-latency")
-    assert rows[-1]["model"] == f"other ({GROUPS - data.TOP_N:,} more)"
+    assert rows[-1]["model"] == f"other ({GROUPS - overview.TOP_N:,} more)"
     assert rows[-1]["latency_p99_ms"] == components.NULL and components.NOT_SUMMABLE in note  # never a 0
 
     # The search narrows the groups first, then cuts: every row shown matches.
     _, response = _refresh(url, "overview-latency-alert", deps, values={"overview-latency-search": "MODEL-12"})
     rows, note = _top_table(response, "overview-latency")
-    assert all("model-12" in r["model"] for r in rows[:-1]) and note.startswith("Top 25 of 111 models")
+    assert all("model-12" in r["model"] for r in rows[:-1]) and note.startswith(f"Top {overview.TOP_N} of 111 models")
     _, response = _refresh(url, "overview-latency-alert", deps, values={"overview-latency-search": "(x"})
     assert "No models match" in json.dumps(response)  # typed text, never a pattern
 

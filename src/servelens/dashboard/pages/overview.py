@@ -121,12 +121,18 @@ def quarantine_note(quarantine: dict[str, int]) -> html.Div | None:
                  "batches were refused by the store and set aside (not counted here): `servelens spool list`")
 
 
+# The Overview summarises: its tables list the first 10 groups (the Latency and Cost pages
+# list data.TOP_N); each table's cells are drawn on every load (BENCHMARKS.md, "Dashboard
+# load in the browser").
+TOP_N = 10
+
+
 def fetch_latency(source: data.DataSource, filters: data.Filters, search: str | None) -> data.Top:
-    return source.top("latency", filters, "model", "requests", search)
+    return source.top("latency", filters, "model", "requests", search, n=TOP_N)
 
 
 def fetch_cost(source: data.DataSource, filters: data.Filters, search: str | None) -> data.Top:
-    return source.top("cost", filters, "tenant", "cost_usd", search)
+    return source.top("cost", filters, "tenant", "cost_usd", search, n=TOP_N)
 
 
 def register_callbacks(app: dash.Dash) -> None:
