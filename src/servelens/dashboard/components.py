@@ -104,7 +104,8 @@ def table(rows: list[dict[str, Any]], columns: tuple, empty_text: str) -> html.D
 def _grid(cells: list[dict[str, str]], columns: tuple, numeric: Sequence[str],
           tooltips: list[dict[str, str]] | None = None, styles: Sequence[dict[str, Any]] = ()) -> dash_table.DataTable:
     """Text cells as one DataTable, styled as the pages' tables; flagged text (FLAGS) in red."""
-    text_keys = [key for key, _, fmt in columns if fmt in TEXT_FORMATS]
+    # only the columns that hold a flag: the table evaluates each conditional style per cell
+    flagged = [key for key, _, fmt in columns if fmt in TEXT_FORMATS and any(row[key] in FLAGS for row in cells)]
     return dash_table.DataTable(
         data=cells,
         columns=[{"id": key, "name": name} for key, name, _ in columns],
@@ -119,7 +120,7 @@ def _grid(cells: list[dict[str, str]], columns: tuple, numeric: Sequence[str],
         style_data_conditional=[
             *styles,
             *({"if": {"filter_query": f'{{{key}}} = "{flag}"', "column_id": key}, "color": "#c0392b"}
-              for key in text_keys for flag in FLAGS),
+              for key in flagged for flag in FLAGS),
         ],
     )
 
