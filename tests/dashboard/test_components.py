@@ -10,8 +10,8 @@ import flask
 from dash import dash_table
 
 from servelens.dashboard import data
-from servelens.dashboard.components import (NULL, badge, integer, ms, pct, register_refresh, show, table, updated_line,
-                                            usd)
+from servelens.dashboard.components import (NULL, badge, integer, ms, pct, plain, register_refresh, show, table,
+                                            updated_line, usd)
 from servelens.dashboard.guard import Guard
 from tests.dashboard.conftest import table_rows
 
@@ -82,3 +82,14 @@ def test_refresh_renders_or_keeps_the_last_children_and_says_why():
     assert alert.className == "alert" and alert.children.startswith("Could not load data: internal error")
     assert "store down" not in alert.children
     assert calls[0][:2] == (source, data.Filters("1h")) and calls[1][1] == data.Filters()
+
+
+def test_a_text_table_reddens_only_the_columns_that_hold_a_flag():
+    columns = (("stage", "Stage", str), ("flags", "", plain))
+    grid = table([{"stage": "decode", "flags": "binding · over budget"}, {"stage": "queue", "flags": "binding"}],
+                 columns, "nothing")
+    red = [s for s in grid.style_data_conditional if s.get("color") == "#c0392b"]
+    assert {s["if"]["column_id"] for s in red} == {"flags"}
+    assert '{flags} contains "over budget"' in [s["if"]["filter_query"] for s in red]
+    plain_names = table([{"stage": "decode", "flags": ""}], columns, "nothing")
+    assert not [s for s in plain_names.style_data_conditional if s.get("color") == "#c0392b"]

@@ -104,8 +104,10 @@ def table(rows: list[dict[str, Any]], columns: tuple, empty_text: str) -> html.D
 def _grid(cells: list[dict[str, str]], columns: tuple, numeric: Sequence[str],
           tooltips: list[dict[str, str]] | None = None, styles: Sequence[dict[str, Any]] = ()) -> dash_table.DataTable:
     """Text cells as one DataTable, styled as the pages' tables; flagged text (FLAGS) in red."""
-    # only the columns that hold a flag: the table evaluates each conditional style per cell
-    flagged = [key for key, _, fmt in columns if fmt in TEXT_FORMATS and any(row[key] in FLAGS for row in cells)]
+    # only the columns that hold a flag (alone, or among others joined by " · "): the table
+    # evaluates each conditional style per cell
+    flagged = [key for key, _, fmt in columns if fmt in TEXT_FORMATS
+               and any(not FLAGS_SET.isdisjoint(row[key].split(" · ")) for row in cells)]
     return dash_table.DataTable(
         data=cells,
         columns=[{"id": key, "name": name} for key, name, _ in columns],
@@ -119,7 +121,7 @@ def _grid(cells: list[dict[str, str]], columns: tuple, numeric: Sequence[str],
         style_cell_conditional=[{"if": {"column_id": key}, "textAlign": "right"} for key in numeric],
         style_data_conditional=[
             *styles,
-            *({"if": {"filter_query": f'{{{key}}} = "{flag}"', "column_id": key}, "color": "#c0392b"}
+            *({"if": {"filter_query": f'{{{key}}} contains "{flag}"', "column_id": key}, "color": "#c0392b"}
               for key in flagged for flag in FLAGS),
         ],
     )
@@ -127,6 +129,7 @@ def _grid(cells: list[dict[str, str]], columns: tuple, numeric: Sequence[str],
 
 # Text a top-N table shows in red (a flag, as badges are in the other tables).
 FLAGS = ("over budget", "regressed")
+FLAGS_SET = frozenset(FLAGS)
 
 
 def _cell_text(row: dict[str, Any], key: str, fmt: Callable[[Any], Any], not_summed: Sequence[str]) -> str:

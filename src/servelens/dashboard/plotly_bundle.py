@@ -1,11 +1,12 @@
 """plotly.js as the pages need it: the official partial bundle with the trace types they
 draw (scatter, bar), served where dcc.Graph loads plotly.js from on first use.
 
-The full bundle that Dash registers is four times larger (4.8 MB against 1.2 MB), and a
-page's first chart waits while the browser compiles it: on two cores that compile was a
-third of a page load (BENCHMARKS.md, "Dashboard load in the browser"). The bundle is
-plotly.js-basic-dist-min at the plotly.js version of the installed `plotly` package
-(vendor/, with its MIT licence); a test draws every page and fails on a trace type it lacks.
+The full bundle that Dash registers is four times larger (4.8 MB against 1.2 MB): a first
+visit fetches and compiles four times the bytes before its first chart (with the browser's
+code cache warm the difference is small; BENCHMARKS.md, "Dashboard load in the browser").
+The bundle is plotly.js-basic-dist-min at the plotly.js version of the installed `plotly`
+package (vendor/, with its MIT licence); the browser tests check on every page that each
+trace drawn is of a type the bundle has (tests/dashboard/test_pages.py).
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ VERSION = "4.1.1"  # plotly.js-basic-dist-min's, equal to plotly.offline.get_plo
 # (serve_locally, the default): the renderer's window._dashPlotlyJSURL.
 URL = "/_dash-component-suites/plotly/package_data/plotly.min.js"
 ENDPOINT = "servelens_plotly_bundle"
-TRACE_TYPES = frozenset({"scatter", "bar", "pie"})
 
 
 def install(server: flask.Flask) -> None:
