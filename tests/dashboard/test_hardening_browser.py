@@ -16,7 +16,7 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
 from bench.dashboard_cardinality import IDLE_JS, OVERVIEW_DRAWN_JS, generate
-from servelens.dashboard import components, data
+from servelens.dashboard import components
 from servelens.dashboard.app import create_app
 from servelens.dashboard.server import DashboardServer
 from tests.dashboard.test_browser import CHROMEDRIVER, CHROMIUM, _text, browser  # noqa: F401 - the fixture
@@ -80,17 +80,19 @@ def counting(settings, store, monkeypatch) -> Iterator[Counting]:
 
 
 def test_overview_with_thousands_of_groups_shows_the_top_n_and_one_other_row(browser, dashboard, store):
+    from servelens.dashboard.pages import overview  # imported by the app (Dash Pages)
+
     generate(store.client(), REQUESTS, GROUPS)
     browser.get(f"{dashboard.url}/")
-    _wait(browser, lambda d: len(_cells(d, "overview-cost")) == data.TOP_N + 1
-          and len(_cells(d, "overview-latency")) == data.TOP_N + 1 and d.execute_script(OVERVIEW_DRAWN_JS))
+    _wait(browser, lambda d: len(_cells(d, "overview-cost")) == overview.TOP_N + 1
+          and len(_cells(d, "overview-latency")) == overview.TOP_N + 1 and d.execute_script(OVERVIEW_DRAWN_JS))
     _wait(browser, lambda d: _text(d, "ov-requests") == f"{REQUESTS:,}")
 
     cost, latency = _cells(browser, "overview-cost"), _cells(browser, "overview-latency")
-    assert cost[-1][0] == f"other ({GROUPS - data.TOP_N:,} more)"
+    assert cost[-1][0] == f"other ({GROUPS - overview.TOP_N:,} more)"
     assert sum(int(row[1].replace(",", "")) for row in cost) == REQUESTS  # the other row holds the rest
-    assert latency[-1][0] == f"other ({GROUPS - data.TOP_N:,} more)" and latency[-1][3] == components.NULL
-    assert f"Top {data.TOP_N} of 5,000 tenants by cost" in _text(browser, "overview-cost")
+    assert latency[-1][0] == f"other ({GROUPS - overview.TOP_N:,} more)" and latency[-1][3] == components.NULL
+    assert f"Top {overview.TOP_N} of 5,000 tenants by cost" in _text(browser, "overview-cost")
     assert components.NOT_SUMMABLE in _text(browser, "overview-latency")
     browser.set_window_size(1440, browser.execute_script("return document.documentElement.scrollHeight") + 200)
     browser.save_screenshot(SCREENSHOT)
