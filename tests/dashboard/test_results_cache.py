@@ -11,6 +11,7 @@ from typing import Any, Callable
 
 import pytest
 
+from servelens.dashboard import data
 from servelens.dashboard.app import create_app
 from servelens.dashboard.results_cache import ResultsCache
 from servelens.dashboard.server import DashboardServer
@@ -169,7 +170,8 @@ def _served(url: str) -> dict[str, float]:
 
 def test_the_overview_is_computed_at_start_and_its_first_load_served_from_it(settings, store, otlp_http):
     send(otlp_http, make_traffic(40, seed=5, ago=(60, 3000)))
-    server = DashboardServer(create_app(settings, store, keep_warm=("overview",)), "127.0.0.1", 0)
+    app = create_app(settings, store, keep_warm=("overview",))
+    server = DashboardServer(app, "127.0.0.1", 0)
     server.start()
     try:
         eventually(lambda: _post_cards(server.url) and _served(server.url).get("fresh", 0) >= 1, timeout=60)
@@ -179,6 +181,9 @@ def test_the_overview_is_computed_at_start_and_its_first_load_served_from_it(set
         assert served.get("computed", 0) == 0, served  # never computed for a reader: it was warm
     finally:
         server.shutdown()
+    # and the background refresh stops with the server: the store may close next
+    worker = data.source_of(app.server).answers._worker
+    assert worker is not None and not worker.is_alive()
 
 
 def test_without_the_cache_every_refresh_computes(settings, store):

@@ -412,6 +412,18 @@ def attach(server: flask.Flask, source: DataSource) -> None:
     server.config[_CONFIG_KEY] = source
 
 
+def source_of(server: flask.Flask) -> DataSource | None:
+    """The DataSource attached to this app's server."""
+    return server.config.get(_CONFIG_KEY)
+
+
+def detach(server: flask.Flask) -> None:
+    """Stop the background work of the app's DataSource (its shared answers' refresh)."""
+    source = source_of(server)
+    if source is not None:
+        source.answers.close()
+
+
 def current() -> DataSource:
     """The DataSource of the app serving the current request (callbacks run in one), as
     the caller reads it (DataSource.for_principal)."""

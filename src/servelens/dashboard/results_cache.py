@@ -64,6 +64,7 @@ class ResultsCache:
     _wake: threading.Event = field(default_factory=threading.Event)
     _worker: threading.Thread | None = None
     _queue: list = field(default_factory=list)
+    _closed: bool = False
 
     @property
     def enabled(self) -> bool:
@@ -110,11 +111,23 @@ class ResultsCache:
             entry.pinned = True
             self._enqueue(key, entry)
 
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop the background recomputation (the store may close next); readers still get
+        answers, computed when they ask."""
+        with self._lock:
+            self._closed = True
+            worker = self._worker
+        self._wake.set()
+        if worker is not None and worker is not threading.current_thread():
+            worker.join(timeout)
+
     # --- background recomputation ----------------------------------------------------------
 
     def _enqueue(self, key: Hashable, entry: _Entry) -> None:
         """(lock held) Queue one recomputation of `key` unless one is queued or running."""
         if entry.refreshing or entry.pending is not None or self.clock() < entry.retry_at:
+            return
+        if self._closed:
             return
         entry.refreshing = True
         self._queue.append(key)
@@ -156,10 +169,14 @@ class ResultsCache:
         while True:
             self._wake.wait(timeout=max(1.0, self.fresh / 2))
             self._wake.clear()
+            if self._closed:
+                return
             with self._lock:
                 self._due()
                 keys, self._queue = self._queue, []
             for key in keys:
+                if self._closed:
+                    return
                 self._recompute(key)
 
     def _recompute(self, key: Hashable) -> None:

@@ -7,6 +7,7 @@ from typing import Any
 import dash
 
 from servelens.core.serving import WaitressServer
+from servelens.dashboard import data
 
 
 class DashboardServer(WaitressServer):
@@ -16,3 +17,9 @@ class DashboardServer(WaitressServer):
         proxy: dict[str, Any] = {} if trusted_proxy is None else {
             "trusted_proxy": trusted_proxy, "trusted_proxy_headers": {"x-forwarded-for", "x-forwarded-proto"}}
         super().__init__(app.server, host, port, threads=threads, name="dashboard", tls_context=tls_context, **proxy)
+        self._flask = app.server
+
+    def shutdown(self, timeout: float = 5.0) -> None:
+        """Stop serving, then the app's background work (the store may close next)."""
+        super().shutdown(timeout)
+        data.detach(self._flask)
