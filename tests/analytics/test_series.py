@@ -162,7 +162,7 @@ def test_spend_grouped_by_price_entry_equals_the_cost_report_per_model(store, se
     _write_mixed(store)
     got = series.series(store, settings, "cost_usd", _q(**({"by": by} if by else {}), **extra), "1h")
     assert got["series"]
-    checked = 0
+    checked = with_unpriced = 0
     for s in got["series"]:
         for t, value in s["points"]:
             since = datetime.fromisoformat(t.replace("Z", "+00:00"))
@@ -172,10 +172,13 @@ def test_spend_grouped_by_price_entry_equals_the_cost_report_per_model(store, se
                 params[by] = s["key"][by]
             rows = run("cost", store, settings, params)["rows"]
             priced = [r["cost_usd"] for r in rows if r["cost_usd"] is not None]
-            assert any(r["cost_usd"] is None for r in rows)  # the unpriced models are in every bucket
+            with_unpriced += any(r["cost_usd"] is None for r in rows)
             assert value == pytest.approx(sum(priced), rel=1e-9), (s["key"], t)
             checked += 1
     assert checked >= 12
+    # The unpriced models are in the buckets: all but, by chance, the window's partial edge
+    # hours (END is minute-aligned: the last hour may hold a minute of requests).
+    assert with_unpriced >= checked - 2 * len(got["series"])
 
 
 def test_unknown_metric_is_a_clear_error(loaded, settings) -> None:
