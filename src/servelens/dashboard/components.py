@@ -107,7 +107,7 @@ def _grid(cells: list[dict[str, str]], columns: tuple, numeric: Sequence[str],
     # only the columns that hold a flag (alone, or among others joined by " · "): the table
     # evaluates each conditional style per cell
     flagged = [key for key, _, fmt in columns if fmt in TEXT_FORMATS
-               and any(not FLAGS_SET.isdisjoint(row[key].split(" · ")) for row in cells)]
+               and any(part in FLAGS for row in cells for part in row[key].split(" · "))]
     return dash_table.DataTable(
         data=cells,
         columns=[{"id": key, "name": name} for key, name, _ in columns],
@@ -129,7 +129,6 @@ def _grid(cells: list[dict[str, str]], columns: tuple, numeric: Sequence[str],
 
 # Text a top-N table shows in red (a flag, as badges are in the other tables).
 FLAGS = ("over budget", "regressed")
-FLAGS_SET = frozenset(FLAGS)
 
 
 def _cell_text(row: dict[str, Any], key: str, fmt: Callable[[Any], Any], not_summed: Sequence[str]) -> str:

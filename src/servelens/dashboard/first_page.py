@@ -35,14 +35,14 @@ def page_container(app: dash.Dash) -> html.Div:
     """dash.page_container, with the Referer's page in it when there is one."""
     found = _referred_page(app)
     if found is None:
-        return html.Div([dash.page_container, dcc.Store(id=SHOWN_ID, data=None)])
+        return _routed_in_browser()
     page, path, search = found
     try:
         layout = page["layout"](**_query(search)) if callable(page["layout"]) else page["layout"]
         title = page["title"]() if callable(page["title"]) else page["title"]
     except Exception:  # noqa: BLE001 - the routing callback renders it instead, as without this
         log.exception("the first layout of %s could not be built", path)
-        return html.Div([dash.page_container, dcc.Store(id=SHOWN_ID, data=None)])
+        return _routed_in_browser()
     return html.Div([
         dcc.Location(id=LOCATION, refresh="callback-nav", pathname=path, search=search),
         html.Div(id=CONTENT, disable_n_clicks=True, children=layout),
@@ -50,6 +50,11 @@ def page_container(app: dash.Dash) -> html.Div:
         html.Div(id=DUMMY, disable_n_clicks=True),
         dcc.Store(id=SHOWN_ID, data=path + search),
     ])
+
+
+def _routed_in_browser() -> html.Div:
+    """Dash's own empty container: the routing callback fills it, as without this module."""
+    return html.Div([dash.page_container, dcc.Store(id=SHOWN_ID, data=None)])
 
 
 def _referred_page(app: dash.Dash) -> tuple[dict[str, Any], str, str] | None:
