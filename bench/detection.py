@@ -86,6 +86,11 @@ RECALL_TARGET, FALSE_PER_WEEK_TARGET = 0.95, 1.0
 
 BUDGET_TOTAL_S = 4.0
 SLO_OBJECTIVE = 0.99
+# globex's usual week: ~$460 (300 gpt-4o requests an hour of ~3,250 prompt and ~160 answer
+# tokens, weekends at 70 %); its budget leaves a forecast that counts weekends as weekdays
+# room to spare.
+SPEND_BUDGET_USD = 600.0
+REGIONS = ("us-east-1", "eu-west-1", "ap-south-1")
 CONFIG: dict[str, Any] = {
     "pricing": {"models": [
         {"model": "gpt-4o-mini", "input_per_mtok": 0.15, "output_per_mtok": 0.60},
@@ -94,6 +99,7 @@ CONFIG: dict[str, Any] = {
                      "primary_model": "llama-70b", "budgets": {"total": f"{BUDGET_TOTAL_S:g}s", "queue": "500ms"}}],
     # chat-api's usual 0.5 % errors burn its error budget at half the sustainable rate
     "slos": [{"name": "chat-availability", "service": "chat-api", "objective": SLO_OBJECTIVE}],
+    "spend_budgets": [{"by": "tenant", "key": "globex", "usd": SPEND_BUDGET_USD, "period": "week"}],
 }
 
 @dataclass(frozen=True)
@@ -137,6 +143,11 @@ class Injection:
     climb: float = 0.0  # queue: x(1 + climb·k) in the k-th window of the climb
     # A firing on a subject holding one of these is a detection ({} = any subject).
     subjects: tuple[dict[str, str], ...] = ({},)
+    regions: tuple[str, ...] = ()  # the streams are served from these regions (equal shares) ...
+    changed_share: float = 1.0  # ... and this share of the first region's requests (of all, without) changes
+    watch: int = WATCH  # windows evaluated after the onset: longer where the kind's own clock is (budget, a day)
+    weekdays: tuple[int, ...] = tuple(range(7))  # the days of the week onsets fall on (0 = Monday) ...
+    hours: tuple[int, ...] = tuple(range(24))  # ... and the hours of the day
 
     def lead(self) -> int:
         """Windows of climb before the onset (where the queue is 50 % over its usual level)."""
@@ -203,6 +214,29 @@ def injections() -> dict[str, list[Injection]]:
         "slo_burn": [Injection("slo_burn", f"chat-api errors 0.5 % -> {e:.0%}: {e / (1 - SLO_OBJECTIVE):.0f}x burn of "
                                f"its {SLO_OBJECTIVE:.0%} objective", ("chat", "summarize"), {"error_share": e},
                                subjects=({"slo": "chat-availability"},)) for e in (0.15, 0.25, 0.5)],
+        # A region answering with another model version: a rollout that reached it alone
+        # (the whole region, or a share of its requests as a canary would).
+        "model_inconsistency": [
+            Injection("model_inconsistency", f"{s:.0%} of {REGIONS[0]}'s chat-api answers from another model "
+                      f"version (the service in {len(REGIONS)} regions)", ("chat",),
+                      {"model": "gpt-4o-mini-2024-07-18"}, regions=REGIONS, changed_share=s,
+                      subjects=({"service": "chat-api", "region": REGIONS[0]},)) for s in (0.3, 0.5, 1.0)],
+        # A degraded path under pressure: from the onset, the chat stream's results pass
+        # less often while the load is above its mean; latency as before. A path deployed
+        # at night shows only once the load comes, so onsets fall in weekday load (08:00-
+        # 15:00 UTC). The kind compares a day's busy and quiet buckets: watched for a day.
+        "quality_under_load": [
+            Injection("quality_under_load", f"chat pass rate -{d * 100:.0f} points while the load is above its mean",
+                      ("chat",), {"busy_pass_drop": d}, subjects=({"deployment": "chat-api"},), watch=24,
+                      weekdays=(0, 1, 2, 3, 4), hours=tuple(range(8, 16))) for d in (0.10, 0.15, 0.25)],
+        # globex's spend rate x k from the onset (longer prompts and answers), early in
+        # the week: every trial overruns the weekly budget, so a warning must come first.
+        "budget": [
+            Injection("budget", f"globex spends {k:g}x its usual rate from the onset (weekly budget "
+                      f"${SPEND_BUDGET_USD:,.0f}, usual week ~$460)", ("summarize",),
+                      {"input_tokens": STREAMS["summarize"].traffic.input_tokens * k,
+                       "output_tokens": STREAMS["summarize"].traffic.output_tokens * k},
+                      subjects=({"tenant": "globex"},), watch=7 * 24, weekdays=(0, 1, 2)) for k in (2.0, 3.0, 5.0)],
     }
     assert set(out) <= set(KINDS), set(out) - set(KINDS)
     return out
@@ -240,25 +274,42 @@ def fleet(store: Store, start: datetime, end: datetime, seed: int, skip: tuple[s
         insert_gpus(store, start, end, GPU_HOST, GPU_UTIL, seed=seed, diurnal=GPU_DIURNAL, weekend=WEEKEND)
 
 
+def _parts(traffic: Traffic, inj: Injection) -> list[tuple[Traffic, bool]]:
+    """A changed stream as generated: whole, or one part per region; (part, it changes)."""
+    if not inj.regions:
+        return [(traffic, True)]
+    share = traffic.per_hour / len(inj.regions)
+    return [(replace(traffic, region=r, per_hour=share), j == 0) for j, r in enumerate(inj.regions)]
+
+
 def inject(store: Store, inj: Injection, start: datetime, onset: datetime, end: datetime, seed: int) -> None:
     """The fleet over [start, end) with `inj` from `onset` (its climb from `lead` windows before)."""
     fleet(store, start, end, seed, skip=inj.streams, gpus=inj.gpu_util is None)
     changed_from = onset - inj.lead() * HOUR
     for i, name in enumerate(inj.streams):
         stream = STREAMS[name]
-        traffic, pass_rate, evaluated = stream.traffic, stream.pass_rate, stream.evaluated
-        seed_i = seed * 100 + 50 + 20 * i
-        insert(store, start, changed_from, traffic, seed=seed_i, pass_rate=pass_rate, evaluated=evaluated)
-        if inj.climb:  # one segment per window, the queue further up each time
-            for k in range(int((end - changed_from) / HOUR)):
-                at = changed_from + k * HOUR
-                insert(store, at, at + HOUR, replace(traffic, queue_s=traffic.queue_s * (1 + inj.climb * (k + 1))),
-                       seed=seed_i + 1 + k, pass_rate=pass_rate, evaluated=evaluated)
-        else:
-            change = dict(inj.change)
-            rate = change.pop("pass_rate", pass_rate)
-            insert(store, changed_from, end, replace(traffic, **change), seed=seed_i + 1, pass_rate=rate,
-                   evaluated=evaluated)
+        pass_rate, evaluated = stream.pass_rate, stream.evaluated
+        for j, (traffic, changes) in enumerate(_parts(stream.traffic, inj)):
+            seed_i = seed * 100 + 50 + 20 * i + 5 * j
+            insert(store, start, changed_from, traffic, seed=seed_i, pass_rate=pass_rate, evaluated=evaluated)
+            if not changes:
+                insert(store, changed_from, end, traffic, seed=seed_i + 1, pass_rate=pass_rate, evaluated=evaluated)
+            elif inj.climb:  # one segment per window, the queue further up each time
+                for k in range(int((end - changed_from) / HOUR)):
+                    at = changed_from + k * HOUR
+                    insert(store, at, at + HOUR,
+                           replace(traffic, queue_s=traffic.queue_s * (1 + inj.climb * (k + 1))),
+                           seed=seed_i + 1 + k, pass_rate=pass_rate, evaluated=evaluated)
+            else:
+                change = dict(inj.change)
+                rate = change.pop("pass_rate", pass_rate)
+                kept = 1 - inj.changed_share
+                if kept:  # a partial change: the rest of the part's requests as they were
+                    insert(store, changed_from, end, replace(traffic, per_hour=traffic.per_hour * kept),
+                           seed=seed_i + 2, pass_rate=pass_rate, evaluated=evaluated)
+                insert(store, changed_from, end,
+                       replace(traffic, per_hour=traffic.per_hour * inj.changed_share, **change),
+                       seed=seed_i + 1, pass_rate=rate, evaluated=evaluated)
     if inj.added is not None:
         insert(store, onset, end, inj.added, seed=seed * 100 + 90, pass_rate=0.9, evaluated=0.2)
     if inj.gpu_util is not None:
@@ -273,9 +324,10 @@ class Trial:
     kind: str
     label: str
     onset: datetime
-    delay: int | None  # windows to the first firing on the subject (None: not within WATCH)
+    delay: int | None  # windows to the first firing on the subject (None: not within the watch)
     early: bool  # fired on the subject before the onset
     other_subjects: list[dict[str, str]]  # fired on subjects other than the injected one
+    critical: int | None = None  # windows to the first critical firing (budget: the spend passed the budget)
 
 
 def _matches(subject: dict[str, str], wanted: tuple[dict[str, str], ...]) -> bool:
@@ -287,9 +339,9 @@ def run_trial(eng: Engine, inj: Injection, onset: datetime, seed: int, debug: bo
     try:
         first = onset - (inj.lead() + 2) * HOUR
         history_from = first - settings.triggers.baseline - 8 * HOUR
-        inject(store, inj, history_from, onset, onset + WATCH * HOUR, seed)
-        delay, early, others = None, False, []
-        for k in range(-inj.lead() - 1, WATCH + 1):
+        inject(store, inj, history_from, onset, onset + inj.watch * HOUR, seed)
+        delay, critical, early, others = None, None, False, []
+        for k in range(-inj.lead() - 1, inj.watch + 1):
             at = engine.window_at(settings, onset + k * HOUR)
             findings, ran, _ = engine.run_detectors(store, settings, at, [inj.kind])
             assert ran == [inj.kind], f"{inj.kind} failed (see the log)"
@@ -299,12 +351,17 @@ def run_trial(eng: Engine, inj: Injection, onset: datetime, seed: int, debug: bo
                 early = True
             if k > 0 and hit and delay is None:
                 delay = k
+            if k > 0 and critical is None and any(f.firing and f.severity == "critical"
+                                                  and _matches(f.subject, inj.subjects) for f in findings):
+                critical = k
             others += [s for s in fired if not _matches(s, inj.subjects) and s not in others]
             if debug:
                 for f in findings:
                     if _matches(f.subject, inj.subjects):
                         print(f"    k={k} firing={f.firing} {f.subject} {f.summary}", file=sys.stderr)
-        return Trial(inj.kind, inj.label, onset, delay, early, others)
+            if inj.watch > WATCH and delay is not None and (critical is not None or inj.kind != "budget"):
+                break  # a long watch ends at the detection (budget: at the overrun too)
+        return Trial(inj.kind, inj.label, onset, delay, early, others, critical)
     finally:
         eng.drop(store, settings)
 
@@ -348,7 +405,9 @@ def run_injections(eng: Engine, per_kind: int, kinds: list[str], debug: bool = F
         for i in range(per_kind):
             inj = plan[kind][i % len(plan[kind])]
             # Onsets spread over the hours of the day and the days of the week.
-            onset = START + 2 * WEEK + ((i * 3 + ki) % 7) * DAY + ((i * 7 + ki * 5) % 24) * HOUR
+            day = inj.weekdays[(i * 3 + ki) % 7 % len(inj.weekdays)]
+            hour = inj.hours[(i * 7 + ki * 5) % 24 % len(inj.hours)]
+            onset = START + 2 * WEEK + day * DAY + hour * HOUR
             trial = run_trial(eng, inj, onset, seed=1000 * ki + i, debug=debug)
             others = f" others {trial.other_subjects}" if trial.other_subjects else ""
             print(f"  {kind} {i + 1}/{per_kind}: {inj.label} @ {onset:%a %H:%M} -> delay {trial.delay}"
@@ -374,6 +433,9 @@ def summarize(trials: list[Trial], opened: list[dict[str, Any]], weeks: int) -> 
             continue
         delays = [t.delay for t in mine if t.delay is not None]
         caught = [d for d in delays if d <= DELAY_TARGET]
+        # Where a critical firing marks an event of its own (budget: the spend passed the
+        # budget), how many windows the first firing came before it.
+        leads = [t.critical - t.delay for t in mine if t.critical is not None and t.delay is not None]
         rows.append({
             "kind": kind, "trials": len(mine), "recall": len(caught) / len(mine),
             "recall_watch": len(delays) / len(mine),
@@ -381,6 +443,8 @@ def summarize(trials: list[Trial], opened: list[dict[str, Any]], weeks: int) -> 
             "early": sum(t.early for t in mine),
             "false_per_week": sum(1 for o in opened if o["kind"] == kind) / weeks if weeks else float("nan"),
             "magnitudes": sorted({t.label for t in mine}),
+            "watch": max(i.watch for i in known.get(kind, [])), "leads": leads,
+            "critical_trials": sum(t.critical is not None for t in mine),
         })
     return rows
 
@@ -404,16 +468,23 @@ def render(rows: list[dict[str, Any]], opened: list[dict[str, Any]], weeks: int,
         f"{'met' if worst_delay <= DELAY_TARGET else 'NOT met'}; 1 = fired at the end of the first changed window.",
         f"- One evaluation of all {len(DETECTORS)} kinds over the fleet: {per_window_s * 1000:.0f} ms per window.",
         "",
-        "| kind | trials | recall (<= 2 windows) | recall (<= 4) | delay mean / max | fired before onset "
+        "| kind | trials | recall (<= 2 windows) | recall (<= 4, or the kind's watch) | delay mean / max "
+        "| fired before onset "
         "| false alerts / clean week | magnitudes injected |",
         "|---|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in rows:
         delay = f"{r['delay_mean']:.2f} / {r['delay_max']}" if r["delay_mean"] is not None else "—"
         recall, watch = ((f"{r['recall']:.0%}", f"{r['recall_watch']:.0%}") if r["trials"] else ("—", "—"))
+        if r["trials"] and r["watch"] != WATCH:
+            watch += f" (<= {r['watch']})"
         false = f"{r['false_per_week']:.2f}" if weeks else "—"
         lines.append(f"| `{r['kind']}` | {r['trials']} | {recall} | {watch} | {delay} "
                      f"| {r['early']} | {false} | {'; '.join(r['magnitudes'])} |")
+    lines += [f"\n- `{r['kind']}`: the spend passed the budget (critical) in {r['critical_trials']} of {r['trials']} "
+              f"trials; the first warning came before it in {sum(x > 0 for x in r['leads'])}, by "
+              f"{min(r['leads'])}-{max(r['leads'])} windows (mean {statistics.mean(r['leads']):.1f})"
+              for r in rows if r.get("leads")]
     if opened:
         lines += ["", "False alerts on the clean weeks:", ""]
         lines += [f"- {o['started_at']} `{o['kind']}` {o['subject']}: {o['summary']}" for o in opened]

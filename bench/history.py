@@ -15,8 +15,9 @@ Gaussian bumps three hours wide), "flat" (a batch fleet: the same load day and n
 "night" (a night-only job: load 1 from 22:00 to 08:00 UTC, none in the day). `holidays`
 are weekdays at weekend load. A deploy can change latency for good at `step_at`: every
 latency times `step_latency`, and the slow tail becomes `step_tail_share` x
-`step_tail_factor`. The defaults are the original generator's: same SQL values, same rows
-per seed.
+`step_tail_factor`. A degraded path under pressure: while the load is above `busy_above`
+(1 = the mean load), evaluation results pass `busy_pass_drop` less often (latency as
+usual). The defaults are the original generator's: same SQL values, same rows per seed.
 """
 
 from __future__ import annotations
@@ -74,6 +75,8 @@ class Traffic:
     step_latency: float = 1.0  # every latency times this from step_at on
     step_tail_share: float | None = None  # from step_at on (None: tail_share)
     step_tail_factor: float | None = None  # from step_at on (None: tail_factor)
+    busy_above: float = 1.0  # load (1 = the mean) above which ...
+    busy_pass_drop: float = 0.0  # ... the pass rate is this much lower (module doc)
 
     def __post_init__(self) -> None:
         if self.shape not in SHAPES:
@@ -130,7 +133,8 @@ _ROWS = f"""
            {_u(7)} < {{error_share:Float64}} AS IsError,
            toUInt16({_u(8)} < {{retry_share:Float64}}) AS RetryAttempt,
            {_u(30)} AS u_eval,
-           {_u(32)} AS u_sample
+           {_u(32)} AS u_sample,
+           if(load > {{busy_above:Float64}}, {{busy_pass_drop:Float64}}, 0) AS pass_drop_
     FROM (
         SELECT number, {{start_ns:Int64}} + toInt64((number + {_u(0)}) * {{step_ns:Float64}}) AS ts_ns,
                (1 + {{diurnal:Float64}} * multiIf(
@@ -177,7 +181,7 @@ def insert(store: Any, start: datetime, end: datetime, t: Traffic, seed: int = 0
     if pass_rate is not None:
         client.command(
             f"INSERT INTO evaluations (Timestamp, TraceId, SpanId, Name, Passed, Source) "
-            f"SELECT Timestamp, TraceId, SpanId, {{evaluation:String}}, u_eval < {{pass_rate:Float64}}, 'api' "
+            f"SELECT Timestamp, TraceId, SpanId, {{evaluation:String}}, u_eval < {{pass_rate:Float64}} - pass_drop_, 'api' "
             f"FROM ({_ROWS}) WHERE u_sample < {{evaluated:Float64}}",
             parameters={**p, "pass_rate": pass_rate, "evaluation": evaluation, "evaluated": evaluated})
 
@@ -214,7 +218,7 @@ def insert_all(store: Any, segments: Iterable[Segment]) -> None:
                            prefix + "evaluated": seg.evaluated})
             evaluations.append(
                 f"SELECT Timestamp, TraceId, SpanId, {{{prefix}evaluation:String}}, "
-                f"u_eval < {{{prefix}pass_rate:Float64}}, 'api' FROM ({rows}) "
+                f"u_eval < {{{prefix}pass_rate:Float64}} - pass_drop_, 'api' FROM ({rows}) "
                 f"WHERE u_sample < {{{prefix}evaluated:Float64}}")
     client = store.client()
     if requests:

@@ -13,8 +13,9 @@ from datetime import timedelta
 import pytest
 
 from bench.history import HOUR, Traffic, insert
+from servelens.analytics.query import iso
 from servelens.analytics.triggers import engine
-from servelens.analytics.triggers.detect_models import ModelInconsistency, judge, model_inconsistency
+from servelens.analytics.triggers.detect_models import ModelInconsistency, judge, model_inconsistency, pooled_windows
 from tests.analytics.test_triggers import T0, Recorder, assert_one_episode, run_windows
 
 CFG = ModelInconsistency()
@@ -69,6 +70,14 @@ def test_a_significant_but_small_difference_does_not_fire() -> None:
     assert odd(results) == []
     a = next(r for r in results if r["route"] == "a")
     assert a["test"].p_value * a["tests"] < CFG.alpha and not a["differs"]
+
+
+def test_a_thin_service_is_pooled_until_two_routes_hold_the_minimum() -> None:
+    # route -> requests per trailing window (0 = the evaluated one)
+    thin = {"a": {0: 40, 1: 35, 2: 30}, "b": {0: 30, 1: 30, 2: 30, 3: 30}, "tiny": {0: 5, 1: 5}}
+    assert pooled_windows(thin, 6, 100) == 4  # b reaches 100 in the 4th window, a in the 3rd
+    assert pooled_windows({"a": {0: 500}, "b": {0: 400}}, 6, 100) == 1  # fleet volume: one window
+    assert pooled_windows({"a": {0: 500}, "tiny": {0: 5, 3: 5}}, 6, 100) == 6  # never two: all it may pool
 
 
 # --- histories in the store ---------------------------------------------------------------------
@@ -141,6 +150,24 @@ def test_one_region_off_the_fleet_version_is_one_episode(store, make_settings) -
     episode = assert_one_episode(store, recorder, "model_inconsistency", {"service": "chat-api", "region": "eu-west"},
                                  start + HOUR, start + 3 * HOUR)
     assert episode["evidence"]["model"] in (OLD, NEW) and episode["evidence"]["difference"] in (1.0, -1.0)
+
+
+@pytest.mark.integration
+def test_a_region_of_a_thin_service_off_its_version_fires_over_pooled_windows(store, settings) -> None:
+    # 30 answered requests an hour per region: one window holds too few to judge a region,
+    # pooled windows do; the region left on the old version is the one set apart.
+    start = T0
+    for i, region in enumerate(REGIONS):
+        insert(store, start, start + 6 * HOUR,
+               Traffic(region=region, model=OLD if region == "eu-west" else NEW, per_hour=30, error_share=0),
+               seed=40 + i)
+    at = engine.window_at(settings, start + 6 * HOUR)
+    findings = model_inconsistency(store, settings, at)
+    assert [f.subject for f in findings if f.firing] == [{"service": "chat-api", "region": "eu-west"}]
+    ev = next(f for f in findings if f.firing).evidence
+    assert 4 <= ev["pooled_windows"] <= 6 and ev["requests"] >= 100 and ev["since"] < iso(at.since)
+    # the same hour alone: no region holds 100
+    assert judge({r: {OLD: 30} for r in REGIONS}, CFG) == []
 
 
 @pytest.mark.integration

@@ -24,6 +24,11 @@ the remaining ones is what they were found different from. A canary spread evenl
 the routes is the same mix everywhere and sets nothing apart. With two routes (or an even
 split) there is no majority; the smaller side is set apart, and the evidence gives the
 share of the service's requests the consensus holds.
+
+A thin service (a few dozen requests an hour) is judged over the fewest trailing windows,
+up to `triggers.pool_windows`, in which two of its routes hold `min_requests` each (a
+route to test and a rest to test it against), chosen on the counts alone before any test
+(analytics/triggers/pooling.py); the evidence says how many windows.
 """
 
 from __future__ import annotations
@@ -34,9 +39,10 @@ from typing import Any, Literal
 import polars as pl
 from pydantic import Field
 
+from servelens.analytics.query import _ns, iso
 from servelens.analytics.sources import frame
 from servelens.analytics.sql import window
-from servelens.analytics.triggers import stats
+from servelens.analytics.triggers import pooling, stats
 from servelens.analytics.triggers.base import Evaluation, Finding, detector
 from servelens.analytics.triggers.common import clean, severity
 from servelens.analytics.triggers.sources import params
@@ -45,23 +51,36 @@ from servelens.core.store import StoreLike
 
 TOP = 3  # model versions listed per side in the evidence
 
+# w: the trailing window a request falls in (0 = the evaluated one, 1 the one before ...).
 _COUNTS = f"""
-    SELECT service, r.1 AS route_kind, r.2 AS route, model, count() AS requests
+    SELECT service, r.1 AS route_kind, r.2 AS route, model, w, count() AS requests
     FROM (SELECT toString(ServiceName) AS service, toString(Model) AS model,
+                 intDiv({{until_ns:Int64}} - 1 - toUnixTimestamp64Nano(Timestamp), {{window_ns:Int64}}) AS w,
                  arrayFilter(t -> has({{routes:Array(String)}}, t.1),
                              [('region', toString(Region)), ('deployment', toString(Deployment))]) AS rs
           FROM llm_requests
           WHERE {window("since_ns", "until_ns").sql} AND NOT IsError AND NOT Fallback AND Model != '')
     ARRAY JOIN rs AS r
     WHERE route != ''
-    GROUP BY service, route_kind, route, model
-    ORDER BY service, route_kind, route, model"""
+    GROUP BY service, route_kind, route, model, w
+    ORDER BY service, route_kind, route, model, w"""
 
 
-def model_counts(store: StoreLike, at: Evaluation, routes: list[str]) -> pl.DataFrame:
-    """Answered requests in the window per service, route kind, route and model. Rows
-    without the route attribute (route '') belong to no route and are left out."""
-    return frame(store, _COUNTS, {**params(at), "routes": routes})
+def model_counts(store: StoreLike, at: Evaluation, routes: list[str], windows: int = 1) -> pl.DataFrame:
+    """Answered requests per service, route kind, route, model and trailing window `w`, over
+    the last `windows` windows. Rows without the route attribute (route '') belong to no
+    route and are left out."""
+    span = pooling.span(at, windows)
+    return frame(store, _COUNTS, {**params(span), "window_ns": _ns(at.until) - _ns(at.since), "routes": routes})
+
+
+def pooled_windows(per_window: dict[str, dict[int, int]], most: int, minimum: int) -> int:
+    """The fewest trailing windows (1 .. most) over which two routes hold `minimum` answered
+    requests each; `most` when no span does (judge then tests what there is)."""
+    for k in range(1, most + 1):
+        if sum(sum(n for w, n in ws.items() if w < k) >= minimum for ws in per_window.values()) >= 2:
+            return k
+    return most
 
 
 def _pool(counts: dict[str, dict[str, int]], routes: list[str]) -> dict[str, int]:
@@ -139,12 +158,22 @@ class ModelInconsistency(TriggerKindConfig):
 def model_inconsistency(store: StoreLike, settings: Settings, at: Evaluation) -> list[Finding]:
     """Per service and route kind with two routes or more: see the module doc."""
     cfg = settings.triggers.model_inconsistency
-    counts: dict[tuple[str, str], dict[str, dict[str, int]]] = defaultdict(lambda: defaultdict(dict))
-    for row in model_counts(store, at, list(cfg.routes)).iter_rows(named=True):
-        counts[(row["service"], row["route_kind"])][row["route"]][row["model"]] = row["requests"]
+    most = settings.triggers.pool_windows
+    rows = model_counts(store, at, list(cfg.routes), most)
+    per_window: dict[tuple[str, str], dict[str, dict[int, int]]] = defaultdict(lambda: defaultdict(dict))
+    for row in rows.group_by("service", "route_kind", "route", "w").agg(pl.col("requests").sum()).iter_rows(
+            named=True):
+        per_window[(row["service"], row["route_kind"])][row["route"]][row["w"]] = row["requests"]
+    windows = {key: pooled_windows(routes, most, cfg.min_requests) for key, routes in per_window.items()}
+    counts: dict[tuple[str, str], dict[str, dict[str, int]]] = defaultdict(lambda: defaultdict(lambda: defaultdict(int)))
+    for row in rows.iter_rows(named=True):
+        key = (row["service"], row["route_kind"])
+        if row["w"] < windows[key]:
+            counts[key][row["route"]][row["model"]] += row["requests"]
     findings = []
     for (service, kind), per_route in sorted(counts.items()):
-        for r in judge(per_route, cfg):
+        span = pooling.span(at, windows[(service, kind)])
+        for r in judge({route: dict(models) for route, models in per_route.items()}, cfg):
             test = r["test"]
             if test is None:
                 summary = f"{service}: {kind} {r['route']} not compared ({r['reason']})"
@@ -162,6 +191,8 @@ def model_inconsistency(store: StoreLike, settings: Settings, at: Evaluation) ->
                        "adjusted_p_value": r.get("adjusted_p_value"), "correction": "bonferroni",
                        "tests": r["tests"], "alpha": cfg.alpha, "min_share": cfg.min_share,
                        "odd_routes": r["odd_routes"], "consensus_share": r["consensus_share"],
-                       "reason": r.get("reason"), "excluded": ["errors", "fallbacks"]}),
+                       "reason": r.get("reason"), "excluded": ["errors", "fallbacks"],
+                       "pooled_windows": windows[(service, kind)], "since": iso(span.since),
+                       "until": iso(span.until)}),
             ))
     return findings
