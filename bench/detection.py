@@ -493,7 +493,7 @@ def render(rows: list[dict[str, Any]], opened: list[dict[str, Any]], weeks: int,
 
 # --- other fleets (--fleets) -------------------------------------------------------------------
 
-FLEET_WATCH = 6  # windows watched after an onset: the pooled span
+FLEET_WATCH = fleets.WATCH
 FLEET_DELAY_TARGET = {30: FLEET_WATCH, 100: FLEET_WATCH, 1000: DELAY_TARGET, 10000: DELAY_TARGET,
                       fleets.GPU_BAND: DELAY_TARGET}
 RECALL_BANDS = (100, 1000, 10000, fleets.GPU_BAND)  # where recall must reach RECALL_TARGET
@@ -556,6 +556,9 @@ def _change_streams(store: Store, fleet: Fleet, change: Change, group: tuple[str
     for i, name in enumerate(group):
         stream = fleet.streams[name]
         seed_i = seed * 100 + 50 + 20 * i
+        if change.regions:  # the stream as regional parts (the detector reads the trial day's windows only)
+            segments += _regional(stream, change, fleet, start, changed_from, end, seed_i)
+            continue
         segments.append(fleets.segment(stream, start, changed_from, seed_i))
         if change.climb:  # one segment per window, the queue further up each time
             for k in range(int((end - changed_from) / HOUR)):
@@ -575,6 +578,26 @@ def _change_streams(store: Store, fleet: Fleet, change: Change, group: tuple[str
     else:
         fleets.insert_gpu(store, fleet, start, onset, seed)
         fleets.insert_gpu(store, fleet, onset, end, seed + 1, util=change.gpu_util)
+
+
+def _regional(stream: fleets.BandStream, change: Change, fleet: Fleet, start: datetime, changed_from: datetime,
+              end: datetime, seed: int) -> list[Segment]:
+    """`stream` over [start, end) from len(change.regions) regions, equal shares; from
+    `changed_from` on, `changed_share` of the first region's requests take the change."""
+    share = stream.traffic.per_hour / len(change.regions)
+    out = []
+    for j, region in enumerate(change.regions):
+        part = replace(stream.traffic, region=region, per_hour=share)
+        seed_j = seed + 5 * j
+        out.append(fleets.segment(stream, start, changed_from, seed_j, part))
+        kept = 1 - change.changed_share if j == 0 else 1.0
+        if kept:
+            out.append(fleets.segment(stream, changed_from, end, seed_j + 1, replace(part, per_hour=share * kept)))
+        if j == 0:
+            fields = change.fields(part, fleet) if change.fields else {}
+            out.append(fleets.segment(stream, changed_from, end, seed_j + 2,
+                                      replace(part, per_hour=share * change.changed_share, **fields)))
+    return out
 
 
 def empty(store: Store) -> None:
@@ -597,13 +620,13 @@ def fleet_trial(store: Store, settings: Settings, fleet: Fleet, base: Base, chan
     try:
         attach(store, base)
         assert onset - change.lead() * HOUR >= base.day, "the change must start on the trial day"
-        _change_streams(store, fleet, change, group, base.day, onset, onset + FLEET_WATCH * HOUR, seed)
+        _change_streams(store, fleet, change, group, base.day, onset, onset + change.watch * HOUR, seed)
         wanted = {name: fleets.subjects(fleet, kind, name) for name in group}
         delay: dict[str, int] = {}
         early: set[str] = set()
         others: list[dict[str, str]] = []
         detect_s = 0.0
-        for k in [*range(1 - before, 1), *range(1, FLEET_WATCH + 1)]:
+        for k in [*range(1 - before, 1), *range(1, change.watch + 1)]:
             at = engine.window_at(settings, onset + k * HOUR)
             findings, ran, seconds = engine.run_detectors(store, settings, at, [kind])
             detect_s += seconds.get(kind, 0.0)

@@ -47,7 +47,14 @@ GPU_BAND = "gpu"  # low_utilization is judged on GPU samples, not requests
 TRIAL_DAY = datetime(2025, 6, 10, tzinfo=timezone.utc)  # a Tuesday
 SATURDAY = datetime(2025, 6, 14, tzinfo=timezone.utc)
 BASE_DAYS = 8  # clean history before a trial day: the 7-day baseline and the hours before it
+WATCH = 6  # windows watched after an onset: the pooled span
 EVALUATIONS_PER_HOUR = 250  # online evaluation samples at most this many results per stream
+SLO_OBJECTIVE = 0.99  # every band service's availability objective
+REGIONS = ("us-east-1", "eu-west-1", "ap-south-1")  # model_inconsistency trials: a service in three regions
+
+
+def slo_name(service: str) -> str:
+    return f"{service}-availability"
 
 
 def band_of(per_hour: float) -> int:
@@ -106,6 +113,11 @@ class Fleet:
         return next(name for name, s in self.streams.items() if s.hosted)
 
     @property
+    def swings(self) -> bool:
+        """Whether the load rises and falls within a day's arrivals (high and low load)."""
+        return any(s.traffic.shape in ("sine", "two_peaks") and s.traffic.diurnal for s in self.streams.values())
+
+    @property
     def bands(self) -> list[str]:
         """The band streams: every stream but the self-hosted one."""
         return [name for name, s in self.streams.items() if not s.hosted]
@@ -118,6 +130,8 @@ class Fleet:
             "deployments": [{"name": hosted.deployment, "gpus": {"hosts": [self.gpu_host]}, "gpu_hourly_usd": 2.5,
                              "primary_model": hosted.traffic.model,
                              "budgets": {"total": f"{self.budget_s:g}s", "queue": "2s"}}],
+            "slos": [{"name": slo_name(self.streams[b].traffic.service), "service": self.streams[b].traffic.service,
+                      "objective": SLO_OBJECTIVE} for b in self.bands],
         }
 
 
@@ -176,6 +190,9 @@ class Change:
     added: Callable[[Traffic], Traffic] | None = None
     gpu_util: float | None = None
     climb: float = 0.0  # queue: x(1 + climb·k) in the k-th window of the climb
+    regions: tuple[str, ...] = ()  # the trial day's streams served from these regions (equal shares) ...
+    changed_share: float = 1.0  # ... and this share of the first region's requests changes
+    watch: int = WATCH  # windows watched after the onset (a day where the kind reads one)
 
     def lead(self) -> int:
         """Windows of climb before the onset (where the queue is 50 % over its usual level)."""
@@ -241,6 +258,21 @@ def changes() -> dict[str, list[Change]]:
                    f"+{x - 1:.0%}", i,
                    lambda t, _, x=x: {"input_tokens": t.input_tokens * x, "output_tokens": t.output_tokens * x})
             for i, x in enumerate((1.5, 2.0, 3.0))],
+        # every band service has a 99 % availability SLO (Fleet.config): its usual 0.5 %
+        # errors burn at 0.5x
+        "slo_burn": [Change("slo_burn", f"errors 0.5 % -> {e:.0%}: a {e / (1 - SLO_OBJECTIVE):.0f}x burn",
+                            f"{e / (1 - SLO_OBJECTIVE):.0f}x", i, lambda t, _, e=e: {"error_share": e})
+                     for i, e in enumerate((0.15, 0.25, 0.5))],
+        "model_inconsistency": [
+            Change("model_inconsistency", f"{x:.0%} of one region's answers from another model version "
+                   f"({len(REGIONS)} regions)", f"{x:.0%} of a region", i,
+                   lambda t, _: {"model": f"{t.model}-next"}, regions=REGIONS, changed_share=x)
+            for i, x in enumerate((0.3, 0.5, 1.0))],
+        # A degraded path while the load is above its mean (fleets with a daily swing only).
+        "quality_under_load": [Change("quality_under_load", f"pass rate -{d * 100:.0f} points while the load is "
+                                      f"above its mean", f"-{d * 100:.0f} pts", i,
+                                      lambda t, _, d=d: {"busy_pass_drop": d}, watch=24)
+                               for i, d in enumerate((0.10, 0.15, 0.25))],
     }
     return out
 
@@ -249,6 +281,8 @@ def targets(fleet: Fleet, kind: str) -> list[tuple[str, ...]]:
     """The groups of streams one trial of `kind` changes together."""
     if kind == "quality_regression":
         return list(fleet.quality_groups)
+    if kind == "quality_under_load":  # a load swing to compare, else nothing is injected
+        return list(fleet.quality_groups) if fleet.swings else []
     if kind in ("fallback_over_budget", "low_utilization"):
         return [(fleet.hosted,)]
     return [tuple(fleet.bands)]
@@ -260,7 +294,11 @@ def subjects(fleet: Fleet, kind: str, name: str) -> tuple[dict[str, str], ...]:
     t = s.traffic
     if kind in ("p99_drift", "queue_wait_growth", "low_utilization"):
         return ({"deployment": s.deployment},)
-    if kind == "quality_regression":  # any slice of this stream's own values
+    if kind == "slo_burn":
+        return ({"slo": slo_name(t.service)},)
+    if kind == "model_inconsistency":
+        return ({"service": t.service, "region": REGIONS[0]},)
+    if kind in ("quality_regression", "quality_under_load"):  # any slice of this stream's own values
         return ({"deployment": s.deployment}, {"tenant": t.tenant}, {"model": t.model}, {"task_type": t.task_type},
                 {"language": t.language})
     return ({"service": t.service},)

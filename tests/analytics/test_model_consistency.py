@@ -76,8 +76,13 @@ def test_a_thin_service_is_pooled_until_two_routes_hold_the_minimum() -> None:
     # route -> requests per trailing window (0 = the evaluated one)
     thin = {"a": {0: 40, 1: 35, 2: 30}, "b": {0: 30, 1: 30, 2: 30, 3: 30}, "tiny": {0: 5, 1: 5}}
     assert pooled_windows(thin, 6, 100) == 4  # b reaches 100 in the 4th window, a in the 3rd
-    assert pooled_windows({"a": {0: 500}, "b": {0: 400}}, 6, 100) == 1  # fleet volume: one window
+    assert pooled_windows({"a": {0: 500}, "b": {0: 400}, "tiny": {0: 20}}, 6, 100) == 1  # fleet volume: one window
     assert pooled_windows({"a": {0: 500}, "tiny": {0: 5, 3: 5}}, 6, 100) == 6  # never two: all it may pool
+    # Two routes reach 100 in 3 windows, the third (a third of the service) only in 4: it
+    # would sit in the others' rest unjudged, and if it alone differs, they would look odd.
+    even = {r: {w: 33 for w in range(6)} for r in ("a", "b")} | {"c": {w: 33 if w else 32 for w in range(6)}}
+    even["a"][0] = even["b"][0] = 34
+    assert pooled_windows(even, 6, 100) == 4
 
 
 # --- histories in the store ---------------------------------------------------------------------

@@ -27,7 +27,8 @@ share of the service's requests the consensus holds.
 
 A thin service (a few dozen requests an hour) is judged over the fewest trailing windows,
 up to `triggers.pool_windows`, in which two of its routes hold `min_requests` each (a
-route to test and a rest to test it against), chosen on the counts alone before any test
+route to test and a rest to test it against) and the routes still short of it hold under
+a tenth of its requests (`pooled_windows`), chosen on the counts alone before any test
 (analytics/triggers/pooling.py); the evidence says how many windows.
 """
 
@@ -50,6 +51,7 @@ from servelens.core.config import Settings, TriggerKindConfig
 from servelens.core.store import StoreLike
 
 TOP = 3  # model versions listed per side in the evidence
+UNJUDGED_SHARE = 0.1  # pooling: the most the routes too small to judge may hold of a service
 
 # w: the trailing window a request falls in (0 = the evaluated one, 1 the one before ...).
 _COUNTS = f"""
@@ -76,9 +78,14 @@ def model_counts(store: StoreLike, at: Evaluation, routes: list[str], windows: i
 
 def pooled_windows(per_window: dict[str, dict[int, int]], most: int, minimum: int) -> int:
     """The fewest trailing windows (1 .. most) over which two routes hold `minimum` answered
-    requests each; `most` when no span does (judge then tests what there is)."""
+    requests each and the routes short of it hold under UNJUDGED_SHARE of the service's;
+    `most` when no span does (judge then tests what there is). A route short of the minimum
+    is never set apart but is in the others' rest: a sizeable one that differs would make
+    the routes that do not look odd."""
     for k in range(1, most + 1):
-        if sum(sum(n for w, n in ws.items() if w < k) >= minimum for ws in per_window.values()) >= 2:
+        held = [sum(n for w, n in ws.items() if w < k) for ws in per_window.values()]
+        short = sum(n for n in held if n < minimum)
+        if sum(n >= minimum for n in held) >= 2 and short < UNJUDGED_SHARE * sum(held):
             return k
     return most
 
