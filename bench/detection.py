@@ -27,8 +27,14 @@ injected subject within `DELAY_TARGET` windows; the delay is the number of windo
 the onset to the end of the window that fired (1 = the first changed window). A queue
 climb is a trend: its onset is the hour it has grown 50 % over its usual level (the
 smallest growth the defaults call material, min_growth), its climb starting before.
-Kinds without an injection here are listed as such; their detectors still run on the
-clean weeks.
+Kinds on a clock of their own are watched for it and onset where their condition can
+show: quality_under_load (a chat pass rate that falls while the load is above its mean;
+the kind compares a day's busy and quiet buckets) for a day from onsets in weekday load;
+budget (globex's spend rate x2-x5, early in the week, so that every trial overruns its
+weekly budget) until the spend passes the budget, reporting how many windows the first
+warning came before it. model_inconsistency serves the chat stream from three regions and
+moves a share of one region's answers to another model version. Kinds without an
+injection here are listed as such; their detectors still run on the clean weeks.
 
 Other fleets (--fleets, bench/fleets.py): per fleet, streams at 30, 100, 1,000 and
 10,000+ requests an hour, other daily shapes, holidays and a real change. A fleet's
@@ -44,7 +50,10 @@ clean run evaluates every kind through the engine from the trial day on: a whole
 per fleet, or with --quick 2 windows (an extrapolation: one alert there reads as 84 a
 week). The targets: recall >= 95 % at every band >= 100 requests an hour, delay <= 2
 windows at >= 1,000 an hour and <= 6 below, <= 1 false alert per simulated week per
-fleet; the step change is expected to open one episode that stays open.
+fleet; the step change is expected to open one episode that stays open. Every band
+service has a 99 % availability SLO (slo_burn); model_inconsistency trials serve the
+changed streams from three regions on the trial day; quality_under_load is tried only
+where the load swings within a day (two-peaks), watched for two days.
 """
 
 from __future__ import annotations
@@ -433,9 +442,10 @@ def summarize(trials: list[Trial], opened: list[dict[str, Any]], weeks: int) -> 
             continue
         delays = [t.delay for t in mine if t.delay is not None]
         caught = [d for d in delays if d <= DELAY_TARGET]
-        # Where a critical firing marks an event of its own (budget: the spend passed the
-        # budget), how many windows the first firing came before it.
-        leads = [t.critical - t.delay for t in mine if t.critical is not None and t.delay is not None]
+        # budget's critical firing is an event of its own (the spend passed the budget):
+        # how many windows the first warning came before it.
+        leads = [t.critical - t.delay for t in mine
+                 if kind == "budget" and t.critical is not None and t.delay is not None]
         rows.append({
             "kind": kind, "trials": len(mine), "recall": len(caught) / len(mine),
             "recall_watch": len(delays) / len(mine),
@@ -557,7 +567,7 @@ def _change_streams(store: Store, fleet: Fleet, change: Change, group: tuple[str
         stream = fleet.streams[name]
         seed_i = seed * 100 + 50 + 20 * i
         if change.regions:  # the stream as regional parts (the detector reads the trial day's windows only)
-            segments += _regional(stream, change, fleet, start, changed_from, end, seed_i)
+            segments += regional_segments(stream, change, fleet, start, changed_from, end, seed_i)
             continue
         segments.append(fleets.segment(stream, start, changed_from, seed_i))
         if change.climb:  # one segment per window, the queue further up each time
@@ -580,8 +590,8 @@ def _change_streams(store: Store, fleet: Fleet, change: Change, group: tuple[str
         fleets.insert_gpu(store, fleet, onset, end, seed + 1, util=change.gpu_util)
 
 
-def _regional(stream: fleets.BandStream, change: Change, fleet: Fleet, start: datetime, changed_from: datetime,
-              end: datetime, seed: int) -> list[Segment]:
+def regional_segments(stream: fleets.BandStream, change: Change, fleet: Fleet, start: datetime,
+                      changed_from: datetime, end: datetime, seed: int) -> list[Segment]:
     """`stream` over [start, end) from len(change.regions) regions, equal shares; from
     `changed_from` on, `changed_share` of the first region's requests take the change."""
     share = stream.traffic.per_hour / len(change.regions)
@@ -789,7 +799,10 @@ def render_fleets(trials: list[BandTrial], cleans: list[FleetClean], known: set[
         f"Measured {datetime.now(timezone.utc):%Y-%m-%d} on {cpu_model()} with `{command}` ({wall_s / 60:.1f} min). "
         "The fleets are in bench/fleets.py's docstring, the trials and rules in bench/detection.py's; the detectors "
         "and their defaults as they are. A cell: detected within "
-        f"{FLEET_WATCH} windows / trials · median / max delay in windows · the smallest magnitude detected.",
+        f"{FLEET_WATCH} windows (a kind's own watch where it has one: "
+        + ", ".join(sorted({f"`{c.kind}` {c.watch}" for cs in fleets.changes().values() for c in cs
+                            if c.watch != FLEET_WATCH}))
+        + ") / trials · median / max delay in windows · the smallest magnitude detected.",
         "",
         f"- **Recall** >= {RECALL_TARGET:.0%} at every band >= 100/h (and on GPU samples) — "
         f"{met(verdict['recall'])}.",

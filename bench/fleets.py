@@ -27,7 +27,8 @@ A Change is one kind's condition at one magnitude, applied to every stream a tri
 targets (`targets`): all bands at once where the kind judges each service or deployment
 on its own, the quality bands in pairs of different length classes (a slice such as
 length_class=short must not mix two changed bands), the self-hosted stream for fallbacks
-and its GPUs for idle time.
+and its GPUs for idle time. `budget` has no trial here: its forecast is a sum, not a test
+whose power depends on volume (bench/detection.py's fleet measures it).
 """
 
 from __future__ import annotations
@@ -269,9 +270,11 @@ def changes() -> dict[str, list[Change]]:
                    lambda t, _: {"model": f"{t.model}-next"}, regions=REGIONS, changed_share=x)
             for i, x in enumerate((0.3, 0.5, 1.0))],
         # A degraded path while the load is above its mean (fleets with a daily swing only).
+        # It shows only under load, and the kind compares a day's busy and quiet buckets:
+        # watched two days, since a holiday after the onset has no load above the mean.
         "quality_under_load": [Change("quality_under_load", f"pass rate -{d * 100:.0f} points while the load is "
                                       f"above its mean", f"-{d * 100:.0f} pts", i,
-                                      lambda t, _, d=d: {"busy_pass_drop": d}, watch=24)
+                                      lambda t, _, d=d: {"busy_pass_drop": d}, watch=48)
                                for i, d in enumerate((0.10, 0.15, 0.25))],
     }
     return out

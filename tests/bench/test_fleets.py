@@ -17,7 +17,7 @@ from typing import Any, Iterator
 import pytest
 
 from bench import fleets
-from bench.detection import Base, attach
+from bench.detection import Base, attach, regional_segments
 from bench.history import HOUR, NIGHT_H, PEAKS_H, Segment, Traffic, insert, insert_all
 from servelens.core.config import load
 from servelens.core.migrate import migrate
@@ -61,6 +61,12 @@ def history(engine_dir, tmp_path_factory) -> Iterator[Store]:
     for service, seed in (("a", 5), ("b", 5), ("c", 6)):
         insert(store, TUESDAY, TUESDAY + DAY, replace(SEEDED, service=service), seed=seed, pass_rate=0.9,
                evaluated=0.5)
+    # A degraded path under load: the same requests (one seed), results 30 points worse
+    # while the load is above its mean (06:00-18:00 UTC on a sine day).
+    busy = Traffic(service="busy", diurnal=0.5, per_hour=1500)
+    insert(store, TUESDAY, TUESDAY + DAY, busy, seed=7, pass_rate=0.9, evaluation="calm")
+    insert(store, TUESDAY, TUESDAY + DAY, replace(busy, busy_pass_drop=0.3), seed=7, pass_rate=0.9,
+           evaluation="busy")
     # One stream changing at 05:00, written segment by segment and then in one statement.
     for segment in SEGMENTS:
         insert(store, segment.start, segment.end, segment.traffic, segment.seed, segment.pass_rate, "one",
@@ -162,6 +168,36 @@ def test_one_statement_writes_what_segment_by_segment_inserts_write(history) -> 
     for sql in (requests, results):
         one, together = (history.client().query(sql, parameters={"k": k}).first_row for k in ("one", "all"))
         assert one == together and one[0] > 0
+
+
+def test_results_pass_less_often_only_while_the_load_is_above_its_mean(history) -> None:
+    rows = history.client().query(
+        "SELECT Name, toHour(Timestamp, 'UTC') AS h, count(), avg(Passed) FROM evaluations "
+        "WHERE Name IN ('calm', 'busy') GROUP BY Name, h").result_rows
+    got = {(name, int(h)): (int(n), float(rate)) for name, h, n, rate in rows}
+    for h in range(24):
+        (n_calm, calm), (n_busy, busy) = got[("calm", h)], got[("busy", h)]
+        assert n_calm == n_busy  # the same requests and results, only the outcome differs
+        if 7 <= h <= 16:  # the whole hour above the mean load
+            assert calm - busy == pytest.approx(0.3, abs=0.05), h
+        elif h >= 19 or h <= 4:  # the whole hour below it
+            assert busy == calm, h
+
+
+def test_a_regional_change_moves_a_share_of_the_first_region_only() -> None:
+    stream = fleets.PEAKS.streams["peaks-1000"]
+    change = fleets.changes()["model_inconsistency"][0]  # 30 % of a region
+    onset = TUESDAY + 10 * HOUR
+    parts = regional_segments(stream, change, fleets.PEAKS, TUESDAY, onset, onset + 6 * HOUR, seed=1)
+    before = [p for p in parts if p.end == onset]
+    after = [p for p in parts if p.start == onset]
+    assert [p.traffic.region for p in before] == list(fleets.REGIONS)
+    assert sum(p.traffic.per_hour for p in before) == pytest.approx(stream.traffic.per_hour)
+    assert sum(p.traffic.per_hour for p in after) == pytest.approx(stream.traffic.per_hour)
+    moved = [p for p in after if p.traffic.model != stream.traffic.model]
+    assert [p.traffic.region for p in moved] == [fleets.REGIONS[0]]
+    assert moved[0].traffic.per_hour == pytest.approx(0.3 * stream.traffic.per_hour / 3)
+    assert len({p.seed for p in parts}) == len(parts)
 
 
 def test_attached_history_is_the_base_databases_own_rows(history, store, settings) -> None:
