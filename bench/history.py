@@ -181,7 +181,8 @@ def insert(store: Any, start: datetime, end: datetime, t: Traffic, seed: int = 0
     if pass_rate is not None:
         client.command(
             f"INSERT INTO evaluations (Timestamp, TraceId, SpanId, Name, Passed, Source) "
-            f"SELECT Timestamp, TraceId, SpanId, {{evaluation:String}}, u_eval < {{pass_rate:Float64}} - pass_drop_, 'api' "
+            f"SELECT Timestamp, TraceId, SpanId, {{evaluation:String}}, "
+            f"u_eval < {{pass_rate:Float64}} - pass_drop_, 'api' "
             f"FROM ({_ROWS}) WHERE u_sample < {{evaluated:Float64}}",
             parameters={**p, "pass_rate": pass_rate, "evaluation": evaluation, "evaluated": evaluated})
 

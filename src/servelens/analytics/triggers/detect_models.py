@@ -172,15 +172,16 @@ def model_inconsistency(store: StoreLike, settings: Settings, at: Evaluation) ->
             named=True):
         per_window[(row["service"], row["route_kind"])][row["route"]][row["w"]] = row["requests"]
     windows = {key: pooled_windows(routes, most, cfg.min_requests) for key, routes in per_window.items()}
-    counts: dict[tuple[str, str], dict[str, dict[str, int]]] = defaultdict(lambda: defaultdict(lambda: defaultdict(int)))
+    counts: dict[tuple[str, str], dict[str, dict[str, int]]] = defaultdict(lambda: defaultdict(dict))
     for row in rows.iter_rows(named=True):
         key = (row["service"], row["route_kind"])
         if row["w"] < windows[key]:
-            counts[key][row["route"]][row["model"]] += row["requests"]
+            models = counts[key][row["route"]]
+            models[row["model"]] = models.get(row["model"], 0) + row["requests"]
     findings = []
     for (service, kind), per_route in sorted(counts.items()):
         span = pooling.span(at, windows[(service, kind)])
-        for r in judge({route: dict(models) for route, models in per_route.items()}, cfg):
+        for r in judge(per_route, cfg):
             test = r["test"]
             if test is None:
                 summary = f"{service}: {kind} {r['route']} not compared ({r['reason']})"
