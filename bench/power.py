@@ -23,6 +23,7 @@ BASE_ERROR_RATE = 0.005  # the reference fleet's error rate
 BASE_PASS_RATE = 0.9
 EVALUATED = 0.3  # share of requests with an online evaluation result, per slice of a tenth of traffic
 SLICE_SHARE = 0.1
+REGIONS = 3  # model_inconsistency: a service served from this many regions
 
 
 def pooled(per_window: float, minimum: int, most: int, least: int = 1) -> tuple[int, int]:
@@ -49,6 +50,11 @@ def rows(settings: Settings) -> list[dict[str, str]]:
         kq, nq = pooled(per * EVALUATED * SLICE_SHARE, q.min_evaluations, max(most, q.windows), q.windows)
         base_n = int(per * EVALUATED * SLICE_SHARE * t.baseline.total_seconds() / t.window.total_seconds())
         drop = power.drop_floor(nq, base_n, BASE_PASS_RATE, q.fdr) if nq >= q.min_evaluations else None
+        m = t.model_inconsistency  # a service in REGIONS equal regions, one version everywhere
+        region = per / REGIONS
+        km, nm = pooled(region, m.min_requests, most)
+        share = (power.share_floor(nm, (REGIONS - 1) * nm, REGIONS * 2, m.alpha, m.min_share)
+                 if nm >= m.min_requests else None)
         out.append({
             "requests / h": f"{volume:,}",
             "p99_drift: windows, requests": f"{k}, {n:,}",
@@ -57,6 +63,8 @@ def rows(settings: Settings) -> list[dict[str, str]]:
             f"error rate from {BASE_ERROR_RATE:.1%}": _pct(rate, True),
             "quality slice (3 % of requests): windows, results": f"{kq}, {nq:,}",
             f"pass-rate drop from {BASE_PASS_RATE:.0%} (points)": "—" if drop is None else f"{drop * 100:.1f}",
+            f"model_inconsistency ({REGIONS} regions): windows, answers per region": f"{km}, {nm:,}",
+            "share of a region on another version": _pct(share, True),
         })
     return out
 
@@ -83,7 +91,8 @@ def main(argv: list[str] | None = None) -> int:
             "change the exact test rejects at the kind's level on the pooled count (p99: binomial exceedance "
             "of the baseline p99 at alpha; errors: binomial against the baseline rate, with min_ratio, "
             "min_increase and min_errors; quality: Fisher's exact test at the fdr level of one slice, against "
-            "a 7-day baseline). '—': the minimum is not reached even pooled, or no change could be seen.\n\n"
+            "a 7-day baseline; model versions: Fisher's exact test, two-sided, Bonferroni over every (region, "
+            "version), and at least min_share). '—': the minimum is not reached even pooled, or no change could be seen.\n\n"
             + table(rows(settings)))
     print(text)
     if not args.no_write:

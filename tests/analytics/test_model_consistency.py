@@ -171,6 +171,7 @@ def test_a_region_of_a_thin_service_off_its_version_fires_over_pooled_windows(st
     assert [f.subject for f in findings if f.firing] == [{"service": "chat-api", "region": "eu-west"}]
     ev = next(f for f in findings if f.firing).evidence
     assert 4 <= ev["pooled_windows"] <= 6 and ev["requests"] >= 100 and ev["since"] < iso(at.since)
+    assert ev["detectable_share"] == CFG.min_share  # ~100 answers a region: Fisher sees ~10 %, min_share rules
     # the same hour alone: no region holds 100
     assert judge({r: {OLD: 30} for r in REGIONS}, CFG) == []
 

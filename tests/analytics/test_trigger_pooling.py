@@ -89,6 +89,20 @@ def test_rate_and_drop_floors_are_where_their_tests_first_reject() -> None:
     assert 0.05 < drop < 0.2  # ~10 points on 200 results: the reference magnitude
 
 
+@pytest.mark.parametrize("n", [30, 100, 333, 3333])
+def test_the_share_floor_is_where_fishers_test_first_rejects_across_every_route_and_version(n: int) -> None:
+    tests, alpha = 6, 1e-4  # three regions, two versions
+
+    def p(k: int) -> float:
+        return sps.fisher_exact([[k, n - k], [0, 2 * n]], alternative="two-sided").pvalue * tests
+
+    floor = power.share_floor(n, 2 * n, tests, alpha)
+    k = round(floor * n)
+    assert p(k) < alpha <= p(k - 1)
+    assert power.share_floor(n, 2 * n, tests, alpha, min_share=0.2) == max(floor, 0.2)
+    assert power.share_floor(3, 2, tests, alpha) is None  # five answers cannot show a version at this level
+
+
 @pytest.mark.integration
 def test_a_quiet_deployments_queue_climb_is_read_in_pooled_windows(store, make_settings) -> None:
     # 40 requests an hour: no window holds queue_wait_growth's 100, three together do. A

@@ -43,7 +43,7 @@ from pydantic import Field
 from servelens.analytics.query import _ns, iso
 from servelens.analytics.sources import frame
 from servelens.analytics.sql import window
-from servelens.analytics.triggers import pooling, stats
+from servelens.analytics.triggers import pooling, power, stats
 from servelens.analytics.triggers.base import Evaluation, Finding, detector
 from servelens.analytics.triggers.common import clean, severity
 from servelens.analytics.triggers.sources import params
@@ -200,6 +200,8 @@ def model_inconsistency(store: StoreLike, settings: Settings, at: Evaluation) ->
                        "tests": r["tests"], "alpha": cfg.alpha, "min_share": cfg.min_share,
                        "odd_routes": r["odd_routes"], "consensus_share": r["consensus_share"],
                        "reason": r.get("reason"), "excluded": ["errors", "fallbacks"],
+                       "detectable_share": power.share_floor(r["requests"], r["rest_requests"], r["tests"],
+                                                             cfg.alpha, cfg.min_share),
                        "pooled_windows": windows[(service, kind)], "since": iso(span.since),
                        "until": iso(span.until)}),
             ))

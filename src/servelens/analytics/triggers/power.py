@@ -54,6 +54,26 @@ def drop_floor(n: int, base_n: int, rate: float, alpha: float) -> float | None:
     return rate - lo / n
 
 
+def share_floor(n: int, n0: int, tests: int, alpha: float, min_share: float = 0.0) -> float | None:
+    """The smallest share of a route's n answers from a version the rest's n0 answers never
+    come from that Fisher's exact test (two-sided, Bonferroni over `tests`) rejects at alpha,
+    and at least `min_share`; None when not even all n would be seen."""
+    if n <= 0 or n0 <= 0:
+        return None
+
+    def rejects(k: int) -> bool:
+        p = float(sps.fisher_exact([[k, n - k], [0, n0]], alternative="two-sided").pvalue)
+        return p * tests < alpha
+
+    if not rejects(n):
+        return None
+    lo, hi = 1, n  # the smallest k that rejects: the p-value falls as k grows
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if rejects(mid) else (mid + 1, hi)
+    return max(lo / n, min_share)
+
+
 def _first_rejecting(n: int, p0: float, alpha: float) -> int | None:
     """The smallest k with P(Binomial(n, p0) >= k) < alpha, None when k = n does not."""
     if sps.binom.sf(n - 1, n, p0) >= alpha:
