@@ -77,7 +77,7 @@ import numpy as np
 
 from bench import fleets
 from bench.fleets import BASE_DAYS, Change, Fleet
-from bench.history import Segment, Traffic, insert, insert_all, insert_gpus
+from bench.history import Segment, Traffic, by_region, insert, insert_all, insert_gpus
 from bench.report import cpu_model, write_section
 from servelens.analytics.triggers import engine
 from servelens.analytics.triggers.base import DETECTORS, KINDS
@@ -287,8 +287,7 @@ def _parts(traffic: Traffic, inj: Injection) -> list[tuple[Traffic, bool]]:
     """A changed stream as generated: whole, or one part per region; (part, it changes)."""
     if not inj.regions:
         return [(traffic, True)]
-    share = traffic.per_hour / len(inj.regions)
-    return [(replace(traffic, region=r, per_hour=share), j == 0) for j, r in enumerate(inj.regions)]
+    return [(part, j == 0) for j, part in enumerate(by_region(traffic, inj.regions))]
 
 
 def inject(store: Store, inj: Injection, start: datetime, onset: datetime, end: datetime, seed: int) -> None:
@@ -594,11 +593,9 @@ def regional_segments(stream: fleets.BandStream, change: Change, fleet: Fleet, s
                       changed_from: datetime, end: datetime, seed: int) -> list[Segment]:
     """`stream` over [start, end) from len(change.regions) regions, equal shares; from
     `changed_from` on, `changed_share` of the first region's requests take the change."""
-    share = stream.traffic.per_hour / len(change.regions)
     out = []
-    for j, region in enumerate(change.regions):
-        part = replace(stream.traffic, region=region, per_hour=share)
-        seed_j = seed + 5 * j
+    for j, part in enumerate(by_region(stream.traffic, change.regions)):
+        share, seed_j = part.per_hour, seed + 5 * j
         out.append(fleets.segment(stream, start, changed_from, seed_j, part))
         kept = 1 - change.changed_share if j == 0 else 1.0
         if kept:

@@ -23,7 +23,7 @@ usual). The defaults are the original generator's: same SQL values, same rows pe
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from datetime import date, datetime, timedelta
 from typing import Any, Iterable
 
@@ -87,6 +87,11 @@ class Traffic:
         """The highest load the swing, weekday and bursts reach: the acceptance bound."""
         swing = abs(self.diurnal) if self.shape in ("sine", "two_peaks") else 0.0
         return (1 + swing) * max(1.0, self.weekend) * (1 + self.burst_gain)
+
+
+def by_region(t: Traffic, regions: tuple[str, ...]) -> list[Traffic]:
+    """`t` served from `regions` in equal shares: one Traffic per region."""
+    return [replace(t, region=r, per_hour=t.per_hour / len(regions)) for r in regions]
 
 
 def _u(k: int) -> str:
