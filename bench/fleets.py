@@ -353,7 +353,9 @@ PEAKS = Fleet(
     streams={**_bands("peaks", (30, 100, 1000, 10000), _PEAKS, (400, 2500, 3000, 500), (0.9, 0.85, 0.8, 0.92),
                       ({}, {}, {}, {})),
              "peaks-llama": _hosted("peaks-llama", 1000, _PEAKS, 4.0, 0.8)},
-    budget_s=4.0, gpu_host="gpu-peaks", onset_hours=(10, 15, 20, 7),
+    # Busy enough that a weekend night (0.75 x 0.6 x 0.75 = 34 %) stays above the 30 %
+    # idle threshold: at 0.65 it fell to 29 %, idle by low_utilization's own definition.
+    budget_s=4.0, gpu_host="gpu-peaks", onset_hours=(10, 15, 20, 7), gpu_util=0.75,
     quality_groups=(("peaks-30", "peaks-1000"), ("peaks-100", "peaks-10000")),
     quick_clean=(DAY + 10 * HOUR, 2),
     step=Step("peaks-1000", DAY + 9 * HOUR, {"step_tail_share": 0.03, "step_tail_factor": 3.0},

@@ -14,6 +14,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
+import scipy.stats as sps
 
 from bench.history import HOUR, Traffic, insert
 from servelens.analytics.query import ReportQuery, iso
@@ -198,6 +199,26 @@ def test_slow_burn_warns_and_neither_a_burn_inside_the_budget_nor_a_quiet_servic
     n, bad = _counts(store, "quiet-api", burst - 5 * MINUTE, burst)
     assert fast["short_requests"] == n == bad == 2
     assert fast["smallest_detectable_burn"] == pytest.approx(1 / (n * 0.01))
+
+
+def test_a_slow_burn_chance_makes_on_a_quiet_service_does_not_warn(store, make_settings):
+    """The same 1.6x burn over three days on a quiet service (20 requests an hour) and a
+    busy one (1,200): both cross the 3 d & 6 h rule's rate, but the quiet one's bad requests
+    are no more than a service on budget shows by chance (exact binomial test), so only
+    the busy one warns; the evidence carries the test, from the hand count."""
+    settings = make_settings(slos=[{"name": "quiet", "service": "quiet-api", "objective": 0.99},
+                                   {"name": "busy", "service": "busy-api", "objective": 0.99}])
+    until = DAY0 + 3 * DAY
+    insert(store, until - 3 * DAY, until, Traffic(service="quiet-api", per_hour=20, error_share=0.016), seed=5)
+    insert(store, until - 3 * DAY, until, Traffic(service="busy-api", per_hour=1200, error_share=0.016), seed=6)
+    found = {f.subject["slo"]: f for f in detect_slo.slo_burn(store, settings, _at(until))}
+    for name, service in (("quiet", "quiet-api"), ("busy", "busy-api")):
+        slow = found[name].evidence["rules"][3]
+        assert slow["rule"] == "3d & 6h at 1x" and slow["long_burn_rate"] >= 1 and slow["short_burn_rate"] >= 1
+        n, bad = _counts(store, service, until - 3 * DAY, until)
+        assert slow["over_pace_test"]["p_value"] == pytest.approx(sps.binom.sf(bad - 1, n, 0.01))
+    assert not found["quiet"].firing and found["quiet"].evidence["rules"][3]["over_pace_test"]["p_value"] > 0.01
+    assert found["busy"].firing and found["busy"].evidence["rule"] == "3d & 6h at 1x"
 
 
 def test_slo_burn_through_the_engine_is_one_episode(store, make_settings):

@@ -42,13 +42,14 @@ def queue_wait_growth(store: StoreLike, settings: Settings, at: Evaluation) -> l
     phase's daily p95s, on days of the same kind, weekday or weekend): the morning ramp
     of a diurnal load grows the queue every day, and is no growth against its usual level.
     Mann-Kendall (one-sided) then decides that the series rises consistently, and the
-    growth is the last window's median point over the first window's (and, against like
-    hours, over the usual level too): a burst is one point of its window (and a spike at
-    the end of a flat series is no consistent rise), so a single spike is no trend.
+    growth is the last window's lowest point over the first window's median (and, against
+    like hours, over the usual level too): bursts lift single points, so neither a spike
+    nor two in the last window is growth; a queue that grew is high in all its points.
 
     A deployment short of `min_requests` in some window of the series is read in pooled
     windows instead (k of them each, the fewest up to `triggers.pool_windows` that hold
-    the minimum): the same points over a k times longer span.
+    the minimum, and whose points still tile a day when like hours exist): the same
+    points over a k times longer span.
     """
     cfg = settings.triggers.queue_wait_growth
     most = settings.triggers.pool_windows
@@ -56,8 +57,15 @@ def queue_wait_growth(store: StoreLike, settings: Settings, at: Evaluation) -> l
     # windows of k: the same number of points, each k times longer (pooling.py).
     counts = pooling.window_counts(store, at, most * cfg.windows, "toString(Deployment)",
                                    {"n": "countIf(QueueSeconds IS NOT NULL)"})
+    width, baseline = at.until - at.since, settings.triggers.baseline
+    # Where like hours exist for one window, only spans whose points also tile a day:
+    # five windows in three points of 100 minutes each fall at another time of day every
+    # day, have no like hours, and would read the daily ramp itself as growth.
+    tiles = (lambda k: seasonal(width * k / cfg.points, baseline)) if seasonal(width / cfg.points, baseline) \
+        else (lambda k: True)
     findings = []
-    for k, deployments in pooling.by_span(pooling.series_windows(counts, most, cfg.windows, cfg.min_requests)).items():
+    needed = pooling.series_windows(counts, most, cfg.windows, cfg.min_requests, tiles)
+    for k, deployments in pooling.by_span(needed).items():
         findings.extend(_queue_findings(store, settings, cfg, at, k, set(deployments)))
     return findings
 
@@ -89,17 +97,20 @@ def _queue_findings(store: StoreLike, settings: Settings, cfg: Any, at: Evaluati
         # Against like hours the series is the ratio to their usual p95: queueing grows
         # faster than load, so the daily rhythm multiplies the queue, and a difference
         # would read a real climb during the evening's falling load as flat.
-        series = raw / np.maximum(expected, floor) if adjusted else raw
+        unsmoothed = raw / np.maximum(expected, floor) if adjusted else raw
         # A ten-minute burst lifts one point: smoothed away before the rank test, where an
         # early outlier would cost up to n - 1 pairs of an otherwise steady climb.
-        series = stats.running_median3(series)
+        series = stats.running_median3(unsmoothed)
         trend = stats.mann_kendall(series, cfg.alpha)
         fit = stats.theil_sen(series)
-        # How far it grew: the last window's median point over the first window's. A
-        # fitted slope spread over the whole span would understate a climb that began
-        # mid-series; the median of the window's points ignores one burst within it.
+        # How far it grew: the last window's lowest point over the first window's median.
+        # A fitted slope spread over the whole span would understate a climb that began
+        # mid-series. Growth holds in every point of the last window, as measured: a queue
+        # that grew stays grown, while bursts can lift two of its three points (the longer
+        # a pooled point, the likelier it holds one), and the running median would spread
+        # them over the third.
         first = max(float(np.median(series[: cfg.points])), floor)
-        now = float(np.median(series[-cfg.points:]))
+        now = float(np.min(unsmoothed[-cfg.points:]))
         growth = now / first - 1
         # In seconds: the queue now over where it would be had it kept its first level.
         rise = (now - first) * (float(np.median(expected[-cfg.points:])) if adjusted else 1)

@@ -11,7 +11,11 @@ rule of rate r over long window L fires after about r / b x L: 100 % errors on a
 SLO (b = 1000) within a minute by the 1 h rule, b = 4 only after 18 h, by a 1 d rule.
 
 A rule needs `min_requests` in its short window: on a quiet service a handful of failures
-is a large bad share, and no burn. Per rule, the evidence also carries the burn one bad
+is a large bad share, and no burn. Its long window must also hold more bad requests than a
+service spending its budget exactly on pace (a 1x burn) would show by chance (exact
+binomial test at `alpha`): at a thousand requests over three days, a 1x burn is ten bad
+ones, and chance alone takes a service at half its budget there now and then. At fleet
+volumes the test passes wherever the rate does. Per rule, the evidence also carries the burn one bad
 request amounts to at the short window's volume, 1 / (n (1 - objective)): the smallest
 burn that window can resolve.
 """
@@ -64,6 +68,7 @@ class SloBurn(TriggerKindConfig):
         Rule(long=timedelta(days=3), short=timedelta(hours=6), burn_rate=1.0, severity="warning"),
     ]
     min_requests: int = Field(50, ge=1, description="in a rule's short window before it can fire")
+    alpha: float = Field(0.01, gt=0, lt=1, description="the long window's bad requests against a 1x burn")
 
 
 @detector("slo_burn", SloBurn)
@@ -84,6 +89,7 @@ def slo_burn(store: StoreLike, settings: Settings, at: Evaluation) -> list[Findi
             # An empty window burns nothing (its rate is None: no request to judge).
             long_test = stats.above_threshold(rates[long_name] or 0.0, rule.burn_rate)
             short_test = stats.above_threshold(rates[short_name] or 0.0, rule.burn_rate)
+            over_pace = stats.binomial_rate(c[long_name].bad, c[long_name].total, 1 - s.objective, cfg.alpha)
             rules.append({
                 "rule": f"{long_name} & {short_name} at {rule.burn_rate:g}x", "severity": rule.severity,
                 "long": long_name, "short": short_name, "burn_rate": rule.burn_rate,
@@ -91,7 +97,8 @@ def slo_burn(store: StoreLike, settings: Settings, at: Evaluation) -> list[Findi
                 "short_requests": n, "enough_requests": n >= cfg.min_requests,
                 "smallest_detectable_burn": 1 / (n * (1 - s.objective)) if n else None,
                 "long_test": long_test.evidence(), "short_test": short_test.evidence(),
-                "fired": n >= cfg.min_requests and long_test.detected and short_test.detected,
+                "over_pace_test": over_pace.evidence(),
+                "fired": n >= cfg.min_requests and long_test.detected and short_test.detected and over_pace.detected,
             })
         fired = [r for r in rules if r["fired"]]
         worst = max(fired, key=lambda r: (SEVERITIES.index(r["severity"]), r["burn_rate"])) if fired else None

@@ -96,10 +96,12 @@ def needed_windows(counts: pl.DataFrame, most: int, enough: Callable[[dict[str, 
     return out
 
 
-def series_windows(counts: pl.DataFrame, most: int, points: int, minimum: int) -> dict[str, int]:
-    """subject -> the fewest k (1 .. most) such that each of the last `points` runs of k
-    windows holds `minimum` (counts column "n", over points × most windows): a series of
-    `points` pooled windows. Subjects no k serves are left out (a gap: no series to read)."""
+def series_windows(counts: pl.DataFrame, most: int, points: int, minimum: int,
+                   allowed: Callable[[int], bool] = lambda k: True) -> dict[str, int]:
+    """subject -> the fewest k (1 .. most, among the `allowed`) such that each of the last
+    `points` runs of k windows holds `minimum` (counts column "n", over points × most
+    windows): a series of `points` pooled windows. Subjects no k serves are left out (a
+    gap: no series to read)."""
     out: dict[str, int] = {}
     if counts.is_empty():
         return out
@@ -109,7 +111,7 @@ def series_windows(counts: pl.DataFrame, most: int, points: int, minimum: int) -
             if 0 <= w < most * points:
                 per[w] = n
         k = next((k for k in range(1, most + 1)
-                  if per[: k * points].reshape(points, k).sum(axis=1).min() >= minimum), None)
+                  if allowed(k) and per[: k * points].reshape(points, k).sum(axis=1).min() >= minimum), None)
         if k is not None:
             out[subject] = k
     return out
