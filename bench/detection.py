@@ -53,7 +53,9 @@ windows at >= 1,000 an hour and <= 6 below, <= 1 false alert per simulated week 
 fleet; the step change is expected to open one episode that stays open. Every band
 service has a 99 % availability SLO (slo_burn); model_inconsistency trials serve the
 changed streams from three regions on the trial day; quality_under_load is tried only
-where the load swings within a day (two-peaks), watched for two days.
+where the load swings within a day (two-peaks), watched for two days from the first window
+in which the load passes its mean (before it the degraded path is never taken: a
+Saturday's onset shows on Monday), its delay counted from that window.
 """
 
 from __future__ import annotations
@@ -624,16 +626,19 @@ def fleet_trial(store: Store, settings: Settings, fleet: Fleet, base: Base, chan
     `onset`; the kind's detector on `before` windows up to the onset and FLEET_WATCH after
     it (stopping once all fired). Leaves the database empty."""
     kind = change.kind
+    # Windows after the onset before the change can show, per stream: delays count from there.
+    lags = {name: change.lag(fleet.streams[name].traffic, onset) for name in group}
+    watch = max(lags.values()) + change.watch
     try:
         attach(store, base)
         assert onset - change.lead() * HOUR >= base.day, "the change must start on the trial day"
-        _change_streams(store, fleet, change, group, base.day, onset, onset + change.watch * HOUR, seed)
+        _change_streams(store, fleet, change, group, base.day, onset, onset + watch * HOUR, seed)
         wanted = {name: fleets.subjects(fleet, kind, name) for name in group}
         delay: dict[str, int] = {}
         early: set[str] = set()
         others: list[dict[str, str]] = []
         detect_s = 0.0
-        for k in [*range(1 - before, 1), *range(1, change.watch + 1)]:
+        for k in [*range(1 - before, 1), *range(1, watch + 1)]:
             at = engine.window_at(settings, onset + k * HOUR)
             findings, ran, seconds = engine.run_detectors(store, settings, at, [kind])
             detect_s += seconds.get(kind, 0.0)
@@ -644,7 +649,7 @@ def fleet_trial(store: Store, settings: Settings, fleet: Fleet, base: Base, chan
                 if k <= 0 and hit and not change.climb:
                     early.add(name)
                 if k > 0 and hit and name not in delay:
-                    delay[name] = k
+                    delay[name] = max(1, k - lags[name])
             others += [f for f in fired if not any(_matches(f, w) for w in wanted.values()) and f not in others]
             if debug:
                 for f in findings:
@@ -799,6 +804,7 @@ def render_fleets(trials: list[BandTrial], cleans: list[FleetClean], known: set[
         f"{FLEET_WATCH} windows (a kind's own watch where it has one: "
         + ", ".join(sorted({f"`{c.kind}` {c.watch}" for cs in fleets.changes().values() for c in cs
                             if c.watch != FLEET_WATCH}))
+        + "; a change that shows only under load from the first window it can show in"
         + ") / trials · median / max delay in windows · the smallest magnitude detected.",
         "",
         f"- **Recall** >= {RECALL_TARGET:.0%} at every band >= 100/h (and on GPU samples) — "

@@ -38,7 +38,7 @@ from dataclasses import dataclass, replace
 from datetime import date, datetime, timedelta, timezone
 from typing import Any, Callable
 
-from bench.history import Segment, Traffic, insert_all, insert_gpus
+from bench.history import Segment, Traffic, insert_all, insert_gpus, load_at
 
 HOUR = timedelta(hours=1)
 DAY = timedelta(days=1)
@@ -194,10 +194,22 @@ class Change:
     regions: tuple[str, ...] = ()  # the trial day's streams served from these regions (equal shares) ...
     changed_share: float = 1.0  # ... and this share of the first region's requests changes
     watch: int = WATCH  # windows watched after the onset (a day where the kind reads one)
+    under_load: bool = False  # the change shows only while the load is above busy_above
 
     def lead(self) -> int:
         """Windows of climb before the onset (where the queue is 50 % over its usual level)."""
         return math.ceil(0.5 / self.climb) - 1 if self.climb else 0
+
+    def lag(self, t: Traffic, onset: datetime) -> int:
+        """Windows after the onset before the change can show in `t`'s requests: for a
+        change under load, those whose load stays at or under busy_above throughout (a
+        Saturday's onset shows on Monday's first peak); else 0. Delays count from there."""
+        if not self.under_load:
+            return 0
+        for k in range(8 * 24):
+            if any(load_at(t, onset + k * HOUR + timedelta(minutes=m)) > t.busy_above for m in range(0, 60, 5)):
+                return k
+        raise ValueError(f"{t.service}'s load never passes {t.busy_above} within 8 days of {onset}")
 
 
 def tail_p99_rise(share: float, factor: float, sigma: float = 0.25, z99: float = 2.326) -> float:
@@ -270,11 +282,12 @@ def changes() -> dict[str, list[Change]]:
                    lambda t, _: {"model": f"{t.model}-next"}, regions=REGIONS, changed_share=x)
             for i, x in enumerate((0.3, 0.5, 1.0))],
         # A degraded path while the load is above its mean (fleets with a daily swing only).
-        # It shows only under load, and the kind compares a day's busy and quiet buckets:
-        # watched two days, since a holiday after the onset has no load above the mean.
+        # It shows only under load (a weekend's or holiday's load never passes the mean):
+        # delays count from the first window it can show in (Change.lag), and the kind
+        # compares a day's busy and quiet buckets, so it is watched two days from there.
         "quality_under_load": [Change("quality_under_load", f"pass rate -{d * 100:.0f} points while the load is "
                                       f"above its mean", f"-{d * 100:.0f} pts", i,
-                                      lambda t, _, d=d: {"busy_pass_drop": d}, watch=48)
+                                      lambda t, _, d=d: {"busy_pass_drop": d}, watch=48, under_load=True)
                                for i, d in enumerate((0.10, 0.15, 0.25))],
     }
     return out

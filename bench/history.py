@@ -22,6 +22,7 @@ usual). The defaults are the original generator's: same SQL values, same rows pe
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import asdict, dataclass, replace
 from datetime import date, datetime, timedelta
@@ -87,6 +88,25 @@ class Traffic:
         """The highest load the swing, weekday and bursts reach: the acceptance bound."""
         swing = abs(self.diurnal) if self.shape in ("sine", "two_peaks") else 0.0
         return (1 + swing) * max(1.0, self.weekend) * (1 + self.burst_gain)
+
+
+def load_at(t: Traffic, at: datetime) -> float:
+    """`t`'s load at `at` (1 = the mean), bursts aside: _ROWS's formula, for a benchmark
+    that must know when a load-dependent change can first show."""
+    hour = (at.hour * 3600 + at.minute * 60 + at.second) / 3600
+    if t.shape == "two_peaks":
+        near = sum(math.exp(-min(abs(hour - p), 24 - abs(hour - p)) ** 2 / (2 * PEAK_WIDTH_H ** 2)) for p in PEAKS_H)
+        swing = min(1.0, 2 * near - 1)
+    elif t.shape == "sine":
+        swing = math.sin(2 * math.pi * hour / 24 - math.pi / 2)
+    else:
+        swing = 0.0
+    load = 1 + t.diurnal * swing
+    if t.shape == "night" and not (hour >= NIGHT_H[0] or hour < NIGHT_H[1]):
+        load = 0.0
+    if at.isoweekday() >= 6 or at.date() in t.holidays:
+        load *= t.weekend
+    return load
 
 
 def by_region(t: Traffic, regions: tuple[str, ...]) -> list[Traffic]:

@@ -40,8 +40,7 @@ def rows(settings: Settings) -> list[dict[str, str]]:
         per = volume * hours
         k, n = pooled(per, t.p99_drift.min_requests, most)
         tail = power.exceedance_floor(n, t.p99_drift.alpha)
-        ke, ne = pooled(per, max(t.error_rate_spike.min_requests,
-                                 math.ceil(t.error_rate_spike.min_errors / t.error_rate_spike.pool_for_rate)), most)
+        ke, ne = pooled(per, t.error_rate_spike.pooled_attempts(), most)
         rate = power.rate_floor(ne, BASE_ERROR_RATE, t.error_rate_spike.alpha, t.error_rate_spike.min_ratio,
                                 t.error_rate_spike.min_increase, t.error_rate_spike.min_errors)
         if ne < t.error_rate_spike.min_requests:

@@ -34,7 +34,7 @@ FIELDS_BEFORE = {
     "cost_anomaly": ["critical_change", "direction", "min_baseline_windows", "min_change", "min_requests",
                      "recent_windows", "z"],
     "budget": ["forecast_after", "recent"],
-    "slo_burn": ["min_requests", "rules"],
+    "slo_burn": ["alpha", "min_requests", "rules"],
     "model_inconsistency": ["alpha", "critical_share", "min_requests", "min_share", "routes"],
     "quality_under_load": ["bucket", "critical_drop", "fdr", "keys", "lookback", "min_drop", "min_evaluations",
                            "min_load_ratio", "p99_tolerance", "pairs"],

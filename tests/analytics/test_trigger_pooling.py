@@ -16,9 +16,13 @@ from scipy import stats as sps
 
 from bench.history import HOUR, Traffic, insert
 from servelens.analytics.triggers import pooling, power, stats
-from tests.analytics.test_triggers import T0, Recorder, all_triggers, run_windows
+from servelens.analytics.triggers.base import Evaluation
+from servelens.analytics.triggers.common import LIKE_HOURS
+from servelens.analytics.triggers.detect_latency import queue_wait_growth
+from tests.analytics.test_triggers import LLAMA, T0, Recorder, all_triggers, run_windows
 
 SMALL = dict(per_hour=100, latency_sigma=0.2)
+DAY = timedelta(days=1)
 
 
 @pytest.mark.integration
@@ -120,6 +124,42 @@ def test_a_quiet_deployments_queue_climb_is_read_in_pooled_windows(store, make_s
     fired = [t for c in changes for t in c if t["kind"] == "queue_wait_growth" and t["state"] == "active"]
     assert fired and fired[0]["subject"] == {"deployment": "quiet-svc"}
     assert fired[0]["evidence"]["pooled_windows"] == 3
+
+
+@pytest.mark.integration
+def test_a_quiet_diurnal_queue_is_pooled_into_spans_that_tile_a_day(store, make_settings) -> None:
+    # 30 requests an hour, 21 at night: five night windows hold queue_wait_growth's 100, but
+    # five-hour windows in points of 100 minutes fall at another hour every day, have no
+    # like hours, and the daily ramp (the queue grows as the square of the load) would read
+    # as growth. Six windows tile a day: each point against its usual level, a day no trend.
+    settings = make_settings(triggers={"baseline": "3d"})
+    quiet = Traffic(deployment="quiet-prod", per_hour=30, diurnal=0.3, queue_load_power=2.0)
+    start = T0 + timedelta(days=4)
+    insert(store, T0, start + DAY, quiet)
+    findings = [f for h in range(1, 25)
+                for f in queue_wait_growth(store, settings, Evaluation(start + (h - 1) * HOUR, start + h * HOUR,
+                                                                       start + (h - 1) * HOUR - 3 * DAY))]
+    assert len(findings) == 24 and not any(f.firing for f in findings)
+    assert {f.evidence["pooled_windows"] for f in findings} == {6}
+    assert {f.evidence["baseline"] for f in findings} == {LIKE_HOURS}
+
+
+@pytest.mark.integration
+def test_a_quiet_services_slow_fallbacks_fire_over_pooled_windows(store, make_settings) -> None:
+    # 60 attempts an hour, a tenth of them fallbacks: 6 a window, short of min_fallbacks
+    # (20) in any one; four windows hold them. Fallbacks at 6 s against a 4 s budget.
+    settings = make_settings(deployments=[LLAMA])
+    svc = dict(service="llama-svc", deployment="llama-prod", model="llama-70b", per_hour=60, fallback_share=0.1)
+    start = T0 + timedelta(days=1)
+    insert(store, T0, start, Traffic(**svc, fallback_latency_s=1.0))
+    insert(store, start, start + 6 * HOUR, Traffic(**svc, fallback_latency_s=6.0), seed=1)
+    changes = run_windows(store, settings, start - HOUR, 7, ["fallback_over_budget"], Recorder())
+    fired = [(i, t) for i, c in enumerate(changes) for t in c if t["kind"] == "fallback_over_budget"
+             and t["state"] == "active"]
+    assert changes[0] == [] and fired, "the quiet service's slow fallbacks were never seen"
+    first, episode = fired[0]
+    assert episode["subject"] == {"service": "llama-svc"} and 2 <= first <= 6
+    assert episode["evidence"]["pooled_windows"] >= 3 and episode["evidence"]["fallbacks"] >= 20
 
 
 @pytest.mark.integration

@@ -72,6 +72,12 @@ def test_running_median3_drops_an_isolated_spike_and_keeps_a_climb() -> None:
     assert not stats.mann_kendall(early, 0.01).detected
     assert stats.mann_kendall(stats.running_median3(early), 0.01).detected
     assert stats.running_median3([3.0, 1.0]).tolist() == [3.0, 1.0]
+    # Tukey's end-point rule: a spike at either end goes too, a straight run keeps its ends
+    assert stats.running_median3([9.0, 1.0, 1.1, 1.2, 1.3, 9.0], smooth_ends=True).tolist() == \
+        pytest.approx([1.1, 1.1, 1.1, 1.2, 1.3, 1.5])
+    assert stats.running_median3(climb, smooth_ends=True).tolist() == climb
+    line = [1.0, 2.0, 3.0, 4.0]
+    assert stats.running_median3(line, smooth_ends=True).tolist() == line
 
 
 def test_theil_sen_slope_and_interval() -> None:

@@ -351,7 +351,7 @@ def test_retry_storm_and_error_spike_through_receiver_dispatcher_and_api(
     provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=f"{otlp_http}/v1/traces"),
                                                    max_export_batch_size=2048, schedule_delay_millis=60_000))
     for hour, failing in enumerate([False, True, True, False, False]):
-        _send_window(provider, start + hour * HOUR, 200, failing)  # one window holds the 200 attempts error_rate_spike pools for
+        _send_window(provider, start + hour * HOUR, 300, failing)  # one window holds the 282 attempts error_rate_spike pools for
     provider.shutdown()
 
     dispatcher = Dispatcher(settings)

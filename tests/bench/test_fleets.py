@@ -18,7 +18,7 @@ import pytest
 
 from bench import fleets
 from bench.detection import Base, attach, regional_segments
-from bench.history import HOUR, NIGHT_H, PEAKS_H, Segment, Traffic, insert, insert_all
+from bench.history import HOUR, NIGHT_H, PEAKS_H, Segment, Traffic, insert, insert_all, load_at
 from servelens.core.config import load
 from servelens.core.migrate import migrate
 from servelens.core.store import Store
@@ -105,6 +105,31 @@ def test_two_peaks_have_two_maxima_at_their_hours(history) -> None:
         assert profile[peak] == pytest.approx(2 * 1500 * 1.6, rel=0.06)
     lull, night = max(profile[14], profile[15]), max(profile[2], profile[3])
     assert lull < 0.6 * peaks and night < 0.45 * peaks and night < lull
+
+
+def test_load_at_follows_the_rows_the_sql_writes(history) -> None:
+    """history.load_at, the formula the SQL thins rows by, in Python: each hour's requests
+    over the hourly mean are the load averaged over that hour (minutes sampled), within
+    the counts' noise, for every shape and on the weekend day."""
+    cases = (("peaks", Traffic(shape="two_peaks", diurnal=0.6), 1500, 2),
+             ("night", Traffic(shape="night"), 600, 2),
+             ("holiday", Traffic(shape="flat", weekend=0.5, holidays=((TUESDAY + DAY).date(),)), 800, 6),
+             ("plain", Traffic(diurnal=0.5), 400, 1))
+    for service, shape, per_hour, days in cases:
+        counts = hourly_by_day(history, service)
+        for (day, h), n in counts.items():
+            start = TUESDAY + day * DAY + h * HOUR
+            mean = sum(load_at(shape, start + timedelta(minutes=m)) for m in range(0, 60, 5)) / 12
+            assert n == pytest.approx(per_hour * mean, rel=0.05, abs=4 * (per_hour * mean) ** 0.5), (service, day, h)
+        assert len(counts) >= (10 if service == "night" else 24) * days - 1
+
+
+def hourly_by_day(store: Any, service: str) -> dict[tuple[int, int], int]:
+    rows = store.client().query(
+        "SELECT dateDiff('day', {t0:DateTime('UTC')}, toStartOfDay(Timestamp, 'UTC')) AS d, "
+        "toHour(Timestamp, 'UTC') AS h, count() FROM llm_requests WHERE ServiceName = {s:String} GROUP BY d, h",
+        parameters={"s": service, "t0": TUESDAY}).result_rows
+    return {(int(d), int(h)): int(n) for d, h, n in rows}
 
 
 def test_night_only_has_no_daytime_rows(history) -> None:

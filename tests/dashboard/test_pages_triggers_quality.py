@@ -51,12 +51,12 @@ def _insert_evaluations(store: Any, hour: datetime) -> None:
 
 def _insert_spikes(store: Any, hour: datetime) -> None:
     """chat-api spikes in [hour-3h, hour-2h) only; embed-api from hour-4h on. chat-api's
-    quiet hours hold the 200 attempts error_rate_spike pools for, so each window is judged
+    quiet hours hold the 282 attempts error_rate_spike pools for, so each window is judged
     alone and the spike clears with its window."""
     start = hour - 28 * HOUR
-    insert(store, start, hour - 3 * HOUR, Traffic(per_hour=200), seed=1)
+    insert(store, start, hour - 3 * HOUR, Traffic(per_hour=300), seed=1)
     insert(store, hour - 3 * HOUR, hour - 2 * HOUR, SPIKE, seed=2)
-    insert(store, hour - 2 * HOUR, hour, Traffic(per_hour=200), seed=3)
+    insert(store, hour - 2 * HOUR, hour, Traffic(per_hour=300), seed=3)
     insert(store, start, hour - 4 * HOUR, Traffic(service="embed-api", per_hour=100), seed=4)
     insert(store, hour - 4 * HOUR, hour, Traffic(service="embed-api", per_hour=300, error_share=0.3), seed=5)
 

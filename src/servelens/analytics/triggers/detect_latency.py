@@ -11,6 +11,7 @@ from pydantic import Field, field_validator
 
 from servelens.analytics.query import ReportQuery
 from servelens.analytics.reports import reliability
+from servelens.analytics.sql import fallback
 from servelens.analytics.sources import traffic
 from servelens.analytics.triggers import pooling, power, sources, stats
 from servelens.analytics.triggers.base import Evaluation, Finding, detector
@@ -91,7 +92,10 @@ def _queue_findings(store: StoreLike, settings: Settings, cfg: Any, at: Evaluati
         phases = rows.filter(~pl.col("recent")).partition_by("slot", as_dict=True)
         usual = [_usual(phases.get((i % per_day,)), recent[i]["weekend"]) for i in range(n)] if use_phase else []
         adjusted = bool(usual) and all(u is not None and u[1] >= least for u in usual)
-        expected = np.array([u[0] for u in usual], dtype=float) if adjusted else np.zeros(n)
+        # The usual level along the series, smoothed: a weekend's usual is the median of
+        # two days, and one burst on either lifts a phase; a dip in the ratio would then
+        # hide growth in the last window's lowest point (below).
+        expected = stats.running_median3([u[0] for u in usual], smooth_ends=True) if adjusted else np.zeros(n)
         level = float(expected.mean()) if adjusted else float(raw[: cfg.points].mean())
         floor = 1e-3  # a queue near zero: growth relative to 1 ms
         # Against like hours the series is the ratio to their usual p95: queueing grows
@@ -237,28 +241,42 @@ def fallback_over_budget(store: StoreLike, settings: Settings, at: Evaluation) -
 
     Beyond the point estimate, significantly more than 1 % of the fallbacks must exceed
     the budget (binomial test): with 20 fallbacks, p99 is the slowest one, and one slow
-    request is no evidence about the path.
+    request is no evidence about the path. A service with fewer than `min_fallbacks` in
+    the window is judged over the fewest trailing windows that hold them (pooling.py).
     """
     cfg = settings.triggers.fallback_over_budget
     if not any("total" in d.budgets for d in settings.deployments):
         return []
-    budgets = _service_budgets(store, settings, at)
+    most = settings.triggers.pool_windows
+    # Over the widest span: a thin service may send nothing in the evaluated window alone.
+    budgets = _service_budgets(store, settings, pooling.span(at, most))
     if not budgets:
         return []
+    is_fallback = fallback(settings.deployments)
+    counts = pooling.window_counts(store, at, most, "toString(ServiceName)", {"fallbacks": f"countIf({is_fallback.sql})"},
+                                   params=is_fallback.params)
+    needed = pooling.needed_windows(counts, most, lambda c: c["fallbacks"] >= cfg.min_fallbacks, ["fallbacks"])
     findings = []
-    for r in sources.fallback_tails(store, settings, at, budgets).iter_rows(named=True):
-        if r["fallbacks"] < cfg.min_fallbacks:
-            continue
-        budget, (p50, p99) = r["budget_s"], r["q"]
-        over = stats.above_threshold(p99, budget)
-        tail = stats.quantile_exceedance(r["over_budget"], r["fallbacks"], 0.99, cfg.alpha)
-        firing = p99 > budget and tail.detected
-        findings.append(Finding(
-            "fallback_over_budget", {"service": r["service"]}, firing, severity(p99 >= cfg.critical_ratio * budget),
-            f"{r['service']}: fallback p99 {ms(p99):.0f} ms over the primary budget {ms(budget):.0f} ms "
-            f"({r['over_budget']} of {r['fallbacks']} fallbacks over)",
-            clean({"fallbacks": r["fallbacks"], "fallback_p50_ms": ms(p50), "fallback_p99_ms": ms(p99),
-                   "primary_budget_ms": ms(budget), "over_budget": r["over_budget"],
-                   "p99_over_budget": over.evidence(), "tail": tail.evidence()}),
-        ))
+    for k, services in pooling.by_span({s: k for s, k in needed.items() if s in budgets}).items():
+        span = pooling.span(at, k)
+        tails = sources.fallback_tails(store, settings, span, {s: budgets[s] for s in services})
+        findings += [f for r in tails.iter_rows(named=True) if (f := _fallback_finding(cfg, r, k)) is not None]
     return findings
+
+
+def _fallback_finding(cfg: Any, r: dict[str, Any], windows: int) -> Finding | None:
+    if r["fallbacks"] < cfg.min_fallbacks:
+        return None
+    budget, (p50, p99) = r["budget_s"], r["q"]
+    over = stats.above_threshold(p99, budget)
+    tail = stats.quantile_exceedance(r["over_budget"], r["fallbacks"], 0.99, cfg.alpha)
+    pooled = f" over {windows} windows" if windows > 1 else ""
+    return Finding(
+        "fallback_over_budget", {"service": r["service"]}, p99 > budget and tail.detected,
+        severity(p99 >= cfg.critical_ratio * budget),
+        f"{r['service']}: fallback p99 {ms(p99):.0f} ms over the primary budget {ms(budget):.0f} ms "
+        f"({r['over_budget']} of {r['fallbacks']} fallbacks over{pooled})",
+        clean({"fallbacks": r["fallbacks"], "fallback_p50_ms": ms(p50), "fallback_p99_ms": ms(p99),
+               "primary_budget_ms": ms(budget), "over_budget": r["over_budget"], "pooled_windows": windows,
+               "p99_over_budget": over.evidence(), "tail": tail.evidence()}),
+    )

@@ -5,7 +5,6 @@ it (analytics/triggers/pooling.py), chosen on attempts alone, never on the error
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any, Iterator
 
@@ -120,9 +119,14 @@ class ErrorRateSpike(TriggerKindConfig):
     min_errors: int = Field(10, ge=1)
     min_baseline: int = Field(500, ge=1)
     # A quiet service is pooled over windows until an error rate this high would hold
-    # min_errors (200 attempts by default): at 100 requests an hour one window could
-    # show nothing under 10 % (BENCHMARKS.md, "Detection floors").
+    # min_errors nine times in ten (282 attempts by default; on average, 200 would leave
+    # it short half the time): at 100 requests an hour one window could show nothing
+    # under 10 % (BENCHMARKS.md, "Detection floors").
     pool_for_rate: float = Field(0.05, gt=0, le=1, description="error rate the pooled span must be able to show")
+
+    def pooled_attempts(self) -> int:
+        """The attempts a service is pooled to (see pool_for_rate)."""
+        return max(self.min_requests, pooling.requests_for(self.min_errors, self.pool_for_rate))
 
 
 @detector("error_rate_spike", ErrorRateSpike)
@@ -136,8 +140,7 @@ def error_rate_spike(store: StoreLike, settings: Settings, at: Evaluation) -> li
     its `parent`); when several parts spike, the service's, listing them."""
     cfg = settings.triggers.error_rate_spike
     findings = []
-    enough = max(cfg.min_requests, math.ceil(cfg.min_errors / cfg.pool_for_rate))
-    for k, r in pooled_counts(store, settings, at, "n", enough):
+    for k, r in pooled_counts(store, settings, at, "n", cfg.pooled_attempts()):
         s = spike(cfg, r)
         if s is None:
             continue

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable
 
 import numpy as np
 import polars as pl
@@ -57,15 +57,18 @@ def requests_for(count: int, share: float, power: float = 0.9) -> int:
 
 
 def window_counts(store: StoreLike, at: Evaluation, most: int, subject: str, counts: dict[str, str],
-                  where: str = "1") -> pl.DataFrame:
+                  where: str = "1", params: dict[str, Any] | None = None) -> pl.DataFrame:
     """Per subject and trailing window (w = 0 the evaluated one, 1 the one before ...): the
-    named counts (SQL aggregates) over the last `most` windows of llm_requests."""
-    key = memo.key("pooling.window_counts", store, None, at, most, subject, tuple(counts.items()), where)
-    return memo.cached(key, lambda: _window_counts(store, at, most, subject, counts, where))
+    named counts (SQL aggregates, with `params` bound) over the last `most` windows of
+    llm_requests."""
+    bound = params or {}
+    key = memo.key("pooling.window_counts", store, None, at, most, subject, tuple(counts.items()), where,
+                   repr(sorted(bound.items())))
+    return memo.cached(key, lambda: _window_counts(store, at, most, subject, counts, where, bound))
 
 
 def _window_counts(store: StoreLike, at: Evaluation, most: int, subject: str, counts: dict[str, str],
-                   where: str) -> pl.DataFrame:
+                   where: str, params: dict[str, Any]) -> pl.DataFrame:
     width = _ns(at.until) - _ns(at.since)
     aggregates = ", ".join(f"{sql} AS {name}" for name, sql in counts.items())
     sql = f"""
@@ -74,7 +77,8 @@ def _window_counts(store: StoreLike, at: Evaluation, most: int, subject: str, co
         WHERE Timestamp >= fromUnixTimestamp64Nano({{lo:Int64}}) AND Timestamp < fromUnixTimestamp64Nano({{until_ns:Int64}})
           AND ({where})
         GROUP BY subject, w"""
-    return frame(store, sql, {"until_ns": _ns(at.until), "width": width, "lo": _ns(at.until) - most * width})
+    return frame(store, sql, {**params, "until_ns": _ns(at.until), "width": width,
+                              "lo": _ns(at.until) - most * width})
 
 
 def needed_windows(counts: pl.DataFrame, most: int, enough: Callable[[dict[str, int]], bool],
