@@ -256,3 +256,21 @@ def test_every_band_owns_its_slices_and_quality_groups_differ_in_length(fleet: f
     assert sorted(n for g in fleet.quality_groups for n in g) == sorted(fleet.bands)
     for a, b in combinations(fleet.onset_hours, 2):
         assert a != b
+
+
+def test_a_change_under_load_shows_from_the_first_window_whose_load_passes_the_mean() -> None:
+    """quality_under_load's degraded path is taken only above the mean load: from a
+    Saturday's onset on the two-peaks fleet (weekends at 60 %) it first shows on Monday
+    morning, and the trial counts its delay from there; at a weekday peak at once."""
+    change = fleets.changes()["quality_under_load"][0]
+    t = fleets.PEAKS.streams["peaks-1000"].traffic
+    saturday = datetime(2025, 6, 14, 10, tzinfo=timezone.utc)
+    first = saturday + change.lag(t, saturday) * HOUR
+    assert first.date().isoformat() == "2025-06-16" and 4 <= first.hour <= 7
+
+    def busiest(start: datetime) -> float:
+        return max(load_at(t, start + timedelta(minutes=m)) for m in range(0, 60, 5))
+
+    assert busiest(first) > 1 >= busiest(first - HOUR)
+    assert change.lag(t, datetime(2025, 6, 10, 9, tzinfo=timezone.utc)) == 0
+    assert fleets.changes()["p99_drift"][0].lag(t, saturday) == 0

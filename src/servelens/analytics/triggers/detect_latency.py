@@ -28,7 +28,7 @@ class QueueWaitGrowth(TriggerKindConfig):
     alpha: float = Field(0.01, gt=0, lt=1, description="Mann-Kendall, one-sided")
     min_growth: float = Field(0.5, gt=0, description="last window's level / first window's - 1")
     # The p95's rise in time, at least: a queue of a few milliseconds may double unseen.
-    min_increase: timedelta = timedelta(milliseconds=20)
+    min_increase: timedelta = timedelta(milliseconds=10)
     critical_growth: float = Field(2.0, gt=0)
     min_requests: int = Field(100, ge=1, description="requests with queue timings per window")
     _dur = field_validator("min_increase", mode="before")(parse_duration)
@@ -114,7 +114,7 @@ def _queue_findings(store: StoreLike, settings: Settings, cfg: Any, at: Evaluati
         # a pooled point, the likelier it holds one), and the running median would spread
         # them over the third.
         first = max(float(np.median(series[: cfg.points])), floor)
-        now = float(np.min(unsmoothed[-cfg.points:]))
+        now = float(np.min(series[-cfg.points:]))
         growth = now / first - 1
         # In seconds: the queue now over where it would be had it kept its first level.
         rise = (now - first) * (float(np.median(expected[-cfg.points:])) if adjusted else 1)
