@@ -21,7 +21,8 @@ pytestmark = pytest.mark.integration
 # Read from core/config.py's TriggersConfig before the kinds' models moved to their modules.
 FIELDS_BEFORE = {
     "queue_wait_growth": ["alpha", "critical_growth", "min_growth", "min_increase", "min_requests", "points", "windows"],
-    "p99_drift": ["alpha", "critical_rise", "min_baseline", "min_requests", "min_rise", "p50_tolerance"],
+    "p99_drift": ["alpha", "critical_rise", "min_baseline", "min_requests", "min_rise", "p50_tolerance",
+                  "recovery_alpha"],
     "quality_regression": ["critical_drop", "fdr", "keys", "min_baseline", "min_drop", "min_evaluations", "pairs",
                            "windows"],
     "new_workload_shape": ["alpha", "dimensions", "grown_ratio", "min_baseline", "min_count", "min_share", "pool_for_share",

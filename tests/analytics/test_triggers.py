@@ -29,6 +29,7 @@ from opentelemetry.trace import Status, StatusCode
 
 from bench.history import HOUR, Traffic, insert, insert_gpus
 from servelens.analytics.leases import Leases
+from servelens.analytics.query import iso
 from servelens.analytics.triggers import engine, episodes
 from servelens.analytics.triggers.base import Evaluation, Finding
 from servelens.analytics.triggers.detect_workload import distribution_shift
@@ -183,6 +184,30 @@ def test_p99_drift_fires_on_the_tail_not_on_a_uniform_slowdown(store, make_setti
     assert ev["p99_ms"] > 1.3 * ev["baseline_p99_ms"] and abs(ev["p50_ms"] / ev["baseline_p50_ms"] - 1) < 0.1
     assert ev["tail"]["p_value"] < 1e-3
     assert changes[5] == []  # everything slower is no tail drift
+
+
+def test_a_tail_that_stays_slow_is_one_episode_until_it_returns(store, make_settings) -> None:
+    """A deploy slows 5 % of requests 3x for good; three days later it is rolled back.
+    With a 2-day baseline, two days of slow tail would become the baseline itself and the
+    episode would resolve with the tail still slow; an open episode is judged against the
+    baseline before it started instead: one episode, which resolves two windows after the
+    rollback."""
+    settings = make_settings(triggers={"baseline": "2d"})
+    start, day = T0 + timedelta(days=2), timedelta(days=1)
+    insert(store, T0, start, Traffic(per_hour=400))
+    insert(store, start, start + 3 * day, Traffic(per_hour=400, tail_share=0.05, tail_factor=3), seed=1)
+    insert(store, start + 3 * day, start + 3 * day + 3 * HOUR, Traffic(per_hour=400), seed=2)
+    recorder = Recorder()
+    changes = run_windows(store, settings, start + HOUR, 3 * 24 + 3, ["p99_drift"], recorder)
+    assert firing_in(changes[0], "p99_drift")
+    opened = [t for transition, t in recorder.sent if transition == "firing"]
+    assert len(opened) == 1 and opened[0]["subject"] == {"deployment": "chat-api", "metric": "latency"}
+    [episode] = [t for t in all_triggers(store) if t["kind"] == "p99_drift"]
+    assert episode["state"] == "resolved" and episode["started_at"] == iso(start)
+    assert episode["resolved_at"] == iso(start + 3 * day)
+    [last_slow] = [t for t in changes[3 * 24 - 1] if t["kind"] == "p99_drift"]
+    assert last_slow["evidence"]["baseline_until"] == iso(start)
+    assert last_slow["evidence"]["p99_ms"] > 1.3 * last_slow["evidence"]["baseline_p99_ms"]
 
 
 def test_quality_regression_names_the_slice_that_explains_it(store, make_settings) -> None:
@@ -465,6 +490,26 @@ def test_episode_state_machine() -> None:
     assert episodes.advance({}, [Finding("retry_storm", subject, False)], _at(7), ["retry_storm"], 2) == []
     [(again, _)] = episodes.advance({}, [fire], _at(7), ["retry_storm"], 2)
     assert again.id != first_id
+
+
+def test_an_open_episode_carries_on_where_its_finding_holds() -> None:
+    """Finding.holds (the kind's recovery threshold): an open episode stays open, updated
+    and not re-announced, through a window where the opening test falls short but the
+    change holds; a holding finding opens nothing, and one that neither fires nor holds
+    clears the episode as before."""
+    subject = {"deployment": "a", "metric": "latency"}
+    fire = Finding("p99_drift", subject, True, "warning", "slow tail")
+    held = Finding("p99_drift", subject, False, "warning", "slow tail, fewer requests", {"requests": 400}, holds=True)
+    gone = Finding("p99_drift", subject, False, holds=False)
+    assert episodes.advance({}, [held], _at(1), ["p99_drift"], 2) == []
+    [(opened, _)] = episodes.advance({}, [fire], _at(1), ["p99_drift"], 2)
+    active = {("p99_drift", fire.subject_key): opened}
+    [(kept, transition)] = episodes.advance(active, [held], _at(2), ["p99_drift"], 2)
+    assert transition == "updated" and kept.id == opened.id and kept.clear_windows == 0
+    assert kept.summary == "slow tail, fewer requests" and kept.evidence == {"requests": 400}
+    [(clearing, transition)] = episodes.advance({("p99_drift", fire.subject_key): kept}, [gone], _at(3),
+                                                ["p99_drift"], 2)
+    assert transition == "clearing" and clearing.clear_since == _at(3).since
 
 
 def test_per_window_costs_are_the_cost_reports(store, make_settings) -> None:

@@ -30,11 +30,21 @@ SEVERITIES = ("warning", "critical")
 
 @dataclass(frozen=True)
 class Evaluation:
-    """Where detection looks: the window [since, until) against the baseline before it."""
+    """Where detection looks: the window [since, until) against the baseline before it.
+
+    `opened`: the open episodes, (kind, subject_key, started_at), from the engine's state
+    (live or a replay's): a detector may judge an open episode against the baseline
+    before it started, so that a change that stays is not absorbed into its own baseline.
+    """
 
     since: datetime
     until: datetime
     baseline_since: datetime
+    opened: tuple[tuple[str, str, datetime], ...] = ()
+
+    def opened_at(self, kind: str) -> dict[str, datetime]:
+        """subject_key -> when its open episode of `kind` started."""
+        return {key: started for k, key, started in self.opened if k == kind}
 
     @property
     def window(self) -> float:
@@ -49,11 +59,23 @@ class Finding:
     severity: str = "warning"
     summary: str = ""
     evidence: dict[str, Any] = field(default_factory=dict)
+    # The condition still holds at the kind's recovery threshold, looser than the one that
+    # opens an episode: an open episode carries on through a window where the opening
+    # test falls short but the change is still there (None: holds exactly when firing).
+    holds: bool | None = None
+
+    @property
+    def holding(self) -> bool:
+        return self.firing or bool(self.holds)
 
     @property
     def subject_key(self) -> str:
         """Stable identity of the subject: one episode per (kind, subject_key)."""
-        return json.dumps(self.subject, sort_keys=True, separators=(",", ":"))
+        return subject_key(self.subject)
+
+
+def subject_key(subject: dict[str, str]) -> str:
+    return json.dumps(subject, sort_keys=True, separators=(",", ":"))
 
 
 class Detector(Protocol):

@@ -2,19 +2,20 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
+from dataclasses import replace
+from datetime import datetime, timedelta
 from typing import Any
 
 import numpy as np
 import polars as pl
 from pydantic import Field, field_validator
 
-from servelens.analytics.query import ReportQuery
+from servelens.analytics.query import ReportQuery, iso
 from servelens.analytics.reports import reliability
 from servelens.analytics.sql import fallback
 from servelens.analytics.sources import traffic
 from servelens.analytics.triggers import pooling, power, sources, stats
-from servelens.analytics.triggers.base import Evaluation, Finding, detector
+from servelens.analytics.triggers.base import Evaluation, Finding, detector, subject_key
 from servelens.analytics.triggers.common import DAY, LIKE_HOURS, choose_baseline, clean, ms, pct, seasonal, severity
 from servelens.core.config import Settings, TriggerKindConfig, parse_duration
 from servelens.core.store import StoreLike
@@ -101,18 +102,18 @@ def _queue_findings(store: StoreLike, settings: Settings, cfg: Any, at: Evaluati
         # Against like hours the series is the ratio to their usual p95: queueing grows
         # faster than load, so the daily rhythm multiplies the queue, and a difference
         # would read a real climb during the evening's falling load as flat.
-        unsmoothed = raw / np.maximum(expected, floor) if adjusted else raw
+        ratio = raw / np.maximum(expected, floor) if adjusted else raw
         # A ten-minute burst lifts one point: smoothed away before the rank test, where an
         # early outlier would cost up to n - 1 pairs of an otherwise steady climb.
-        series = stats.running_median3(unsmoothed)
+        series = stats.running_median3(ratio)
         trend = stats.mann_kendall(series, cfg.alpha)
         fit = stats.theil_sen(series)
         # How far it grew: the last window's lowest point over the first window's median.
         # A fitted slope spread over the whole span would understate a climb that began
-        # mid-series. Growth holds in every point of the last window, as measured: a queue
+        # mid-series. Growth must hold in every smoothed point of the last window: a queue
         # that grew stays grown, while bursts can lift two of its three points (the longer
-        # a pooled point, the likelier it holds one), and the running median would spread
-        # them over the third.
+        # a pooled point, the likelier it holds one); smoothed, two bursts leave one point
+        # at its level, and one low point between two high ones is no dip.
         first = max(float(np.median(series[: cfg.points])), floor)
         now = float(np.min(series[-cfg.points:]))
         growth = now / first - 1
@@ -156,6 +157,10 @@ class P99Drift(TriggerKindConfig):
     critical_rise: float = Field(1.0, gt=0)
     p50_tolerance: float = Field(0.2, ge=0, description="p50 may rise this much and still be 'flat'")
     alpha: float = Field(1e-3, gt=0, lt=1, description="exceedance test of the baseline p99")
+    # An open episode holds while the rise is still min_rise and the exceedance test passes
+    # at this looser level: a slower tail that stays (a deploy) keeps one episode through
+    # the quiet hours, where fewer requests leave the opening test short of alpha.
+    recovery_alpha: float = Field(0.05, gt=0, lt=1, description="exceedance test an open episode holds at")
     min_requests: int = Field(200, ge=1)
     min_baseline: int = Field(1000, ge=1)
 
@@ -170,25 +175,41 @@ def p99_drift(store: StoreLike, settings: Settings, at: Evaluation) -> list[Find
     when they hold `min_baseline` requests, else the whole baseline. A deployment with fewer
     than `min_requests` in the window is judged over the trailing windows that hold them
     (analytics/triggers/pooling.py); the evidence says how many and what the volume can show.
+    An open episode holds (Finding.holds) while the rise is still material and the tail test
+    passes at `recovery_alpha`, and is judged against the baseline before it started (the
+    same length, ending at its start): a tail that stays slow is one episode, not one per
+    busy spell, and does not resolve by becoming its own baseline; it resolves when it
+    returns.
     """
     cfg = settings.triggers.p99_drift
     most = settings.triggers.pool_windows
     counts = pooling.window_counts(store, at, most, "toString(Deployment)", {
         "latency": "countIf(LatencySeconds IS NOT NULL AND NOT IsError)",
         "ttft": "countIf(TtftSeconds IS NOT NULL AND NOT IsError)"})
+    opened = at.opened_at("p99_drift")
     findings = []
     for metric in ("latency", "ttft"):
         needed = pooling.needed_windows(counts, most, lambda c, m=metric: c[m] >= cfg.min_requests, [metric])
         for k, deployments in pooling.by_span(needed).items():
             span = pooling.span(at, k)
-            for r in sources.latency_tails(store, span, metric, deployments).iter_rows(named=True):
-                finding = _p99_finding(settings, cfg, metric, r, k)
-                if finding is not None:
-                    findings.append(finding)
+            baseline = span.since - span.baseline_since
+            # Deployments grouped by where their baseline ends: the span's start, or an
+            # open episode's start when it began before the span.
+            ends: dict[datetime | None, list[str]] = {}
+            for d in deployments:
+                started = opened.get(subject_key({"deployment": d, "metric": metric}))
+                ends.setdefault(started if started is not None and started < span.since else None, []).append(d)
+            for end, group in ends.items():
+                judged = span if end is None else replace(span, baseline_since=end - baseline)
+                for r in sources.latency_tails(store, judged, metric, group, end).iter_rows(named=True):
+                    finding = _p99_finding(settings, cfg, metric, r, k, end)
+                    if finding is not None:
+                        findings.append(finding)
     return findings
 
 
-def _p99_finding(settings: Settings, cfg: Any, metric: str, r: dict[str, Any], windows: int) -> Finding | None:
+def _p99_finding(settings: Settings, cfg: Any, metric: str, r: dict[str, Any], windows: int,
+                 baseline_until: datetime | None) -> Finding | None:
     which = choose_baseline(r["like_n"], r["base_n"], cfg.min_baseline)
     floor = power.exceedance_floor(r["n"], cfg.alpha)
     if which is None or floor is None:
@@ -200,24 +221,29 @@ def _p99_finding(settings: Settings, cfg: Any, metric: str, r: dict[str, Any], w
     p50_rise = stats.relative_change(base_p50, p50, cfg.p50_tolerance)
     tail = stats.quantile_exceedance(r["over_like"] if like else r["over_base"], r["n"], 0.99, cfg.alpha)
     firing = rise.detected and tail.detected and not p50_rise.detected
+    holds = rise.detected and not p50_rise.detected and tail.p_value is not None and tail.p_value < cfg.recovery_alpha
     d = settings.deployment(r["deployment"])
     budget = d.budgets.get("total") if d and metric == "latency" else None
     critical = rise.statistic >= cfg.critical_rise or (budget is not None and p99 > budget.total_seconds())
     pooled = f" over {windows} windows" if windows > 1 else ""
+    before = f" before {iso(baseline_until)}" if baseline_until else ""
     return Finding(
         "p99_drift", {"deployment": r["deployment"], "metric": metric}, firing, severity(critical),
-        f"{r['deployment']}: {metric} p99 {ms(p99):.0f} ms vs {ms(base_p99):.0f} ms baseline "
+        f"{r['deployment']}: {metric} p99 {ms(p99):.0f} ms vs {ms(base_p99):.0f} ms baseline{before} "
         f"({pct(rise.statistic)}), p50 {pct(p50_rise.statistic)}{pooled}",
         clean({"metric": metric, "baseline": which, "requests": r["n"], "pooled_windows": windows,
+               "baseline_until": iso(baseline_until) if baseline_until else None,
                "baseline_requests": r["like_n"] if like else r["base_n"],
                "p50_ms": ms(p50), "p99_ms": ms(p99), "baseline_p50_ms": ms(base_p50),
                "baseline_p99_ms": ms(base_p99), "budget_ms": ms(budget.total_seconds()) if budget else None,
                "p99_rise": rise.evidence(), "p50_rise": p50_rise.evidence(), "tail": tail.evidence(),
+               "holds_at_recovery_alpha": holds, "recovery_alpha": cfg.recovery_alpha,
                # What this volume can show: below this share of requests over the baseline p99
                # (1 % expected), a tail slowdown cannot be told from chance.
                "detectable_tail_share": floor,
                "detectable": f"at {r['n']} requests a tail slowdown touching under "
                              f"{max(floor - 0.01, 0):.1%} of requests (beyond the 1 % above p99) cannot be seen"}),
+        holds=holds,
     )
 
 

@@ -20,7 +20,7 @@ import logging
 import threading
 import time
 from datetime import datetime, timezone
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 from servelens.analytics import memo
 from servelens.analytics.leases import Leases, aligned, runner_id
@@ -35,9 +35,12 @@ log = logging.getLogger(__name__)
 JOB = "triggers"  # its name in analytics_leases / analytics_results
 
 
-def window_at(settings: Settings, until: datetime) -> Evaluation:
+def window_at(settings: Settings, until: datetime,
+              active: Mapping[tuple[str, str], episodes.Episode] | None = None) -> Evaluation:
+    """The window ending at `until`, with the open episodes of `active` (Evaluation.opened)."""
     since = until - settings.triggers.window
-    return Evaluation(since=since, until=until, baseline_since=since - settings.triggers.baseline)
+    opened = tuple(sorted((kind, key, e.started_at) for (kind, key), e in (active or {}).items()))
+    return Evaluation(since=since, until=until, baseline_since=since - settings.triggers.baseline, opened=opened)
 
 
 def run_detectors(store: StoreLike, settings: Settings, at: Evaluation,
@@ -86,9 +89,10 @@ def evaluate(store: StoreLike, settings: Settings, until: datetime, dispatcher: 
         return []
     if not Leases(store, owner).acquire(JOB, until, now or datetime.now(timezone.utc)):
         return []
-    at = window_at(settings, until)
+    active = episodes.load_active(store)
+    at = window_at(settings, until, active)
     findings, ran, seconds = run_detectors(store, settings, at, kinds)
-    changes = episodes.apply(store, at, findings, ran, settings.triggers.resolve_after, owner, dispatcher)
+    changes = episodes.apply(store, at, findings, ran, settings.triggers.resolve_after, owner, dispatcher, active)
     record = {"firing": [{"kind": f.kind, "subject": f.subject, "severity": f.severity}
                          for f in findings if f.firing],
               "examined": {k: sum(f.kind == k for f in findings) for k in ran}, "seconds": seconds,

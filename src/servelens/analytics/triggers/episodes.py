@@ -1,9 +1,9 @@
 """Episodes: successive Findings -> one stored episode per run of a condition (SPEC 6).
 
 A firing Finding opens an episode for its (kind, subject); while later windows keep
-firing it stays that one episode (severity, summary and evidence follow the latest
-window; nothing is re-announced); once `resolve_after` consecutive windows are clear it
-resolves. "firing" is published once, when it opens, and "resolved" once, when it resolves.
+firing, or hold (Finding.holds: the kind's recovery threshold), it stays that one episode
+(severity, summary and evidence follow the latest window; nothing is re-announced); once
+`resolve_after` consecutive windows are clear it resolves. "firing" is published once, when it opens, and "resolved" once, when it resolves.
 
 `advance` is the pure state machine; `apply` loads the active episodes, advances them
 and writes the new versions. Versions are keyed by the evaluation window, so applying
@@ -69,11 +69,12 @@ def episode_id(kind: str, subject_key: str, started_at: datetime) -> str:
     return f"{kind}-{digest[:16]}"
 
 
-def _worst(findings: Iterable[Finding]) -> dict[tuple[str, str], Finding]:
-    """Firing findings by (kind, subject); a detector naming one subject twice keeps the worst."""
+def _worst(findings: Iterable[Finding], holding: bool = False) -> dict[tuple[str, str], Finding]:
+    """Firing (or, with `holding`, holding) findings by (kind, subject); a detector naming
+    one subject twice keeps the worst."""
     out: dict[tuple[str, str], Finding] = {}
     for f in findings:
-        if not f.firing:
+        if not (f.holding if holding else f.firing):
             continue
         key = (f.kind, f.subject_key)
         if key not in out or SEVERITIES.index(f.severity) > SEVERITIES.index(out[key].severity):
@@ -90,9 +91,12 @@ def advance(active: dict[tuple[str, str], Episode], findings: Iterable[Finding],
     already at or past this window is left as it is (re-evaluation is a no-op).
     """
     kinds = set(evaluated_kinds)
+    findings = list(findings)
     firing = _worst(findings)
+    # An open episode carries on where its finding holds; only a firing one opens another.
+    held = {key: f for key, f in _worst(findings, holding=True).items() if key in active and key not in firing}
     out: list[tuple[Episode, str]] = []
-    for key, f in firing.items():
+    for key, f in {**firing, **held}.items():
         ep = active.get(key)
         if ep is not None and ep.window_until >= at.until:
             continue
@@ -105,7 +109,7 @@ def advance(active: dict[tuple[str, str], Episode], findings: Iterable[Finding],
             out.append((replace(ep, severity=f.severity, summary=f.summary, evidence=dict(f.evidence),
                                 clear_since=None, clear_windows=0, window_until=at.until), UPDATED))
     for key, ep in active.items():
-        if key in firing or ep.kind not in kinds or ep.window_until >= at.until:
+        if key in firing or key in held or ep.kind not in kinds or ep.window_until >= at.until:
             continue
         clear_since = ep.clear_since or at.since
         clear_windows = ep.clear_windows + 1
@@ -173,9 +177,11 @@ def write(store: StoreLike, versions: list[Episode], owner: str) -> None:
 
 
 def apply(store: StoreLike, at: Evaluation, findings: list[Finding], evaluated_kinds: Iterable[str],
-          resolve_after: int, owner: str, dispatcher: Publisher | None = None) -> list[tuple[Episode, str]]:
-    """Advance the stored episodes by one window, store them, and announce opens and resolves."""
-    changes = advance(load_active(store), findings, at, evaluated_kinds, resolve_after)
+          resolve_after: int, owner: str, dispatcher: Publisher | None = None,
+          active: dict[tuple[str, str], Episode] | None = None) -> list[tuple[Episode, str]]:
+    """Advance the stored episodes (`active` when already loaded) by one window, store
+    them, and announce opens and resolves."""
+    changes = advance(load_active(store) if active is None else active, findings, at, evaluated_kinds, resolve_after)
     write(store, [e for e, _ in changes], owner)
     for episode, transition in changes:
         if dispatcher is not None and transition in _PUBLISHED:

@@ -59,7 +59,7 @@ def replay(store: StoreLike, settings: Settings, since: datetime, until: datetim
     finished: list[episodes.Episode] = []
     firing_windows: dict[str, int] = {}
     for end in ends:
-        at = window_at(settings, end)
+        at = window_at(settings, end, active)
         findings, ran, _ = run_detectors(store, settings, at, kinds)
         for episode, transition in episodes.advance(active, findings, at, ran, settings.triggers.resolve_after):
             key = (episode.kind, episode.subject_key)

@@ -37,7 +37,8 @@ def params(at: Evaluation) -> dict[str, int]:
             "window_ns": _ns(at.until) - _ns(at.since), "day_ns": DAY_NS}
 
 
-def latency_tails(store: StoreLike, at: Evaluation, metric: str, deployments: list[str] | None = None) -> pl.DataFrame:
+def latency_tails(store: StoreLike, at: Evaluation, metric: str, deployments: list[str] | None = None,
+                  baseline_until: datetime | None = None) -> pl.DataFrame:
     """Per deployment, successful requests only (a fast failure is no latency):
     window n and [p50, p99]; baseline like-hours and whole n and [p50, p99]; and how many
     window requests exceed each baseline p99 (the exceedance test's count).
@@ -45,6 +46,8 @@ def latency_tails(store: StoreLike, at: Evaluation, metric: str, deployments: li
     The whole baseline (seven days of every hour) uses a t-digest: an exact quantile would
     hold every value in memory; the like hours (a 24th of it) and the window stay exact.
     `deployments`: only these (a pooled span judges only the deployments it was chosen for).
+    `baseline_until`: the baseline [at.baseline_since, baseline_until) instead of one that
+    ends where the window starts (an open episode's baseline, from before it started).
     """
     col = _METRICS[metric]
     only = "AND toString(Deployment) IN {deployments:Array(String)}" if deployments is not None else ""
@@ -54,7 +57,7 @@ def latency_tails(store: StoreLike, at: Evaluation, metric: str, deployments: li
                    countIf(like_) AS like_n, quantilesExactInclusiveIf(0.5, 0.99)(x, like_) AS like_q
             FROM (SELECT toString(Deployment) AS deployment, assumeNotNull({col}) AS x, {LIKE_HOURS} AS like_
                   FROM llm_requests
-                  WHERE {window("base_ns", "since_ns").sql} AND {col} IS NOT NULL AND NOT IsError {only})
+                  WHERE {window("base_ns", "base_until_ns").sql} AND {col} IS NOT NULL AND NOT IsError {only})
             GROUP BY deployment)
         SELECT deployment, count() AS n, quantilesExactInclusive(0.5, 0.99)(x) AS q,
                countIf(x > b.base_q[2]) AS over_base, countIf(x > b.like_q[2]) AS over_like,
@@ -64,7 +67,8 @@ def latency_tails(store: StoreLike, at: Evaluation, metric: str, deployments: li
         INNER JOIN base AS b USING (deployment)
         GROUP BY deployment
         ORDER BY deployment"""
-    return frame(store, sql, {**params(at), **({"deployments": deployments} if deployments is not None else {})})
+    return frame(store, sql, {**params(at), "base_until_ns": _ns(baseline_until or at.since),
+                              **({"deployments": deployments} if deployments is not None else {})})
 
 
 def queue_series(store: StoreLike, series_since: datetime, until: datetime, step: timedelta,
