@@ -3,7 +3,8 @@
 A firing Finding opens an episode for its (kind, subject); while later windows keep
 firing, or hold (Finding.holds: the kind's recovery threshold), it stays that one episode
 (severity, summary and evidence follow the latest window; nothing is re-announced); once
-`resolve_after` consecutive windows are clear it resolves. "firing" is published once, when it opens, and "resolved" once, when it resolves.
+`resolve_after` consecutive windows are clear it resolves. "firing" is published once,
+when it opens, and "resolved" once, when it resolves.
 
 `advance` is the pure state machine; `apply` loads the active episodes, advances them
 and writes the new versions. Versions are keyed by the evaluation window, so applying
