@@ -20,7 +20,8 @@ pytestmark = pytest.mark.integration
 
 # Read from core/config.py's TriggersConfig before the kinds' models moved to their modules.
 FIELDS_BEFORE = {
-    "queue_wait_growth": ["alpha", "critical_growth", "min_growth", "min_increase", "min_requests", "points", "windows"],
+    "queue_wait_growth": ["alpha", "critical_growth", "min_growth", "min_increase", "min_requests", "min_windows",
+                          "points", "windows"],
     "p99_drift": ["alpha", "critical_rise", "min_baseline", "min_requests", "min_rise", "p50_tolerance",
                   "recovery_alpha"],
     "quality_regression": ["critical_drop", "fdr", "keys", "min_baseline", "min_drop", "min_evaluations", "pairs",
@@ -38,7 +39,7 @@ FIELDS_BEFORE = {
     "slo_burn": ["alpha", "min_requests", "rules"],
     "model_inconsistency": ["alpha", "critical_share", "min_requests", "min_share", "routes"],
     "quality_under_load": ["bucket", "critical_drop", "fdr", "keys", "lookback", "min_drop", "min_evaluations",
-                           "min_load_ratio", "p99_tolerance", "pairs"],
+                           "min_load_ratio", "p99_tolerance", "pairs", "windows"],
 }
 KINDS_BEFORE = {*FIELDS_BEFORE, "low_utilization"}  # low_utilization's keys are flat: triggers.low_utilization*
 

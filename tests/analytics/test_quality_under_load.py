@@ -16,6 +16,7 @@ import polars as pl
 import pytest
 
 from bench.history import HOUR, Traffic, insert
+from servelens.analytics.query import iso
 from servelens.analytics.triggers import engine
 from servelens.analytics.triggers.detect_quality_load import (QualityUnderLoad, latency_check, load_sides,
                                                               quality_under_load, span)
@@ -97,6 +98,8 @@ def test_summaries_failing_in_busy_hours_are_one_episode(store, settings) -> Non
     assert ev["load"]["load_ratio"] > 2 and ev["load"]["high_buckets"] == ev["load"]["low_buckets"] == 32
     assert ev["latency"]["holds"] is True and abs(ev["latency"]["rise"]) < 0.1
     assert episode["severity"] == "critical"
+    # Evening: no busy bucket in the last two windows, so the day's busy hours are read.
+    assert ev["high_side"]["read"] == "lookback"
     # The drop shows in the deployment's aggregate too, explained by the summaries.
     findings = quality_under_load(store, settings, engine.window_at(settings, untils[1]))
     whole = next(f for f in findings if f.subject == {"deployment": "chat-api"})
@@ -136,3 +139,25 @@ def test_a_daily_swing_with_load_independent_quality_is_quiet(store, settings) -
     # busy mix, nothing is left.
     assert raw_drop > 0.08 and abs(whole.evidence["delta"]) < 0.02
     assert len(findings) >= 4 and _fired(findings) == []
+
+
+@pytest.mark.integration
+def test_a_path_that_degrades_under_load_shows_in_its_first_busy_hours(store, settings) -> None:
+    """The summaries fail more from 08:00 on day 1. Two windows in, the day's busy buckets
+    are mostly the day before's, whose summaries passed: read over them all the drop is
+    diluted; read first in the recent busy buckets it fires."""
+    _history(store, busy_pass=0.65)
+    at = engine.window_at(settings, DAY0 + timedelta(days=1, hours=10))
+    subject = {"deployment": "chat-api", "task_type": "summarize"}
+    findings = {tuple(sorted(f.subject.items())): f for f in quality_under_load(store, settings, at)}
+    summaries = findings[tuple(sorted(subject.items()))]
+    assert summaries.firing and summaries.evidence["high_side"]["read"] == "recent"
+    assert summaries.evidence["high_side"]["since"] == iso(DAY0 + timedelta(days=1, hours=8))
+    assert summaries.evidence["evaluations"] < 400  # two hours' busy buckets, not the day's
+    recent_drop = -summaries.evidence["delta"]
+    # The whole day's busy buckets (one window per lookback: recent is all of it) dilute it.
+    whole_day = settings.model_copy(deep=True)
+    whole_day.triggers.quality_under_load.windows = 24
+    diluted = next(f for f in quality_under_load(store, whole_day, at) if f.subject == subject)
+    assert diluted.evidence["high_side"]["read"] == "recent"  # 24 windows: the lookback itself
+    assert -diluted.evidence["delta"] < recent_drop - 0.05 and not diluted.firing

@@ -205,3 +205,44 @@ def test_a_rare_category_grown_several_fold_in_a_quiet_service_is_a_new_shape(st
     assert fired, [t["subject"] for c in changes for t in c]
     ev = fired[0]["evidence"]
     assert ev["test"]["grown"] and 0.01 < ev["test"]["baseline_share"] < 0.04 and ev["test"]["threshold"] < 0.12
+
+
+def test_a_series_may_start_where_the_traffic_started() -> None:
+    # Window 0 is the newest. "night": four windows of traffic after empty ones; "holey":
+    # an empty window inside the series; "thin": its oldest windows hold too few.
+    rows = [("night", w, 500) for w in range(4)] + [("holey", w, 500) for w in (0, 1, 3, 4, 5)] + \
+           [("thin", w, 500 if w < 4 else 20) for w in range(6)] + [("full", w, 500) for w in range(6)]
+    counts = pl.DataFrame(rows, schema=["subject", "w", "n"], orient="row")
+    assert pooling.series_windows(counts, 1, 6, 100) == {"full": (1, 6)}
+    assert pooling.series_windows(counts, 1, 6, 100, shortest=4) == {"full": (1, 6), "night": (1, 4)}
+
+
+@pytest.mark.integration
+def test_a_night_jobs_queue_climb_is_read_from_the_jobs_start(store, make_settings) -> None:
+    # A job from 22:00 to 08:00 every night; on the fifth night its queue grows 40 % an hour
+    # from the start. The windows before 22:00 are empty: the series is read from the
+    # job's start once it holds min_windows (four), not six windows in.
+    settings = make_settings(triggers={"baseline": "3d"})
+    job = Traffic(deployment="night-prod", per_hour=600, queue_s=0.1, queue_load_power=0.0)
+    nights = [T0.replace(hour=22) + d * DAY for d in range(5)]
+    for seed, night in enumerate(nights[:-1]):
+        insert(store, night, night + 10 * HOUR, job, seed=seed)
+    last = nights[-1]
+    for h in range(8):
+        insert(store, last + h * HOUR, last + (h + 1) * HOUR,
+               Traffic(deployment="night-prod", per_hour=600, queue_s=0.1 * 1.4 ** h, queue_load_power=0.0),
+               seed=20 + h)
+
+    def at(hours: int) -> list:
+        until = last + hours * HOUR
+        return queue_wait_growth(store, settings, Evaluation(until - HOUR, until, until - HOUR - 3 * DAY))
+
+    assert at(3) == []  # three windows: too short a series
+    fired = at(4)
+    assert [f.firing for f in fired] == [True] and fired[0].evidence["windows"] == 4
+    assert len(fired[0].evidence["queue_p95_ms"]) == 12
+    # A night like the others, read from its start: no trend.
+    calm = nights[-2]
+    steady = [f for h in (4, 5, 6, 8) for f in queue_wait_growth(
+        store, settings, Evaluation(calm + (h - 1) * HOUR, calm + h * HOUR, calm + (h - 1) * HOUR - 3 * DAY))]
+    assert steady and not any(f.firing for f in steady)

@@ -23,6 +23,9 @@ from servelens.core.store import StoreLike
 
 class QueueWaitGrowth(TriggerKindConfig):
     windows: int = Field(6, ge=4, description="consecutive windows in the trend")
+    # A series may start where the deployment's traffic started (a night job at 22:00),
+    # the windows before it empty: read from this many windows on, not one series later.
+    min_windows: int = Field(4, ge=4, description="windows in a series after a gap")
     # Each window is read as this many equal parts: a ten-minute burst then moves one
     # point of the series, not a sixth of it, and the trend is seen on more points.
     points: int = Field(3, ge=1, le=12, description="series points per window")
@@ -51,7 +54,8 @@ def queue_wait_growth(store: StoreLike, settings: Settings, at: Evaluation) -> l
     A deployment short of `min_requests` in some window of the series is read in pooled
     windows instead (k of them each, the fewest up to `triggers.pool_windows` that hold
     the minimum, and whose points still tile a day when like hours exist): the same
-    points over a k times longer span.
+    points over a k times longer span. One whose traffic started inside the span (the
+    windows before empty) is read over the windows since, `min_windows` of them at least.
     """
     cfg = settings.triggers.queue_wait_growth
     most = settings.triggers.pool_windows
@@ -66,17 +70,17 @@ def queue_wait_growth(store: StoreLike, settings: Settings, at: Evaluation) -> l
     tiles = (lambda k: seasonal(width * k / cfg.points, baseline)) if seasonal(width / cfg.points, baseline) \
         else (lambda k: True)
     findings = []
-    needed = pooling.series_windows(counts, most, cfg.windows, cfg.min_requests, tiles)
-    for k, deployments in pooling.by_span(needed).items():
-        findings.extend(_queue_findings(store, settings, cfg, at, k, set(deployments)))
+    needed = pooling.series_windows(counts, most, cfg.windows, cfg.min_requests, tiles, cfg.min_windows)
+    for (k, windows), deployments in pooling.by_span(needed).items():
+        findings.extend(_queue_findings(store, settings, cfg, at, k, windows, set(deployments)))
     return findings
 
 
-def _queue_findings(store: StoreLike, settings: Settings, cfg: Any, at: Evaluation, pooled: int,
+def _queue_findings(store: StoreLike, settings: Settings, cfg: Any, at: Evaluation, pooled: int, windows: int,
                     deployments: set[str]) -> list[Finding]:
     window = (at.until - at.since) * pooled
     step = window / cfg.points
-    n = cfg.windows * cfg.points
+    n = windows * cfg.points
     data = sources.queue_series(store, at.until - n * step, at.until, step, settings.triggers.baseline)
     use_phase = seasonal(step, settings.triggers.baseline)
     per_day = int(DAY / step) if use_phase else 0
@@ -87,7 +91,7 @@ def _queue_findings(store: StoreLike, settings: Settings, cfg: Any, at: Evaluati
             continue
         recent = {r["slot"]: r for r in rows.iter_rows(named=True) if r["recent"]}
         counts = np.array([recent.get(i, {}).get("requests", 0) for i in range(n)])
-        if counts.min() == 0 or counts.reshape(cfg.windows, cfg.points).sum(axis=1).min() < cfg.min_requests:
+        if counts.min() == 0 or counts.reshape(windows, cfg.points).sum(axis=1).min() < cfg.min_requests:
             continue  # a gap or a thin window: no trend can be read
         raw = np.array([recent[i]["p95"] for i in range(n)], dtype=float)
         phases = rows.filter(~pl.col("recent")).partition_by("slot", as_dict=True)
@@ -97,7 +101,6 @@ def _queue_findings(store: StoreLike, settings: Settings, cfg: Any, at: Evaluati
         # two days, and one burst on either lifts a phase; a dip in the ratio would then
         # hide growth in the last window's lowest point (below).
         expected = stats.running_median3([u[0] for u in usual], smooth_ends=True) if adjusted else np.zeros(n)
-        level = float(expected.mean()) if adjusted else float(raw[: cfg.points].mean())
         floor = 1e-3  # a queue near zero: growth relative to 1 ms
         # Against like hours the series is the ratio to their usual p95: queueing grows
         # faster than load, so the daily rhythm multiplies the queue, and a difference
@@ -118,7 +121,8 @@ def _queue_findings(store: StoreLike, settings: Settings, cfg: Any, at: Evaluati
         now = float(np.min(series[-cfg.points:]))
         growth = now / first - 1
         # In seconds: the queue now over where it would be had it kept its first level.
-        rise = (now - first) * (float(np.median(expected[-cfg.points:])) if adjusted else 1)
+        usual_now = float(np.median(expected[-cfg.points:])) if adjusted else 1.0
+        rise = (now - first) * usual_now
         # Against like hours, the queue must also stand above its usual level by as much:
         # a climb back from a quiet spell to the usual is no growth.
         above = not adjusted or now >= 1 + cfg.min_growth
@@ -129,11 +133,13 @@ def _queue_findings(store: StoreLike, settings: Settings, cfg: Any, at: Evaluati
         critical = growth >= cfg.critical_growth or (budget is not None and last > budget.total_seconds())
         findings.append(Finding(
             "queue_wait_growth", {"deployment": deployment}, firing, severity(critical),
-            f"{deployment}: queue-wait p95 rose {ms(raw[0]):.0f} → {ms(raw[-1]):.0f} ms over {cfg.windows} windows "
-            f"({pct(growth)} of its usual {ms(level):.0f} ms; Mann-Kendall p={trend.p_value:.2g})",
+            f"{deployment}: queue-wait p95 rose {ms(raw[0]):.0f} → {ms(raw[-1]):.0f} ms over {windows} windows "
+            + (f"(at least {now:.1f}x its usual {ms(usual_now):.0f} ms at these hours, "
+               f"{pct(growth)} since the first window; " if adjusted else f"({pct(growth)} over the first window's {ms(first):.0f} ms; ")
+            + f"Mann-Kendall p={trend.p_value:.2g})",
             clean({"queue_p95_ms": [ms(x) for x in raw],
                    "usual_p95_ms": [ms(x) for x in expected] if adjusted else None,
-                   "baseline": LIKE_HOURS if adjusted else "none", "windows": cfg.windows,
+                   "baseline": LIKE_HOURS if adjusted else "none", "windows": windows,
                    "points_per_window": cfg.points, "rise_ms": ms(rise), "pooled_windows": pooled,
                    "growth": growth, "queue_budget_ms": ms(budget.total_seconds()) if budget else None,
                    "trend": trend.evidence(), "slope": fit.evidence()}),

@@ -15,6 +15,13 @@ arrivals has no high load to speak of and is not examined. An evaluation result 
 the bucket of its timestamp (the result's, which online evaluators set at or near the
 request's).
 
+Recent first. The high side is first the high-load buckets of the last `windows`
+evaluation windows: a path that degrades under load shows from its first busy hour, where
+the whole day's busy buckets would dilute it with the hours before the change. A slice
+short of `min_evaluations` there (a quiet hour, a thin slice) is read over every high-load
+bucket of the lookback instead, so a change seen yesterday afternoon still shows tonight
+(evidence `high_side`). The low side is always the lookback's.
+
 Quality. Per slice of the deployment's results (each value of each key, and pairs),
 the pass rate in high-load buckets is tested against the low-load buckets' exactly as
 quality_regression tests a window against its baseline (analytics.triggers.detect_quality):
@@ -50,6 +57,7 @@ from servelens.core.config import Settings, TriggerKindConfig, parse_duration
 from servelens.core.store import StoreLike
 
 HIGH, LOW, MID = "high", "low", "mid"
+RECENT = "recent"  # the high-load buckets of the last `windows` windows
 _BUCKET = "intDiv(toUnixTimestamp64Nano(Timestamp), {bucket_ns:Int64}) * {bucket_ns:Int64}"
 
 
@@ -107,13 +115,18 @@ def latency_by_side(store: StoreLike, since: datetime, until: datetime, bucket: 
                               "side_keys": keys or [""], "side_values": keyed.get_column("side").to_list() or [""]})
 
 
-def side_tables(results: pl.DataFrame, sides: pl.DataFrame, keys: list[str]) -> dict[str, pl.DataFrame]:
-    """Slice tables (keys, evaluations, passed) of the high-load and the low-load buckets."""
+def side_tables(results: pl.DataFrame, sides: pl.DataFrame, keys: list[str],
+                recent_ns: int | None = None) -> dict[str, pl.DataFrame]:
+    """Slice tables (keys, evaluations, passed) of the high-load and the low-load buckets,
+    and (with `recent_ns`) of the high-load buckets starting at or after it: RECENT."""
     bucket_ns = pl.col("bucket").dt.epoch("ns")
     joined = results.with_columns(bucket_ns.alias("bucket_ns")).join(
         sides.select("deployment", "bucket_ns", "side"), on=["deployment", "bucket_ns"], how="inner")
-    return {side: joined.filter(pl.col("side") == side).group_by(keys).agg(
-        pl.col("evaluations").sum(), pl.col("passed").sum()).sort(keys) for side in (HIGH, LOW)}
+    picks = {HIGH: pl.col("side") == HIGH, LOW: pl.col("side") == LOW}
+    if recent_ns is not None:
+        picks[RECENT] = (pl.col("side") == HIGH) & (pl.col("bucket_ns") >= recent_ns)
+    return {side: joined.filter(pick).group_by(keys).agg(
+        pl.col("evaluations").sum(), pl.col("passed").sum()).sort(keys) for side, pick in picks.items()}
 
 
 def latency_check(rows: dict[str, dict[str, Any]], tolerance: float) -> dict[str, Any]:
@@ -141,6 +154,7 @@ def _rules(settings: Settings) -> Any:
 
 class QualityUnderLoad(TriggerKindConfig):
     lookback: timedelta = timedelta(hours=24)  # a whole day: its load swing gives both sides
+    windows: int = Field(2, ge=1, description="the high side is first read in the last windows' busy buckets")
     bucket: timedelta = timedelta(minutes=15)  # load is arrivals per bucket
     keys: list[Literal["task_type", "language", "length_class", "model", "deployment", "tenant"]] = [
         "task_type", "language", "length_class", "model", "deployment", "tenant"]
@@ -170,6 +184,7 @@ def quality_under_load(store: StoreLike, settings: Settings, at: Evaluation) -> 
     """Per deployment with a load swing, per slice of its results: see the module doc."""
     cfg = settings.triggers.quality_under_load
     since, until = span(at.until, cfg)
+    recent = max(since, until - cfg.windows * (at.until - at.since))
     keys = list(cfg.keys)
     results = quality.slice_table(store, settings, since, until, list(dict.fromkeys([*keys, "deployment"])),
                                   bucket_s=int(cfg.bucket.total_seconds()))
@@ -188,7 +203,7 @@ def quality_under_load(store: StoreLike, settings: Settings, at: Evaluation) -> 
                                                               for s in (HIGH, LOW))
         if not high_mean or not low_mean or high_mean < cfg.min_load_ratio * low_mean:
             continue  # no high load to compare with
-        tables = side_tables(results.filter(pl.col("deployment") == deployment), sides, keys)
+        tables = side_tables(results.filter(pl.col("deployment") == deployment), sides, keys, _ns(recent))
         if tables[HIGH].is_empty() or tables[LOW].is_empty():
             continue
         lat = latency_check(latency.get(deployment, {}), cfg.p99_tolerance)
@@ -201,8 +216,14 @@ def quality_under_load(store: StoreLike, settings: Settings, at: Evaluation) -> 
                          "high_buckets": high_buckets, "low_buckets": low_buckets,
                          "high_mean_arrivals": high_mean, "low_mean_arrivals": low_mean,
                          "load_ratio": high_mean / low_mean}
-        tested = regressions(tables[HIGH], tables[LOW], _rules(settings))
+        # The recent busy buckets first; a slice short of min_evaluations there is read
+        # over the lookback's (module doc: Recent first).
+        tested = regressions(tables[RECENT], tables[LOW], _rules(settings), wider=(tables[HIGH], tables[LOW]),
+                             wider_windows=0)
         for r in tested:
+            # pooled_windows is None where the recent busy buckets held the slice.
+            high_side = {"since": iso(recent if r["pooled_windows"] is None else since), "until": iso(until),
+                         "read": "recent" if r["pooled_windows"] is None else "lookback"}
             firing = r["firing"] and lat["holds"] is True
             name = ", ".join(f"{k}={v}" for k, v in r["slice"].items())
             rate = r["passed"] / r["n"]
@@ -219,6 +240,7 @@ def quality_under_load(store: StoreLike, settings: Settings, at: Evaluation) -> 
                        "fdr": cfg.fdr, "slices_tested": len(tested), "aliases": r["aliases"],
                        "explained_by": r.get("explained_by"), "parent": r.get("parent"),
                        "children": r.get("children"), "regressed": r["firing"], "load": load_evidence,
+                       "high_side": high_side,
                        "latency": lat, "since": iso(since), "until": iso(until)}),
             ))
     return findings

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Hashable, Iterable, Mapping, TypeVar
 
 import numpy as np
 import polars as pl
@@ -27,6 +27,8 @@ from servelens.analytics.query import _ns
 from servelens.analytics.sources import frame
 from servelens.analytics.triggers.base import Evaluation
 from servelens.core.store import StoreLike
+
+S = TypeVar("S", bound=Hashable)  # a span: windows, or (windows, series length)
 
 _T = "toUnixTimestamp64Nano(Timestamp)"
 
@@ -101,29 +103,35 @@ def needed_windows(counts: pl.DataFrame, most: int, enough: Callable[[dict[str, 
 
 
 def series_windows(counts: pl.DataFrame, most: int, points: int, minimum: int,
-                   allowed: Callable[[int], bool] = lambda k: True) -> dict[str, int]:
-    """subject -> the fewest k (1 .. most, among the `allowed`) such that each of the last
-    `points` runs of k windows holds `minimum` (counts column "n", over points × most
-    windows): a series of `points` pooled windows. Subjects no k serves are left out (a
-    gap: no series to read)."""
-    out: dict[str, int] = {}
+                   allowed: Callable[[int], bool] = lambda k: True,
+                   shortest: int | None = None) -> dict[str, tuple[int, int]]:
+    """subject -> (k, m): the fewest k (1 .. most, among the `allowed`) such that each of
+    the last m runs of k windows holds `minimum` (counts column "n", over points × most
+    windows): a series of m pooled windows. m is `points`, or as few as `shortest` where
+    every run before them is empty: the series starts where the subject's traffic started
+    (a night job in its first hours), not one full series later. Subjects no k serves are
+    left out (a gap: no series to read)."""
+    out: dict[str, tuple[int, int]] = {}
     if counts.is_empty():
         return out
+    lengths = range(points, min(shortest or points, points) - 1, -1)
     for (subject,), rows in counts.partition_by("subject", as_dict=True).items():
         per = np.zeros(most * points, dtype=np.int64)
         for w, n in rows.select("w", "n").iter_rows():
             if 0 <= w < most * points:
                 per[w] = n
-        k = next((k for k in range(1, most + 1)
-                  if allowed(k) and per[: k * points].reshape(points, k).sum(axis=1).min() >= minimum), None)
-        if k is not None:
-            out[subject] = k
+        for k in filter(allowed, range(1, most + 1)):
+            runs = per[: k * points].reshape(points, k).sum(axis=1)  # runs[0]: the newest
+            m = next((m for m in lengths if runs[:m].min() >= minimum and not runs[m:].any()), None)
+            if m is not None:
+                out[subject] = (k, m)
+                break
     return out
 
 
-def by_span(needed: dict[str, int]) -> dict[int, list[str]]:
-    """windows -> the subjects judged over that many (a query per distinct span)."""
-    groups: dict[int, list[str]] = {}
+def by_span(needed: Mapping[str, S]) -> dict[S, list[str]]:
+    """span -> the subjects judged over it (a query per distinct span)."""
+    groups: dict[S, list[str]] = {}
     for subject, k in sorted(needed.items()):
         groups.setdefault(k, []).append(subject)
     return groups
