@@ -388,8 +388,10 @@ class Recorder:
             self.resolved.append(trigger)
 
 
-def clean_weeks(eng: Engine, weeks: int, seed: int = 7) -> tuple[list[dict[str, Any]], int, float]:
-    """(episodes opened, windows evaluated, seconds per window) over `weeks` clean weeks."""
+def clean_weeks(eng: Engine, weeks: int, seed: int = 7,
+                kinds: list[str] | None = None) -> tuple[list[dict[str, Any]], int, float]:
+    """(episodes opened, windows evaluated, seconds per window) over `weeks` clean weeks, of
+    every kind or of `kinds`."""
     store, settings = eng.database("clean")
     try:
         # A full baseline behind the first window, its series and like hours included.
@@ -399,7 +401,8 @@ def clean_weeks(eng: Engine, weeks: int, seed: int = 7) -> tuple[list[dict[str, 
         windows = weeks * int(WEEK / HOUR)
         started = time.perf_counter()
         for k in range(windows):
-            engine.evaluate(store, settings, begin + (k + 1) * HOUR, recorder, now=begin + (k + 1) * HOUR)
+            engine.evaluate(store, settings, begin + (k + 1) * HOUR, recorder, now=begin + (k + 1) * HOUR,
+                            kinds=kinds)
             if (k + 1) % 24 == 0:
                 print(f"  clean: day {(k + 1) // 24}, {len(recorder.opened)} opened, "
                       f"{time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)
@@ -699,8 +702,8 @@ class FleetClean:
 
 
 def fleet_clean(store: Store, settings: Settings, fleet: Fleet, base: Base, untils: list[datetime],
-                seed: int) -> FleetClean:
-    """Every kind, window by window through the engine, on the clean fleet (its step
+                seed: int, kinds: list[str] | None = None) -> FleetClean:
+    """Every kind (or `kinds`), window by window through the engine, on the clean fleet (its step
     included) after the base, in the empty database `store`: each episode opened is a
     false alert, except the step's p99_drift on its deployment from the step on, which is
     what should happen. Leaves the database empty."""
@@ -710,7 +713,7 @@ def fleet_clean(store: Store, settings: Settings, fleet: Fleet, base: Base, unti
         recorder = Recorder()
         started = time.perf_counter()
         for n, until in enumerate(untils, 1):
-            engine.evaluate(store, settings, until, recorder, now=until)
+            engine.evaluate(store, settings, until, recorder, now=until, kinds=kinds)
             if n % 24 == 0 or n == len(untils):
                 print(f"  {fleet.name} clean: {n}/{len(untils)} windows, {len(recorder.opened)} opened, "
                       f"{time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)
@@ -859,6 +862,7 @@ def run_fleets(args: argparse.Namespace, argv: list[str] | None) -> int:
     chosen = [fleets.FLEETS[n] for n in (args.fleet.split(",") if args.fleet else fleets.FLEETS)]
     plan = fleets.changes()
     kinds = args.kinds.split(",") if args.kinds else [k for k in KINDS if k in plan]
+    clean_kinds = args.clean_kinds.split(",") if args.clean_kinds else None
     per_group = args.trials if args.trials is not None else (1 if args.quick else 6)
     before = 0 if args.quick else 4  # windows checked before the onset (the clean runs see false alerts too)
     scratch = Path(tempfile.mkdtemp(prefix="servelens-fleets-"))
@@ -878,7 +882,7 @@ def run_fleets(args: argparse.Namespace, argv: list[str] | None) -> int:
             weeks = args.weeks if args.weeks is not None else (0 if args.quick else 1)
             first, count = fleet.quick_clean if not weeks else (HOUR, weeks * 168)
             untils = [fleets.TRIAL_DAY + first + k * HOUR for k in range(count)]
-            cleans.append(fleet_clean(store, settings, fleet, bases[0], untils, seed=900 + fi))
+            cleans.append(fleet_clean(store, settings, fleet, bases[0], untils, seed=900 + fi, kinds=clean_kinds))
             for database in (*bases, Base(store, settings, fleets.TRIAL_DAY)):
                 eng.drop(database.store, database.settings)
     finally:
@@ -886,7 +890,7 @@ def run_fleets(args: argparse.Namespace, argv: list[str] | None) -> int:
     command = "python -m bench detection" + (f" {' '.join(argv)}" if argv else "")
     section = render_fleets(trials, cleans, set(plan), set(kinds), time.monotonic() - started, command)
     print(section)
-    partial = (args.quick or args.no_write or args.kinds or args.fleet or args.trials is not None
+    partial = (args.quick or args.no_write or args.kinds or args.clean_kinds or args.fleet or args.trials is not None
                or args.weeks is not None)
     if not partial:
         write_section("detection-fleets", "Detection on other fleets", section)
@@ -899,6 +903,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trials", type=int, help="injections per kind (default 20)")
     parser.add_argument("--weeks", type=int, help="clean weeks (default 3)")
     parser.add_argument("--kinds", help="comma-separated kinds (default all)")
+    parser.add_argument("--clean-kinds", help="comma-separated kinds the clean weeks evaluate (default all): a "
+                        "quicker check of one kind's false alerts")
     parser.add_argument("--debug", action="store_true", help="print each window's finding on the injected subject")
     parser.add_argument("--no-write", action="store_true", help="print only, leave BENCHMARKS.md alone")
     parser.add_argument("--fleets", action="store_true",
@@ -917,14 +923,16 @@ def main(argv: list[str] | None = None) -> int:
     try:
         eng = Engine(scratch)
         trials = run_injections(eng, per_kind, kinds, args.debug)
-        opened, windows, per_window = clean_weeks(eng, weeks) if weeks else ([], 0, float("nan"))
+        opened, windows, per_window = (clean_weeks(eng, weeks, kinds=args.clean_kinds.split(",") if args.clean_kinds
+                                                   else None) if weeks else ([], 0, float("nan")))
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     command = "python -m bench detection" + (f" {' '.join(argv)}" if argv else "")
     section = render(summarize(trials, opened, weeks), opened, weeks, per_window, time.monotonic() - started,
                      command)
     print(section)
-    if not (args.quick or args.no_write or args.kinds or args.trials is not None or args.weeks is not None):
+    if not (args.quick or args.no_write or args.kinds or args.clean_kinds or args.trials is not None
+            or args.weeks is not None):
         write_section("detection", "Detection quality", section)
     return 0
 
