@@ -18,7 +18,7 @@ from bench.history import HOUR, Traffic, insert
 from servelens.analytics.triggers import pooling, power, stats
 from servelens.analytics.triggers.base import Evaluation
 from servelens.analytics.triggers.common import LIKE_HOURS
-from servelens.analytics.triggers.detect_latency import queue_wait_growth
+from servelens.analytics.triggers.detect_latency import p99_drift, queue_wait_growth
 from tests.analytics.test_triggers import LLAMA, T0, Recorder, all_triggers, run_windows
 
 SMALL = dict(per_hour=100, latency_sigma=0.2)
@@ -246,3 +246,26 @@ def test_a_night_jobs_queue_climb_is_read_from_the_jobs_start(store, make_settin
     steady = [f for h in (4, 5, 6, 8) for f in queue_wait_growth(
         store, settings, Evaluation(calm + (h - 1) * HOUR, calm + h * HOUR, calm + (h - 1) * HOUR - 3 * DAY))]
     assert steady and not any(f.firing for f in steady)
+
+
+@pytest.mark.integration
+def test_a_small_deployments_milder_slowdown_is_seen_over_every_pooled_window(store, make_settings) -> None:
+    # 100 requests an hour; 2 % of them three times slower from the onset (3 % over
+    # the baseline p99 where 1 % is usual). Two windows (200 requests) can show only 4.5 %
+    # (on this draw they hold 3 %); all six windows pooling allows (600) show 2.7 %: read
+    # over them too, it fires.
+    onset = T0 + timedelta(days=3, hours=5)
+    insert(store, T0, onset, Traffic(deployment="small-prod", **SMALL))
+    insert(store, onset, onset + 8 * HOUR, Traffic(deployment="small-prod", tail_share=0.02, tail_factor=3, **SMALL),
+           seed=2)
+
+    def fired(pool: int) -> list:
+        settings = make_settings(triggers={"baseline": "3d", "pool_windows": pool})
+        until = onset + 6 * HOUR
+        return [f for f in p99_drift(store, settings, Evaluation(until - HOUR, until, until - HOUR - 3 * DAY))
+                if f.firing and f.subject["metric"] == "latency"]
+
+    [finding] = fired(6)
+    assert finding.evidence["pooled_windows"] == 6 and finding.evidence["requests"] > 500
+    assert finding.evidence["tail"]["threshold"] == pytest.approx(5e-4)  # alpha / 2: two readings
+    assert fired(2) == []  # the fewest windows alone: under what 200 requests can show

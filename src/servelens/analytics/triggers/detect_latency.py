@@ -180,7 +180,8 @@ def p99_drift(store: StoreLike, settings: Settings, at: Evaluation) -> list[Find
     there (binomial exceedance test, exact). The baseline is the same hours on earlier days
     when they hold `min_baseline` requests, else the whole baseline. A deployment with fewer
     than `min_requests` in the window is judged over the trailing windows that hold them
-    (analytics/triggers/pooling.py); the evidence says how many and what the volume can show.
+    (analytics/triggers/pooling.py), and over all `triggers.pool_windows` too, each reading
+    at half of `alpha`; the evidence says how many and what the volume can show.
     An open episode holds (Finding.holds) while the rise is still material and the tail test
     passes at `recovery_alpha`, and is judged against the baseline before it started (the
     same length, ending at its start): a tail that stays slow is one episode, not one per
@@ -196,7 +197,17 @@ def p99_drift(store: StoreLike, settings: Settings, at: Evaluation) -> list[Find
     findings = []
     for metric in ("latency", "ttft"):
         needed = pooling.needed_windows(counts, most, lambda c, m=metric: c[m] >= cfg.min_requests, [metric])
-        for k, deployments in pooling.by_span(needed).items():
+        # A pooled deployment is also read over every window pooling allows, each of the
+        # two readings at alpha / 2 (Bonferroni): the fewest windows that hold min_requests
+        # see a tail only well above the 1 % expected, while a slowdown that stays for
+        # `most` windows is seen in all its requests (power.exceedance_floor falls with them).
+        spans = {d: [k] if k == 1 else sorted({k, most}) for d, k in needed.items()}
+        groups: dict[int, list[str]] = {}
+        for d, ks in sorted(spans.items()):
+            for k in ks:
+                groups.setdefault(k, []).append(d)
+        readings: dict[str, list[Finding]] = {}
+        for k, deployments in sorted(groups.items()):
             span = pooling.span(at, k)
             baseline = span.since - span.baseline_since
             # Deployments grouped by where their baseline ends: the span's start, or an
@@ -208,16 +219,26 @@ def p99_drift(store: StoreLike, settings: Settings, at: Evaluation) -> list[Find
             for end, group in ends.items():
                 judged = span if end is None else replace(span, baseline_since=end - baseline)
                 for r in sources.latency_tails(store, judged, metric, group, end).iter_rows(named=True):
-                    finding = _p99_finding(settings, cfg, metric, r, k, end)
+                    alpha = cfg.alpha / len(spans[r["deployment"]])
+                    finding = _p99_finding(settings, cfg, metric, r, k, end, alpha)
                     if finding is not None:
-                        findings.append(finding)
+                        readings.setdefault(r["deployment"], []).append(finding)
+        findings.extend(_strongest(readings[d]) for d in sorted(readings))
     return findings
 
 
+def _strongest(readings: list[Finding]) -> Finding:
+    """One deployment's readings over its spans (fewest windows first) as one finding: the
+    firing one with the strongest tail test, else the first; it holds where any holds."""
+    firing = [f for f in readings if f.firing]
+    best = min(firing, key=lambda f: f.evidence["tail"]["p_value"]) if firing else readings[0]
+    return replace(best, holds=any(f.holds for f in readings))
+
+
 def _p99_finding(settings: Settings, cfg: Any, metric: str, r: dict[str, Any], windows: int,
-                 baseline_until: datetime | None) -> Finding | None:
+                 baseline_until: datetime | None, alpha: float) -> Finding | None:
     which = choose_baseline(r["like_n"], r["base_n"], cfg.min_baseline)
-    floor = power.exceedance_floor(r["n"], cfg.alpha)
+    floor = power.exceedance_floor(r["n"], alpha)
     if which is None or floor is None:
         return None  # no baseline to judge against, or too few requests for the exact test to reject
     like = which == LIKE_HOURS
@@ -225,7 +246,7 @@ def _p99_finding(settings: Settings, cfg: Any, metric: str, r: dict[str, Any], w
     p50, p99 = r["q"]
     rise = stats.relative_change(base_p99, p99, cfg.min_rise)
     p50_rise = stats.relative_change(base_p50, p50, cfg.p50_tolerance)
-    tail = stats.quantile_exceedance(r["over_like"] if like else r["over_base"], r["n"], 0.99, cfg.alpha)
+    tail = stats.quantile_exceedance(r["over_like"] if like else r["over_base"], r["n"], 0.99, alpha)
     firing = rise.detected and tail.detected and not p50_rise.detected
     holds = rise.detected and not p50_rise.detected and tail.p_value is not None and tail.p_value < cfg.recovery_alpha
     d = settings.deployment(r["deployment"])
