@@ -19,6 +19,7 @@ from servelens.analytics.triggers import pooling, power, stats
 from servelens.analytics.triggers.base import Evaluation
 from servelens.analytics.triggers.common import LIKE_HOURS
 from servelens.analytics.triggers.detect_latency import p99_drift, queue_wait_growth
+from servelens.analytics.triggers.detect_reliability import error_rate_spike
 from tests.analytics.test_triggers import LLAMA, T0, Recorder, all_triggers, run_windows
 
 SMALL = dict(per_hour=100, latency_sigma=0.2)
@@ -269,3 +270,29 @@ def test_a_small_deployments_milder_slowdown_is_seen_over_every_pooled_window(st
     assert finding.evidence["pooled_windows"] == 6 and finding.evidence["requests"] > 500
     assert finding.evidence["tail"]["threshold"] == pytest.approx(5e-4)  # alpha / 2: two readings
     assert fired(2) == []  # the fewest windows alone: under what 200 requests can show
+
+
+def test_a_pooled_subject_is_also_read_over_every_window_at_half_the_level() -> None:
+    needed = {"big": 1, "small": 3, "rare": 6}
+    assert pooling.spans(needed, 6) == {1: ["big"], 3: ["small"], 6: ["rare", "small"]}
+    assert [pooling.readings(needed, 6, s) for s in ("big", "small", "rare")] == [1, 2, 1]
+
+
+@pytest.mark.integration
+def test_a_quiet_services_milder_error_rate_is_seen_over_every_pooled_window(store, make_settings) -> None:
+    # 100 attempts an hour, errors from 0.5 % to 4 % for six hours. Pooled to 282 attempts
+    # (three windows) a 4 % rate holds min_errors (10) only about half the time (on this
+    # draw it does not); over all six windows (600 attempts, 24 errors expected) it does.
+    onset = T0 + timedelta(days=3)
+    insert(store, T0, onset, Traffic(per_hour=100))
+    insert(store, onset, onset + 6 * HOUR, Traffic(per_hour=100, error_share=0.04), seed=6)
+    until = onset + 6 * HOUR
+
+    def read(pool: int) -> list:
+        settings = make_settings(triggers={"baseline": "3d", "pool_windows": pool})
+        return error_rate_spike(store, settings, Evaluation(until - HOUR, until, until - HOUR - 3 * DAY))
+
+    [finding] = read(6)
+    assert finding.firing and finding.evidence["pooled_windows"] == 6
+    assert finding.evidence["test"]["threshold"] == pytest.approx(5e-5)  # alpha / 2: two readings
+    assert not any(f.firing for f in read(3))  # the three windows alone

@@ -197,17 +197,9 @@ def p99_drift(store: StoreLike, settings: Settings, at: Evaluation) -> list[Find
     findings = []
     for metric in ("latency", "ttft"):
         needed = pooling.needed_windows(counts, most, lambda c, m=metric: c[m] >= cfg.min_requests, [metric])
-        # A pooled deployment is also read over every window pooling allows, each of the
-        # two readings at alpha / 2 (Bonferroni): the fewest windows that hold min_requests
-        # see a tail only well above the 1 % expected, while a slowdown that stays for
-        # `most` windows is seen in all its requests (power.exceedance_floor falls with them).
-        spans = {d: [k] if k == 1 else sorted({k, most}) for d, k in needed.items()}
-        groups: dict[int, list[str]] = {}
-        for d, ks in sorted(spans.items()):
-            for k in ks:
-                groups.setdefault(k, []).append(d)
-        readings: dict[str, list[Finding]] = {}
-        for k, deployments in sorted(groups.items()):
+        # A pooled deployment is also read over every window pooling allows (pooling.spans).
+        read: dict[str, list[Finding]] = {}
+        for k, deployments in pooling.spans(needed, most).items():
             span = pooling.span(at, k)
             baseline = span.since - span.baseline_since
             # Deployments grouped by where their baseline ends: the span's start, or an
@@ -219,20 +211,12 @@ def p99_drift(store: StoreLike, settings: Settings, at: Evaluation) -> list[Find
             for end, group in ends.items():
                 judged = span if end is None else replace(span, baseline_since=end - baseline)
                 for r in sources.latency_tails(store, judged, metric, group, end).iter_rows(named=True):
-                    alpha = cfg.alpha / len(spans[r["deployment"]])
+                    alpha = cfg.alpha / pooling.readings(needed, most, r["deployment"])
                     finding = _p99_finding(settings, cfg, metric, r, k, end, alpha)
                     if finding is not None:
-                        readings.setdefault(r["deployment"], []).append(finding)
-        findings.extend(_strongest(readings[d]) for d in sorted(readings))
+                        read.setdefault(r["deployment"], []).append(finding)
+        findings.extend(pooling.strongest(read[d], lambda f: f.evidence["tail"]["p_value"]) for d in sorted(read))
     return findings
-
-
-def _strongest(readings: list[Finding]) -> Finding:
-    """One deployment's readings over its spans (fewest windows first) as one finding: the
-    firing one with the strongest tail test, else the first; it holds where any holds."""
-    firing = [f for f in readings if f.firing]
-    best = min(firing, key=lambda f: f.evidence["tail"]["p_value"]) if firing else readings[0]
-    return replace(best, holds=any(f.holds for f in readings))
 
 
 def _p99_finding(settings: Settings, cfg: Any, metric: str, r: dict[str, Any], windows: int,

@@ -17,17 +17,20 @@ from servelens.core.config import Settings, TriggerKindConfig
 from servelens.core.store import StoreLike
 
 
-def pooled_counts(store: StoreLike, settings: Settings, at: Evaluation, count: str,
-                  minimum: int) -> Iterator[tuple[int, dict[str, Any]]]:
-    """(windows pooled, reliability_counts row) per service: `count` ("n" attempts or
-    "originals") reaches `minimum` over the fewest trailing windows, up to pool_windows."""
+def pooled_counts(store: StoreLike, settings: Settings, at: Evaluation, count: str, minimum: int,
+                  every: bool = False) -> Iterator[tuple[int, int, dict[str, Any]]]:
+    """(windows pooled, readings of the service, reliability_counts row) per service:
+    `count` ("n" attempts or "originals") reaches `minimum` over the fewest trailing
+    windows, up to pool_windows; with `every`, a pooled service over all of them too
+    (pooling.spans: each reading is judged at the kind's level / readings)."""
     most = settings.triggers.pool_windows
     counts = pooling.window_counts(store, at, most, "toString(ServiceName)",
                                    {"n": "count()", "originals": "countIf(RetryAttempt = 0)"})
     needed = pooling.needed_windows(counts, most, lambda c: c[count] >= minimum, ["n", "originals"])
-    for k, services in pooling.by_span(needed).items():
+    groups = pooling.spans(needed, most) if every else pooling.by_span(needed)
+    for k, services in groups.items():
         for r in sources.reliability_counts(store, pooling.span(at, k), services).iter_rows(named=True):
-            yield k, r
+            yield k, pooling.readings(needed, most, r["service"]) if every else 1, r
 
 
 class RetryStorm(TriggerKindConfig):
@@ -44,7 +47,7 @@ def retry_storm(store: StoreLike, settings: Settings, at: Evaluation) -> list[Fi
     service is no storm."""
     cfg = settings.triggers.retry_storm
     findings = []
-    for k, r in pooled_counts(store, settings, at, "originals", cfg.min_originals):
+    for k, _, r in pooled_counts(store, settings, at, "originals", cfg.min_originals):
         if r["originals"] < cfg.min_originals or r["retries"] < cfg.min_retries:
             continue
         amplification = r["n"] / r["originals"]
@@ -135,12 +138,19 @@ def error_rate_spike(store: StoreLike, settings: Settings, at: Evaluation) -> li
     test against the like-hours rate, else the whole baseline's) and materially so: at
     least `min_ratio` times it and `min_increase` points over it.
 
+    A service short of the pooled attempts in one window is read over the fewest windows
+    that hold them and over all `triggers.pool_windows`, each reading at half of `alpha`.
+
     The most specific part is named: when one (deployment, model) of a spiking service
     spikes and the rest of the service does not, the finding is that part's (the service as
     its `parent`); when several parts spike, the service's, listing them."""
-    cfg = settings.triggers.error_rate_spike
-    findings = []
-    for k, r in pooled_counts(store, settings, at, "n", cfg.pooled_attempts()):
+    # A pooled service is also read over every window pooling allows, each reading at
+    # alpha / 2 (pooling.spans): a 4 % rate on 282 attempts may fall short of min_errors,
+    # on all six windows' it does not.
+    base = settings.triggers.error_rate_spike
+    read: dict[str, list[Finding]] = {}
+    for k, readings, r in pooled_counts(store, settings, at, "n", base.pooled_attempts(), every=True):
+        cfg = base.model_copy(update={"alpha": base.alpha / readings})
         s = spike(cfg, r)
         if s is None:
             continue
@@ -159,7 +169,7 @@ def error_rate_spike(store: StoreLike, settings: Settings, at: Evaluation) -> li
                                       "error_rate": p["errors"] / p["n"], "attempts": p["n"]}
                                      for p in specific["parts"]]
         name = ", ".join(subject.values())
-        findings.append(Finding(
+        read.setdefault(r["service"], []).append(Finding(
             "error_rate_spike", subject, s.firing, severity(s.rate >= cfg.critical_rate),
             f"{name}: error rate {s.rate:.1%} vs {s.p0:.1%} baseline ({pct(s.rate / s.p0 - 1)}, "
             f"{s.errors} of {s.n} attempts)",
@@ -170,4 +180,4 @@ def error_rate_spike(store: StoreLike, settings: Settings, at: Evaluation) -> li
                    "detectable_error_rate": power.rate_floor(s.n, s.p0, cfg.alpha, cfg.min_ratio,
                                                              cfg.min_increase, cfg.min_errors)}),
         ))
-    return findings
+    return [pooling.strongest(read[service], lambda f: f.evidence["test"]["p_value"]) for service in sorted(read)]

@@ -14,7 +14,7 @@ pooling never peeks at the outcome it would favour.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, Callable, Hashable, Iterable, Mapping, TypeVar
 
@@ -25,7 +25,7 @@ from scipy.stats import binom
 from servelens.analytics import memo
 from servelens.analytics.query import _ns
 from servelens.analytics.sources import frame
-from servelens.analytics.triggers.base import Evaluation
+from servelens.analytics.triggers.base import Evaluation, Finding
 from servelens.core.store import StoreLike
 
 S = TypeVar("S", bound=Hashable)  # a span: windows, or (windows, series length)
@@ -127,6 +127,32 @@ def series_windows(counts: pl.DataFrame, most: int, points: int, minimum: int,
                 out[subject] = (k, m)
                 break
     return out
+
+
+def spans(needed: Mapping[str, int], most: int) -> dict[int, list[str]]:
+    """windows -> the subjects read over them: each over its fewest windows, and a pooled
+    one (more than one window) over all `most` too. The two readings of a pooled subject
+    are each judged at half the kind's level (Bonferroni; `readings`): the fewest windows
+    that hold a test's minimum show only a large change, while one that stays is seen in
+    all the requests pooling allows."""
+    groups: dict[int, list[str]] = {}
+    for subject, k in sorted(needed.items()):
+        for span in sorted({k, most}) if k > 1 else [k]:
+            groups.setdefault(span, []).append(subject)
+    return dict(sorted(groups.items()))
+
+
+def readings(needed: Mapping[str, int], most: int, subject: str) -> int:
+    """How many readings `spans` makes of `subject`: the kind's level is divided by it."""
+    return 2 if needed[subject] > 1 and needed[subject] != most else 1
+
+
+def strongest(findings: list[Finding], p_value: Callable[[Finding], float]) -> Finding:
+    """One subject's readings (fewest windows first) as one finding: the firing one with the
+    smallest `p_value`, else the first; it holds where any of them holds."""
+    firing = [f for f in findings if f.firing]
+    best = min(firing, key=p_value) if firing else findings[0]
+    return replace(best, holds=any(f.holds for f in findings))
 
 
 def by_span(needed: Mapping[str, S]) -> dict[S, list[str]]:
