@@ -20,7 +20,9 @@ from servelens.analytics.reports import registry
 
 pytestmark = pytest.mark.integration
 
-UNTIL = datetime.now(timezone.utc).replace(minute=0, second=0, microsecond=0) + HOUR
+# The window ends an hour past the next full hour: spans the SDK exports "now" stay inside
+# it when the test runs after an hour boundary the module was imported before.
+UNTIL = datetime.now(timezone.utc).replace(minute=0, second=0, microsecond=0) + 2 * HOUR
 SINCE = UNTIL - timedelta(hours=3)
 PRICES = {"models": [{"model": "m-cached", "input_per_mtok": 2.5, "cached_input_per_mtok": 1.25,
                       "cache_write_per_mtok": 3.125, "output_per_mtok": 10.0}], "catalog": "none"}
