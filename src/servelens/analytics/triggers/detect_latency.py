@@ -135,7 +135,8 @@ def _queue_findings(store: StoreLike, settings: Settings, cfg: Any, at: Evaluati
             "queue_wait_growth", {"deployment": deployment}, firing, severity(critical),
             f"{deployment}: queue-wait p95 rose {ms(raw[0]):.0f} → {ms(raw[-1]):.0f} ms over {windows} windows "
             + (f"(at least {now:.1f}x its usual {ms(usual_now):.0f} ms at these hours, "
-               f"{pct(growth)} since the first window; " if adjusted else f"({pct(growth)} over the first window's {ms(first):.0f} ms; ")
+               f"{pct(growth)} since the first window; " if adjusted
+               else f"({pct(growth)} over the first window's {ms(first):.0f} ms; ")
             + f"Mann-Kendall p={trend.p_value:.2g})",
             clean({"queue_p95_ms": [ms(x) for x in raw],
                    "usual_p95_ms": [ms(x) for x in expected] if adjusted else None,
