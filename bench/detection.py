@@ -858,11 +858,16 @@ def render_fleets(trials: list[BandTrial], cleans: list[FleetClean], known: set[
     return "\n".join(lines)
 
 
+def _clean_kinds(args: argparse.Namespace) -> list[str] | None:
+    """--clean-kinds as a list; None: every kind."""
+    return args.clean_kinds.split(",") if args.clean_kinds else None
+
+
 def run_fleets(args: argparse.Namespace, argv: list[str] | None) -> int:
     chosen = [fleets.FLEETS[n] for n in (args.fleet.split(",") if args.fleet else fleets.FLEETS)]
     plan = fleets.changes()
     kinds = args.kinds.split(",") if args.kinds else [k for k in KINDS if k in plan]
-    clean_kinds = args.clean_kinds.split(",") if args.clean_kinds else None
+    clean_kinds = _clean_kinds(args)
     per_group = args.trials if args.trials is not None else (1 if args.quick else 6)
     before = 0 if args.quick else 4  # windows checked before the onset (the clean runs see false alerts too)
     scratch = Path(tempfile.mkdtemp(prefix="servelens-fleets-"))
@@ -923,8 +928,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         eng = Engine(scratch)
         trials = run_injections(eng, per_kind, kinds, args.debug)
-        opened, windows, per_window = (clean_weeks(eng, weeks, kinds=args.clean_kinds.split(",") if args.clean_kinds
-                                                   else None) if weeks else ([], 0, float("nan")))
+        opened, windows, per_window = (clean_weeks(eng, weeks, kinds=_clean_kinds(args)) if weeks
+                                       else ([], 0, float("nan")))
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     command = "python -m bench detection" + (f" {' '.join(argv)}" if argv else "")

@@ -15,7 +15,7 @@ import argparse
 import math
 
 from bench.report import write_section
-from servelens.analytics.triggers import power
+from servelens.analytics.triggers import pooling, power
 from servelens.core.config import Settings
 
 VOLUMES = (30, 100, 1_000, 10_000)
@@ -41,12 +41,12 @@ def rows(settings: Settings) -> list[dict[str, str]]:
         k, n = pooled(per, t.p99_drift.min_requests, most)
         # A pooled subject is read twice, each at alpha / 2: over its fewest windows and
         # over all `most` (pooling.spans); the second floor is what a change that stays sees.
-        split = 2 if 1 < k < most else 1
+        split = pooling.spans_read(k, most)
         tail = power.exceedance_floor(n, t.p99_drift.alpha / split)
         tail_all = power.exceedance_floor(int(per * most), t.p99_drift.alpha / 2) if split == 2 else None
         e = t.error_rate_spike
         ke, ne = pooled(per, e.pooled_attempts(), most)
-        split_e = 2 if 1 < ke < most else 1
+        split_e = pooling.spans_read(ke, most)
         rate = power.rate_floor(ne, BASE_ERROR_RATE, e.alpha / split_e, e.min_ratio, e.min_increase, e.min_errors)
         if ne < e.min_requests:
             rate = None

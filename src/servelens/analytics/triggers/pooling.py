@@ -137,14 +137,20 @@ def spans(needed: Mapping[str, int], most: int) -> dict[int, list[str]]:
     all the requests pooling allows."""
     groups: dict[int, list[str]] = {}
     for subject, k in sorted(needed.items()):
-        for span in sorted({k, most}) if k > 1 else [k]:
+        for span in (k, most) if spans_read(k, most) == 2 else (k,):
             groups.setdefault(span, []).append(subject)
     return dict(sorted(groups.items()))
 
 
+def spans_read(k: int, most: int) -> int:
+    """How many readings `spans` makes of a subject pooled over k windows: 2 where k is
+    neither 1 nor `most`. The kind's level is divided by it."""
+    return 2 if 1 < k < most else 1
+
+
 def readings(needed: Mapping[str, int], most: int, subject: str) -> int:
-    """How many readings `spans` makes of `subject`: the kind's level is divided by it."""
-    return 2 if needed[subject] > 1 and needed[subject] != most else 1
+    """How many readings `spans` makes of `subject` (spans_read of its windows)."""
+    return spans_read(needed[subject], most)
 
 
 def strongest(findings: list[Finding], p_value: Callable[[Finding], float]) -> Finding:
