@@ -29,33 +29,32 @@ admission does not count again); TTFT = end of the step that completes its prefi
 latency = end of the step that produces its last token. A replica is busy while it runs a
 step, which is exactly while it holds a running sequence.
 
-Why a plain heap loop rather than SimPy: no dependency, and speed. SimPy spends a generator
-switch and an event object per yield; here the state is parallel lists of ints and floats
-indexed by request and replica (no per-request objects), arrivals are a sorted array merged
-with the heap instead of pushed onto it, and a replica that only decodes is advanced in one
-event straight to its next finish or cache overflow (steps in between all last a + c * D).
-An arrival routed to a replica in such a run cuts it at the next step boundary. The cost is
-a few events per request whatever the output length (bench/plan_replay.py measures it, and
-checks the shortcuts against a per-step reference loop).
+Why a plain heap loop rather than SimPy: speed. SimPy spends a generator switch and an
+event object per yield; here the state is flat arrays and lists indexed by request and
+replica, arrivals are a sorted array merged with the heap instead of pushed onto it, and a
+replica that only decodes is advanced in one event straight to its next finish or cache
+overflow (steps in between all last a + c * D). An arrival routed to a replica in such a
+run cuts it at the next step boundary. The cost is a few events per request whatever the
+output length. The loop itself (engine.py) is compiled with numba: a week of a busy
+deployment is tens of millions of events, minutes in the interpreter (bench/plan_replay.py
+measures it, and checks the shortcuts against a per-step reference loop).
 """
 
 from __future__ import annotations
 
-import itertools
 import math
+import threading
 import time
 from dataclasses import dataclass, field
-from heapq import heapify, heappop, heappush
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from servelens.analytics.plan.autoscaler import AUTOSCALE, DRAINING, ORDER, READY0, Autoscaling, Fleet, dedupe
+from servelens.analytics.plan import engine
+from servelens.analytics.plan.autoscaler import Autoscaling, dedupe
 from servelens.analytics.plan.step_time import StepTimeFit, fit_step_time
 
 __all__ = ["Autoscaling", "ReplayResult", "Server", "StepTimeFit", "fit_step_time", "simulate"]
-
-inf = math.inf
 
 
 @dataclass(frozen=True)
@@ -180,7 +179,7 @@ def simulate(
     queue_budget_s: float | None = None,
     horizon_s: float | None = None,
     progress: Callable[[float], None] | None = None,
-    progress_every: int = 200_000,
+    progress_every_s: float = 0.25,
 ) -> ReplayResult:
     """Replay a trace (arrival seconds from its start, token counts per request).
 
@@ -189,7 +188,8 @@ def simulate(
     `prefix_hash` with `prefix_tokens` (the shared prefix's length) enables prefix hits.
     `gpu_hourly_usd` is per GPU; a replica is `server.gpus_per_replica` GPUs. Billing runs to
     `horizon_s`, or to the last completion if later. `progress(fraction of arrivals)` is
-    called about every `progress_every` events and once at the end.
+    called every `progress_every_s` seconds while the loop runs (from another thread) and
+    once at the end.
     """
     started = time.perf_counter()
     arrival = np.asarray(arrival_s, dtype=float)
@@ -218,11 +218,8 @@ def simulate(
         code = np.where(shared > 0, code.reshape(-1), -1)
         skip = np.maximum(shared, 0)
     horizon = (horizon_s or 0.0) / traffic_x
-    raw = _replay(
-        (arrival[order] / traffic_x).tolist(), inp[order].tolist(), out[order].tolist(),
-        code[order].tolist(), skip[order].tolist(), server, replicas, autoscaling, horizon,
-        progress, max(1, progress_every),
-    )
+    raw = _replay(arrival[order] / traffic_x, inp[order], out[order], code[order], skip[order], server, replicas,
+                  autoscaling, horizon, progress, progress_every_s)
     wait, ttft, done = np.full(n, np.nan), np.full(n, np.nan), np.full(n, np.nan)
     for dest, key in ((wait, "wait"), (ttft, "ttft"), (done, "done")):
         dest[order] = raw[key]
@@ -250,216 +247,38 @@ def simulate(
     )
 
 
-def _replay(arr: list[float], inp: list[int], out: list[int], pcode: list[int], skip: list[int],
+def _replay(arr: np.ndarray, inp: np.ndarray, out: np.ndarray, pcode: np.ndarray, skip: np.ndarray,
             srv: Server, n0: int, pol: Autoscaling | None, horizon: float,
-            progress: Callable[[float], None] | None, every: int) -> dict[str, Any]:
-    """The event loop over plain lists (the model is in the module doc). Requests are sorted
-    by arrival and each fits the cache alone."""
-    N = len(arr)
-    NR = N + 1  # a finish key is finish_step * NR + request: one int, cheap to heap
-    a, b, c = srv.step_base_s, srv.step_prefill_s, srv.step_decode_s
-    cap, budget0, seqs_max, cache_max = srv.kv_tokens, srv.max_batched_tokens, srv.max_seqs, srv.prefix_cache_entries
-    nan = math.nan
-    wait, ttft, done = [nan] * N, [nan] * N, [nan] * N
-    g0 = [0] * N  # tokens generated before the current admission (recomputed after a preemption)
-    gbase = [0] * N  # tokens generated when its latest prefill completed
-    kst = [0] * N  # the replica's step count when that prefill completed
-    rem = [0] * N  # prefill tokens still to compute in this admission
-    heap: list = []  # (time, tick, replica >= 0 for a step end | a control kind < 0)
-    tick = itertools.count(1).__next__
-    fleet = Fleet(heap, tick, pol, seqs_max)
-    for _ in range(n0):
-        fleet.create(0.0, True)
-    waiting, running, chunked, fin, cache = fleet.waiting, fleet.running, fleet.chunked, fleet.fin, fleet.cache
-    ndec, kv, ks, load, cur = fleet.ndec, fleet.kv, fleet.ks, fleet.load, fleet.cur
-    run_m, run_D = fleet.run_m, fleet.run_D
-    run_t0, run_d, run_pf, stepping, state = fleet.run_t0, fleet.run_d, fleet.run_pf, fleet.stepping, fleet.state
-    ready, pending = fleet.ready, fleet.pending
-    by_load = load.__getitem__
-    busy = area = last = 0.0
-    steps = events = preempted = hits = inflight = 0
-
-    def dispatch(v: int, r: int, t: float) -> None:
-        waiting[r].append(v)
-        load[r] += 1
-        if not stepping[r]:  # wake through the heap, so that every arrival at t joins the first step
-            run_m[r] = run_D[r] = 0
-            run_pf[r] = None
-            cur[r] = e = tick()
-            stepping[r] = True
-            heappush(heap, (t, e, r))
-        elif run_m[r] > 1:  # in a decode run: join it at the next step boundary
-            t0, d = run_t0[r], run_d[r]
-            j = math.ceil((t - t0) / d) or 1
-            if j < run_m[r]:
-                run_m[r] = j
-                cur[r] = e = tick()
-                heappush(heap, (t0 + j * d, e, r))
-
-    if pol:
-        heappush(heap, (pol.interval_s, tick(), AUTOSCALE))
-    i, t, t_work, next_arr, next_report = 0, 0.0, 0.0, (arr[0] if N else inf), every
-    while True:
-        if heap and heap[0][0] < next_arr:  # arrivals first on ties: they join the step starting then
-            t, e, r = heappop(heap)
-            if r < 0:
-                events += 1
-                if r == AUTOSCALE:
-                    area += inflight * (t - last)
-                    last = t
-                    fleet.evaluate(t, busy, area, inflight, i)
-                    if i < N or inflight or t + pol.interval_s <= horizon:
-                        heappush(heap, (t + pol.interval_s, tick(), AUTOSCALE))
-                elif r == ORDER:
-                    fleet.ordered(t)
-                elif fleet.booted(READY0 - r, t):
-                    while pending:
-                        dispatch(pending.popleft(), min(ready, key=by_load), t)
-                continue
-            if e != cur[r]:
-                continue  # superseded: the run was cut
-            events += 1
-            t_work = t
-            # The run (m steps of d seconds, D decoding) ends: tokens, finishes, completed prefills.
-            m, D = run_m[r], run_D[r]
-            k = ks[r] + m
-            ks[r] = k
-            used = kv[r] + m * D
-            busy += m * run_d[r]
-            steps += m
-            run, h, finished = running[r], fin[r], 0
-            if h:
-                lim = (k + 1) * NR
-                while h and h[0] < lim:
-                    v = heappop(h) % NR
-                    done[v] = t
-                    del run[v]
-                    used -= inp[v] + out[v] - 1
-                    finished += 1
-                D -= finished
-            pf = run_pf[r]
-            if pf:
-                ch = chunked[r]
-                for v, x in pf:
-                    y = rem[v] - x
-                    rem[v] = y
-                    if y:
-                        continue
-                    if ch and v in ch:
-                        ch.remove(v)
-                    if ttft[v] != ttft[v]:
-                        ttft[v] = t - arr[v]
-                    if cache_max and pcode[v] >= 0:
-                        cr = cache[r]
-                        cr[pcode[v]] = None
-                        cr.move_to_end(pcode[v])
-                        if len(cr) > cache_max:
-                            cr.popitem(last=False)
-                    gb = g0[v] + 1
-                    if gb < out[v]:
-                        gbase[v], kst[v] = gb, k
-                        heappush(h, (k + out[v] - gb) * NR + v)
-                        D += 1
-                    else:
-                        done[v] = t
-                        del run[v]
-                        used -= inp[v] + out[v] - 1
-                        finished += 1
-            if finished:
-                load[r] -= finished
-                area += inflight * (t - last)
-                last = t
-                inflight -= finished
-            wq = waiting[r]
-            if not run and not wq:
-                kv[r], ndec[r], stepping[r] = used, 0, False
-                if state[r] == DRAINING:
-                    fleet.retire(r, t)
-                continue
-            # The next step: preempt if decode growth overflows, continue chunks, admit in order.
-            ch = chunked[r]
-            if used + D > cap:
-                while used + D > cap:  # recompute-preempt the newest
-                    v = next(reversed(run))
-                    del run[v]
-                    if v in ch:
-                        ch.remove(v)
-                        used -= inp[v] + g0[v]
-                    else:
-                        g = gbase[v] + k - kst[v]
-                        h.remove((kst[v] + out[v] - gbase[v]) * NR + v)
-                        used -= inp[v] + g - 1
-                        g0[v] = g
-                        D -= 1
-                    wq.appendleft(v)
-                    preempted += 1
-                heapify(h)
-            budget, P, pf = budget0 - D, 0, []
-            for v in ch:
-                if budget <= 0:
-                    break
-                x = rem[v] if rem[v] < budget else budget
-                pf.append((v, x))
-                P += x
-                budget -= x
-            nrun = len(run)
-            while wq and budget > 0 and nrun < seqs_max:
-                v = wq[0]
-                need = inp[v] + g0[v]
-                if used + D + need > cap:
-                    break
-                wq.popleft()
-                run[v] = None
-                nrun += 1
-                used += need
-                if wait[v] != wait[v]:
-                    wait[v] = t - arr[v]
-                if cache_max and pcode[v] >= 0 and pcode[v] in cache[r]:
-                    cache[r].move_to_end(pcode[v])
-                    need -= skip[v]
-                    hits += 1
-                rem[v] = need
-                if need > budget:
-                    ch.append(v)
-                    need = budget
-                pf.append((v, need))
-                P += need
-                budget -= need
-            if P:
-                m, d = 1, a + b * P + c * D
-            else:  # decode only: every step alike until the next finish or cache overflow
-                m = h[0] // NR - k
-                mk = (cap - used) // D
-                if mk < m:
-                    m = mk
-                d = a + c * D
-            kv[r], ndec[r] = used, D
-            run_t0[r], run_d[r], run_m[r], run_D[r], run_pf[r] = t, d, m, D, pf
-            cur[r] = e = tick()
-            heappush(heap, (t + m * d, e, r))
-        elif i < N:
-            v, t = i, next_arr
-            t_work = t
-            i += 1
-            next_arr = arr[i] if i < N else inf
-            events += 1
-            area += inflight * (t - last)
-            last = t
-            inflight += 1
-            if ready:
-                dispatch(v, ready[0] if len(ready) == 1 else min(ready, key=by_load), t)
-            else:
-                pending.append(v)
-                if pol and not fleet.starting and fleet.orders <= fleet.cancel:
-                    fleet.order(t)  # from zero: the first arrival asks for a replica at once
-            if events >= next_report:
-                next_report = events + every
-                if progress:
-                    progress(i / N)
-        else:
-            break
-    end = max(horizon, t_work)
-    prov, boot = fleet.billed_s(end)
-    return {"wait": wait, "ttft": ttft, "done": done, "preemptions": preempted, "hits": hits, "steps": steps,
+            progress: Callable[[float], None] | None, every_s: float) -> dict[str, Any]:
+    """Run the compiled loop (engine.py) on requests sorted by arrival, each fitting the cache
+    alone. It runs without the GIL; `progress` is called from a watcher thread meanwhile."""
+    n = arr.size
+    p = pol or Autoscaling()  # its fields are read only with a policy
+    prog = np.zeros(1, dtype=np.int64)
+    args = (
+        np.ascontiguousarray(arr, dtype=np.float64), *(np.ascontiguousarray(x, dtype=np.int64) for x in (inp, out, pcode, skip)),
+        max(1, int(pcode.max()) + 1) if n else 1,
+        float(srv.step_base_s), float(srv.step_prefill_s), float(srv.step_decode_s), int(srv.kv_tokens),
+        int(srv.max_batched_tokens), int(srv.max_seqs), int(srv.prefix_cache_entries),
+        int(n0), pol is not None, p.metric == "busy", p.target_utilization, p.interval_s, p.scale_up_lag_s,
+        p.cold_start_s, p.scale_down_delay_s, int(p.min_replicas), int(p.max_replicas), bool(p.scale_to_zero),
+        float(horizon), prog,
+    )
+    stop, watcher = threading.Event(), None
+    if progress is not None and n:
+        def watch() -> None:
+            while not stop.wait(every_s):
+                progress(int(prog[0]) / n)
+        watcher = threading.Thread(target=watch, name="replay-progress", daemon=True)
+        watcher.start()
+    try:
+        wait, ttft, done, counts, totals, timeline = engine.replay(*args)
+    finally:
+        stop.set()
+        if watcher is not None:
+            watcher.join()  # its last call comes before the caller's final one
+    preemptions, hits, steps, events = (int(x) for x in counts)
+    end, prov, busy, boot = (float(x) for x in totals)
+    return {"wait": wait, "ttft": ttft, "done": done, "preemptions": preemptions, "hits": hits, "steps": steps,
             "events": events, "end": end, "provisioned_s": prov, "busy_s": busy, "starting_s": boot,
-            "timeline": dedupe(fleet.timeline)}
+            "timeline": dedupe([(float(t), int(p_), int(r)) for t, p_, r in timeline])}

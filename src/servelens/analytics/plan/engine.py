@@ -1,0 +1,518 @@
+"""The replay's event loop, compiled (the model it runs is in simulate.py's module doc).
+
+A week of a 50 req/s deployment is ~30 M requests and ~80 M events; at the interpreter's
+~6 µs an event that was nine minutes (BENCHMARKS.md, "Capacity planning: Tier B replay").
+numba compiles this function once per machine (`cache=True`) and runs it without the GIL,
+so the caller can report progress from another thread while it runs.
+
+Layout. Per request: flat arrays indexed by request (sorted by arrival). Per replica:
+lists indexed by replica id (replicas are created over a replay and never reused), plus
+these structures kept allocation-free:
+* `waiting` and `running` are linked lists threaded through one `nxt` array (a request is
+  in at most one of them, or in the router's `pending` queue, at a time); `running` is
+  doubly linked (`prv`) because a finish leaves from the middle and a preemption takes the
+  newest;
+* the prefix cache is an LRU per replica: `cache_max` slots per replica in flat lists, a
+  doubly linked recency order, and one dict from (replica, prefix) to slot;
+* `fin[r]` is a heap of finish keys (finish step * (N + 1) + request) of decoding sequences.
+Scalars the helpers change live in `I` / `F` (inner functions can change an array's items,
+not the caller's variables).
+"""
+
+from __future__ import annotations
+
+import math
+from heapq import heapify, heappop, heappush
+
+import numpy as np
+from numba import njit, types
+from numba.typed import Dict
+
+STARTING, READY, DRAINING, GONE = 0, 1, 2, 3
+AUTOSCALE, ORDER, READY0 = -1, -2, -10  # heap kinds: replica r becoming ready is READY0 - r
+# I's slots
+_TICK, _STARTING, _ORDERS, _CANCEL, _PROVISIONED, _ARRIVED_SEEN, _PHEAD, _PTAIL = range(8)
+# F's slots
+_BELOW_SINCE, _BUSY_SEEN, _AREA_SEEN = range(3)
+
+
+def _compiled(fn):
+    try:
+        return njit(cache=True, nogil=True)(fn)
+    except RuntimeError:  # no writable place for the cache (read-only install, no home): compile per process
+        return njit(nogil=True)(fn)
+
+
+@_compiled
+def replay(arr, inp, out, pcode, skip, ncodes,  # noqa: C901 - one loop, its branches are the model
+           a, b, c, cap, budget0, seqs_max, cache_max,
+           n0, has_pol, busy_metric, target, interval, lag, cold, down_delay, min_r, max_r, to_zero,
+           horizon, prog):
+    """Replay sorted arrivals (each fits the cache alone). `prog[0]` counts the arrivals
+    handled, for a watcher in another thread. Returns per-request (wait, ttft, done), counters,
+    billed seconds and the replica timeline."""
+    N = arr.size
+    NR = N + 1
+    nan = math.nan
+    inf = math.inf
+    wait = np.full(N, nan)
+    ttft = np.full(N, nan)
+    done = np.full(N, nan)
+    g0 = np.zeros(N, np.int64)  # tokens generated before the current admission
+    gbase = np.zeros(N, np.int64)  # tokens generated when its latest prefill completed
+    kst = np.zeros(N, np.int64)  # the replica's step count when that prefill completed
+    rem = np.zeros(N, np.int64)  # prefill tokens still to compute in this admission
+    nxt = np.full(N, -1, np.int64)
+    prv = np.full(N, -1, np.int64)
+
+    heap = [(0.0, np.int64(0), np.int64(0))]  # (time, tick, replica >= 0 | control kind < 0)
+    heap.pop()
+    I = np.zeros(8, np.int64)
+    I[_ARRIVED_SEEN] = -1
+    I[_PHEAD] = -1
+    I[_PTAIL] = -1
+    F = np.zeros(3)
+    F[_BELOW_SINCE] = nan
+
+    empty = [np.int64(0)]
+    empty.pop()
+    fin = [empty]  # per replica: heap of finish keys
+    fin.pop()
+    chunked = [empty]  # per replica: sequences whose prefill spans steps, in order
+    chunked.pop()
+    pfv = [empty]  # per replica: the current step's prefill (sequence, tokens)
+    pfv.pop()
+    pfx = [empty]
+    pfx.pop()
+    ndec, kv, ks, load, cur, run_m, run_D = [0], [0], [0], [0], [0], [0], [0]
+    whead, wtail, rhead, rtail, nrun, lhead, ltail, lcount, state = [0], [0], [0], [0], [0], [0], [0], [0], [0]
+    run_t0, run_d, born, ready_at, gone_at = [0.0], [0.0], [0.0], [0.0], [0.0]
+    stepping = [False]
+    for lst in (ndec, kv, ks, load, cur, run_m, run_D, whead, wtail, rhead, rtail, nrun, lhead, ltail, lcount, state):
+        lst.pop()
+    for flt in (run_t0, run_d, born, ready_at, gone_at):
+        flt.pop()
+    stepping.pop()
+    lkey, lprev, lnext = [0], [0], [0]  # prefix-cache slots, cache_max per replica
+    lkey.pop()
+    lprev.pop()
+    lnext.pop()
+    lru = Dict.empty(key_type=types.int64, value_type=types.int64)
+    ready = [0]  # routable replicas, in creation order (ties route to the oldest)
+    ready.pop()
+    tl_t, tl_p, tl_r = [0.0], [0], [0]
+    tl_t.pop()
+    tl_p.pop()
+    tl_r.pop()
+
+    def tick():
+        I[_TICK] += 1
+        return I[_TICK]
+
+    def mark(t):
+        tl_t.append(t)
+        tl_p.append(I[_PROVISIONED])
+        tl_r.append(len(ready))
+
+    def create(t, now_ready):
+        r = len(state)
+        fin.append([np.int64(0) for _ in range(0)])
+        chunked.append([np.int64(0) for _ in range(0)])
+        pfv.append([np.int64(0) for _ in range(0)])
+        pfx.append([np.int64(0) for _ in range(0)])
+        for lst in (ndec, kv, ks, load, cur, run_m, run_D, nrun, lcount):
+            lst.append(0)
+        for lst in (whead, wtail, rhead, rtail, lhead, ltail):
+            lst.append(-1)
+        for _ in range(cache_max):
+            lkey.append(-1)
+            lprev.append(-1)
+            lnext.append(-1)
+        run_t0.append(0.0)
+        run_d.append(0.0)
+        stepping.append(False)
+        state.append(READY if now_ready else STARTING)
+        born.append(t)
+        gone_at.append(nan)
+        ready_at.append(t if now_ready else nan)
+        I[_PROVISIONED] += 1
+        if now_ready:
+            ready.append(r)
+        else:
+            I[_STARTING] += 1
+            heappush(heap, (t + cold, tick(), np.int64(READY0 - r)))
+        mark(t)
+        return r
+
+    def booted(r, t):
+        if state[r] != STARTING:
+            return False  # cancelled while booting
+        state[r] = READY
+        ready_at[r] = t
+        I[_STARTING] -= 1
+        ready.append(r)
+        mark(t)
+        return True
+
+    def retire(r, t):
+        if state[r] == STARTING:
+            I[_STARTING] -= 1
+        state[r] = GONE
+        gone_at[r] = t
+        I[_PROVISIONED] -= 1
+        mark(t)
+
+    def order(t):  # one replica, which exists (and is billed) after the scale-up lag
+        I[_ORDERS] += 1
+        heappush(heap, (t + lag, tick(), np.int64(ORDER)))
+
+    def least_loaded():
+        best = ready[0]
+        for q in ready:
+            if load[q] < load[best]:
+                best = q
+        return best
+
+    def shrink(k, t):  # orders not yet placed, then booting replicas, then the least loaded
+        while k and I[_ORDERS] > I[_CANCEL]:
+            I[_CANCEL] += 1
+            k -= 1
+        for r in range(len(state)):
+            if k and state[r] == STARTING:
+                retire(r, t)
+                k -= 1
+        while k and len(ready):
+            r = least_loaded()
+            ready.remove(r)
+            k -= 1
+            if stepping[r] or load[r]:
+                state[r] = DRAINING  # billed until its last sequence leaves
+                mark(t)
+            else:
+                retire(r, t)
+
+    def evaluate(t, busy_total, area, inflight, arrived):  # autoscaler.py's module doc
+        nready = len(ready)
+        if busy_metric:
+            util = min(1.0, (busy_total - F[_BUSY_SEEN]) / (interval * nready)) if nready else 0.0
+            want = math.ceil(nready * util / target - 1e-9)
+        else:
+            want = math.ceil((area - F[_AREA_SEEN]) / interval / (target * seqs_max) - 1e-9)
+        traffic = arrived != I[_ARRIVED_SEEN] or inflight > 0
+        F[_BUSY_SEEN] = busy_total
+        F[_AREA_SEEN] = area
+        I[_ARRIVED_SEEN] = arrived
+        floor = 0 if to_zero and not traffic else max(1, min_r)
+        want = max(floor, min(max_r, want))
+        have = nready + I[_STARTING] + I[_ORDERS] - I[_CANCEL]
+        if want > have:
+            for _ in range(want - have):
+                order(t)
+            F[_BELOW_SINCE] = nan
+        elif want < have:
+            if F[_BELOW_SINCE] != F[_BELOW_SINCE]:
+                F[_BELOW_SINCE] = t
+            if t - F[_BELOW_SINCE] >= down_delay:
+                shrink(have - want, t)
+                F[_BELOW_SINCE] = nan
+        else:
+            F[_BELOW_SINCE] = nan
+
+    def lru_unlink(r, s):
+        p, q = lprev[s], lnext[s]
+        if p >= 0:
+            lnext[p] = q
+        else:
+            lhead[r] = q
+        if q >= 0:
+            lprev[q] = p
+        else:
+            ltail[r] = p
+
+    def lru_append(r, s):  # as the most recent
+        last = ltail[r]
+        lprev[s] = last
+        lnext[s] = -1
+        if last >= 0:
+            lnext[last] = s
+        else:
+            lhead[r] = s
+        ltail[r] = s
+
+    def lru_touch(r, key):  # True if cached (now the most recent)
+        s = lru.get(key, -1)
+        if s < 0:
+            return False
+        if ltail[r] != s:
+            lru_unlink(r, s)
+            lru_append(r, s)
+        return True
+
+    def lru_put(r, key):
+        if lru_touch(r, key):
+            return
+        if lcount[r] < cache_max:
+            s = r * cache_max + lcount[r]
+            lcount[r] += 1
+        else:  # evict the least recent
+            s = lhead[r]
+            lru.pop(lkey[s])
+            lru_unlink(r, s)
+        lkey[s] = key
+        lru[key] = s
+        lru_append(r, s)
+
+    def run_remove(r, v):
+        p, q = prv[v], nxt[v]
+        if p >= 0:
+            nxt[p] = q
+        else:
+            rhead[r] = q
+        if q >= 0:
+            prv[q] = p
+        else:
+            rtail[r] = p
+        nrun[r] -= 1
+
+    def run_append(r, v):
+        last = rtail[r]
+        prv[v] = last
+        nxt[v] = -1
+        if last >= 0:
+            nxt[last] = v
+        else:
+            rhead[r] = v
+        rtail[r] = v
+        nrun[r] += 1
+
+    def dispatch(v, r, t):
+        nxt[v] = -1  # join the waiting queue's tail
+        if wtail[r] >= 0:
+            nxt[wtail[r]] = v
+        else:
+            whead[r] = v
+        wtail[r] = v
+        load[r] += 1
+        if not stepping[r]:  # wake through the heap, so that every arrival at t joins the first step
+            run_m[r] = 0
+            run_D[r] = 0
+            pfv[r].clear()
+            pfx[r].clear()
+            e = tick()
+            cur[r] = e
+            stepping[r] = True
+            heappush(heap, (t, e, np.int64(r)))
+        elif run_m[r] > 1:  # in a decode run: join it at the next step boundary
+            t0, d = run_t0[r], run_d[r]
+            j = math.ceil((t - t0) / d)
+            if j == 0:
+                j = 1
+            if j < run_m[r]:
+                run_m[r] = j
+                e = tick()
+                cur[r] = e
+                heappush(heap, (t0 + j * d, e, np.int64(r)))
+
+    for _ in range(n0):
+        create(0.0, True)
+    busy = area = last = 0.0
+    steps = events = preempted = hits = inflight = 0
+    if has_pol:
+        heappush(heap, (interval, tick(), np.int64(AUTOSCALE)))
+    i, t, t_work = 0, 0.0, 0.0
+    next_arr = arr[0] if N else inf
+    while True:
+        if len(heap) and heap[0][0] < next_arr:  # arrivals first on ties: they join the step starting then
+            t, e, r = heappop(heap)
+            if r < 0:
+                events += 1
+                if r == AUTOSCALE:
+                    area += inflight * (t - last)
+                    last = t
+                    evaluate(t, busy, area, inflight, i)
+                    if i < N or inflight or t + interval <= horizon:
+                        heappush(heap, (t + interval, tick(), np.int64(AUTOSCALE)))
+                elif r == ORDER:
+                    I[_ORDERS] -= 1
+                    if I[_CANCEL]:
+                        I[_CANCEL] -= 1
+                    else:
+                        create(t, False)
+                elif booted(READY0 - r, t):
+                    while I[_PHEAD] >= 0:
+                        v = I[_PHEAD]
+                        I[_PHEAD] = nxt[v]
+                        if I[_PHEAD] < 0:
+                            I[_PTAIL] = -1
+                        dispatch(v, least_loaded(), t)
+                continue
+            if e != cur[r]:
+                continue  # superseded: the run was cut
+            events += 1
+            t_work = t
+            # The run (m steps of d seconds, D decoding) ends: tokens, finishes, completed prefills.
+            m, D = run_m[r], run_D[r]
+            k = ks[r] + m
+            ks[r] = k
+            used = kv[r] + m * D
+            busy += m * run_d[r]
+            steps += m
+            h = fin[r]
+            finished = 0
+            if len(h):
+                lim = (k + 1) * NR
+                while len(h) and h[0] < lim:
+                    v = heappop(h) % NR
+                    done[v] = t
+                    run_remove(r, v)
+                    used -= inp[v] + out[v] - 1
+                    finished += 1
+                D -= finished
+            pv, px, ch = pfv[r], pfx[r], chunked[r]
+            for q in range(len(pv)):
+                v, x = pv[q], px[q]
+                y = rem[v] - x
+                rem[v] = y
+                if y:
+                    continue
+                if len(ch) and v in ch:
+                    ch.remove(v)
+                if ttft[v] != ttft[v]:
+                    ttft[v] = t - arr[v]
+                if cache_max and pcode[v] >= 0:
+                    lru_put(r, r * ncodes + pcode[v])
+                gb = g0[v] + 1
+                if gb < out[v]:
+                    gbase[v] = gb
+                    kst[v] = k
+                    heappush(h, (k + out[v] - gb) * NR + v)
+                    D += 1
+                else:
+                    done[v] = t
+                    run_remove(r, v)
+                    used -= inp[v] + out[v] - 1
+                    finished += 1
+            if finished:
+                load[r] -= finished
+                area += inflight * (t - last)
+                last = t
+                inflight -= finished
+            if nrun[r] == 0 and whead[r] < 0:
+                kv[r] = used
+                ndec[r] = 0
+                stepping[r] = False
+                if state[r] == DRAINING:
+                    retire(r, t)
+                continue
+            # The next step: preempt if decode growth overflows, continue chunks, admit in order.
+            if used + D > cap:
+                while used + D > cap:  # recompute-preempt the newest
+                    v = rtail[r]
+                    run_remove(r, v)
+                    if v in ch:
+                        ch.remove(v)
+                        used -= inp[v] + g0[v]
+                    else:
+                        g = gbase[v] + k - kst[v]
+                        h.remove((kst[v] + out[v] - gbase[v]) * NR + v)
+                        used -= inp[v] + g - 1
+                        g0[v] = g
+                        D -= 1
+                    nxt[v] = whead[r]  # back to the front of the queue
+                    whead[r] = v
+                    if wtail[r] < 0:
+                        wtail[r] = v
+                    preempted += 1
+                heapify(h)
+            budget, P = budget0 - D, 0
+            pv.clear()
+            px.clear()
+            for v in ch:
+                if budget <= 0:
+                    break
+                x = rem[v] if rem[v] < budget else budget
+                pv.append(v)
+                px.append(x)
+                P += x
+                budget -= x
+            n_run = nrun[r]
+            while whead[r] >= 0 and budget > 0 and n_run < seqs_max:
+                v = whead[r]
+                need = inp[v] + g0[v]
+                if used + D + need > cap:
+                    break
+                whead[r] = nxt[v]
+                if whead[r] < 0:
+                    wtail[r] = -1
+                run_append(r, v)
+                n_run += 1
+                used += need
+                if wait[v] != wait[v]:
+                    wait[v] = t - arr[v]
+                if cache_max and pcode[v] >= 0 and lru_touch(r, r * ncodes + pcode[v]):
+                    need -= skip[v]
+                    hits += 1
+                rem[v] = need
+                if need > budget:
+                    ch.append(v)
+                    need = budget
+                pv.append(v)
+                px.append(need)
+                P += need
+                budget -= need
+            if P:
+                m, d = 1, a + b * P + c * D
+            else:  # decode only: every step alike until the next finish or cache overflow
+                m = h[0] // NR - k
+                mk = (cap - used) // D
+                if mk < m:
+                    m = mk
+                d = a + c * D
+            kv[r] = used
+            ndec[r] = D
+            run_t0[r] = t
+            run_d[r] = d
+            run_m[r] = m
+            run_D[r] = D
+            e = tick()
+            cur[r] = e
+            heappush(heap, (t + m * d, e, r))
+        elif i < N:
+            v, t = i, next_arr
+            t_work = t
+            i += 1
+            next_arr = arr[i] if i < N else inf
+            events += 1
+            area += inflight * (t - last)
+            last = t
+            inflight += 1
+            if len(ready):
+                dispatch(v, ready[0] if len(ready) == 1 else least_loaded(), t)
+            else:
+                nxt[v] = -1  # wait at the router
+                if I[_PTAIL] >= 0:
+                    nxt[I[_PTAIL]] = v
+                else:
+                    I[_PHEAD] = v
+                I[_PTAIL] = v
+                if has_pol and not I[_STARTING] and I[_ORDERS] <= I[_CANCEL]:
+                    order(t)  # from zero: the first arrival asks for a replica at once
+            prog[0] = i
+        else:
+            break
+    end = max(horizon, t_work)
+    prov = boot = 0.0
+    for q in range(len(state)):
+        g = end if gone_at[q] != gone_at[q] else min(gone_at[q], end)
+        prov += max(0.0, g - born[q])  # an order placed after `end` costs nothing
+        rdy = inf if ready_at[q] != ready_at[q] else ready_at[q]
+        boot += max(0.0, min(g, rdy) - born[q])
+    prog[0] = N
+    counts = np.array([preempted, hits, steps, events], np.int64)
+    totals = np.array([end, prov, busy, boot])
+    timeline = np.empty((len(tl_t), 3))
+    for q in range(len(tl_t)):
+        timeline[q, 0] = tl_t[q]
+        timeline[q, 1] = tl_p[q]
+        timeline[q, 2] = tl_r[q]
+    return wait, ttft, done, counts, totals, timeline
