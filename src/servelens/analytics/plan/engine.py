@@ -12,9 +12,12 @@ these structures kept allocation-free:
   in at most one of them, or in the router's `pending` queue, at a time); `running` is
   doubly linked (`prv`) because a finish leaves from the middle and a preemption takes the
   newest;
+* what holds running sequences only (at most `max_seqs`) has `max_seqs` slots per replica
+  in a flat list: the heap of finish keys (finish step * (N + 1) + request) of decoding
+  sequences, the sequences whose prefill spans steps, the current step's prefill. A list
+  per replica was a third slower: every access to an inner list counts a reference;
 * the prefix cache is an LRU per replica: `cache_max` slots per replica in flat lists, a
-  doubly linked recency order, and one dict from (replica, prefix) to slot;
-* `fin[r]` is a heap of finish keys (finish step * (N + 1) + request) of decoding sequences.
+  doubly linked recency order, and one dict from (replica, prefix) to slot.
 Scalars the helpers change live in `I` / `F` (inner functions can change an array's items,
 not the caller's variables).
 """
@@ -22,7 +25,7 @@ not the caller's variables).
 from __future__ import annotations
 
 import math
-from heapq import heapify, heappop, heappush
+from heapq import heappop, heappush
 
 import numpy as np
 from numba import njit, types
@@ -41,6 +44,74 @@ def _compiled(fn):
         return njit(cache=True, nogil=True)(fn)
     except RuntimeError:  # no writable place for the cache (read-only install, no home): compile per process
         return njit(nogil=True)(fn)
+
+
+# A heap of unique int keys in the region [base, base + n) of a flat list (numba's heapq
+# works on whole lists only; a list per replica costs a reference count at every access).
+@njit(inline="always")
+def _hpush(L, base, n, key):
+    i = n
+    while i > 0:
+        p = (i - 1) >> 1
+        up = L[base + p]
+        if up <= key:
+            break
+        L[base + i] = up
+        i = p
+    L[base + i] = key
+
+
+@njit(inline="always")
+def _hsift_down(L, base, n, i, key):
+    while True:
+        c = 2 * i + 1
+        if c >= n:
+            break
+        if c + 1 < n and L[base + c + 1] < L[base + c]:
+            c += 1
+        if L[base + c] >= key:
+            break
+        L[base + i] = L[base + c]
+        i = c
+    L[base + i] = key
+
+
+@njit(inline="always")
+def _hpop(L, base, n):  # n: the size before; returns the smallest key
+    top = L[base]
+    if n > 1:
+        _hsift_down(L, base, n - 1, 0, L[base + n - 1])
+    return top
+
+
+@njit(inline="always")
+def _hremove(L, base, n, key):  # n: the size before; the key is present
+    j = 0
+    while L[base + j] != key:
+        j += 1
+    n -= 1
+    if j < n:
+        last = L[base + n]
+        _hsift_down(L, base, n, j, last)
+        if L[base + j] == last:  # it did not move down: it may belong further up
+            _hpush(L, base, j, last)
+
+
+@njit(inline="always")
+def _remove_at(L, base, n, v):  # ordered region: drop v, shift the rest left; n: the size before
+    j = 0
+    while L[base + j] != v:
+        j += 1
+    for q in range(base + j, base + n - 1):
+        L[q] = L[q + 1]
+
+
+@njit(inline="always")
+def _contains(L, base, n, v):
+    for q in range(base, base + n):
+        if L[q] == v:
+            return True
+    return False
 
 
 @_compiled
@@ -74,16 +145,13 @@ def replay(arr, inp, out, pcode, skip, ncodes,  # noqa: C901 - one loop, its bra
     F = np.zeros(3)
     F[_BELOW_SINCE] = nan
 
-    empty = [np.int64(0)]
-    empty.pop()
-    fin = [empty]  # per replica: heap of finish keys
-    fin.pop()
-    chunked = [empty]  # per replica: sequences whose prefill spans steps, in order
-    chunked.pop()
-    pfv = [empty]  # per replica: the current step's prefill (sequence, tokens)
-    pfv.pop()
-    pfx = [empty]
-    pfx.pop()
+    # Per replica, seqs_max slots each in flat lists (each holds running sequences only): a heap
+    # of finish keys, sequences whose prefill spans steps (in order), the step's prefill.
+    S = seqs_max
+    fin, chunked, pfv, pfx = [0], [0], [0], [0]
+    fin_n, ch_n, pf_n = [0], [0], [0]
+    for lst in (fin, chunked, pfv, pfx, fin_n, ch_n, pf_n):
+        lst.pop()
     ndec, kv, ks, load, cur, run_m, run_D = [0], [0], [0], [0], [0], [0], [0]
     whead, wtail, rhead, rtail, nrun, lhead, ltail, lcount, state = [0], [0], [0], [0], [0], [0], [0], [0], [0]
     run_t0, run_d, born, ready_at, gone_at = [0.0], [0.0], [0.0], [0.0], [0.0]
@@ -116,11 +184,12 @@ def replay(arr, inp, out, pcode, skip, ncodes,  # noqa: C901 - one loop, its bra
 
     def create(t, now_ready):
         r = len(state)
-        fin.append([np.int64(0) for _ in range(0)])
-        chunked.append([np.int64(0) for _ in range(0)])
-        pfv.append([np.int64(0) for _ in range(0)])
-        pfx.append([np.int64(0) for _ in range(0)])
-        for lst in (ndec, kv, ks, load, cur, run_m, run_D, nrun, lcount):
+        for _ in range(S):
+            fin.append(0)
+            chunked.append(0)
+            pfv.append(0)
+            pfx.append(0)
+        for lst in (ndec, kv, ks, load, cur, run_m, run_D, nrun, lcount, fin_n, ch_n, pf_n):
             lst.append(0)
         for lst in (whead, wtail, rhead, rtail, lhead, ltail):
             lst.append(-1)
@@ -296,8 +365,7 @@ def replay(arr, inp, out, pcode, skip, ncodes,  # noqa: C901 - one loop, its bra
         if not stepping[r]:  # wake through the heap, so that every arrival at t joins the first step
             run_m[r] = 0
             run_D[r] = 0
-            pfv[r].clear()
-            pfx[r].clear()
+            pf_n[r] = 0
             e = tick()
             cur[r] = e
             stepping[r] = True
@@ -357,26 +425,29 @@ def replay(arr, inp, out, pcode, skip, ncodes,  # noqa: C901 - one loop, its bra
             used = kv[r] + m * D
             busy += m * run_d[r]
             steps += m
-            h = fin[r]
+            base = r * S
+            nh = fin_n[r]
             finished = 0
-            if len(h):
+            if nh:
                 lim = (k + 1) * NR
-                while len(h) and h[0] < lim:
-                    v = heappop(h) % NR
+                while nh and fin[base] < lim:
+                    v = _hpop(fin, base, nh) % NR
+                    nh -= 1
                     done[v] = t
                     run_remove(r, v)
                     used -= inp[v] + out[v] - 1
                     finished += 1
                 D -= finished
-            pv, px, ch = pfv[r], pfx[r], chunked[r]
-            for q in range(len(pv)):
-                v, x = pv[q], px[q]
+            nc = ch_n[r]
+            for q in range(base, base + pf_n[r]):
+                v, x = pfv[q], pfx[q]
                 y = rem[v] - x
                 rem[v] = y
                 if y:
                     continue
-                if len(ch) and v in ch:
-                    ch.remove(v)
+                if nc and _contains(chunked, base, nc, v):
+                    _remove_at(chunked, base, nc, v)
+                    nc -= 1
                 if ttft[v] != ttft[v]:
                     ttft[v] = t - arr[v]
                 if cache_max and pcode[v] >= 0:
@@ -385,7 +456,8 @@ def replay(arr, inp, out, pcode, skip, ncodes,  # noqa: C901 - one loop, its bra
                 if gb < out[v]:
                     gbase[v] = gb
                     kst[v] = k
-                    heappush(h, (k + out[v] - gb) * NR + v)
+                    _hpush(fin, base, nh, (k + out[v] - gb) * NR + v)
+                    nh += 1
                     D += 1
                 else:
                     done[v] = t
@@ -397,6 +469,8 @@ def replay(arr, inp, out, pcode, skip, ncodes,  # noqa: C901 - one loop, its bra
                 area += inflight * (t - last)
                 last = t
                 inflight -= finished
+            fin_n[r] = nh
+            ch_n[r] = nc
             if nrun[r] == 0 and whead[r] < 0:
                 kv[r] = used
                 ndec[r] = 0
@@ -409,12 +483,14 @@ def replay(arr, inp, out, pcode, skip, ncodes,  # noqa: C901 - one loop, its bra
                 while used + D > cap:  # recompute-preempt the newest
                     v = rtail[r]
                     run_remove(r, v)
-                    if v in ch:
-                        ch.remove(v)
+                    if nc and _contains(chunked, base, nc, v):
+                        _remove_at(chunked, base, nc, v)
+                        nc -= 1
                         used -= inp[v] + g0[v]
                     else:
                         g = gbase[v] + k - kst[v]
-                        h.remove((kst[v] + out[v] - gbase[v]) * NR + v)
+                        _hremove(fin, base, nh, (kst[v] + out[v] - gbase[v]) * NR + v)
+                        nh -= 1
                         used -= inp[v] + g - 1
                         g0[v] = g
                         D -= 1
@@ -423,16 +499,17 @@ def replay(arr, inp, out, pcode, skip, ncodes,  # noqa: C901 - one loop, its bra
                     if wtail[r] < 0:
                         wtail[r] = v
                     preempted += 1
-                heapify(h)
-            budget, P = budget0 - D, 0
-            pv.clear()
-            px.clear()
-            for v in ch:
+                fin_n[r] = nh
+                ch_n[r] = nc
+            budget, P, npf = budget0 - D, 0, 0
+            for q in range(base, base + nc):
                 if budget <= 0:
                     break
+                v = chunked[q]
                 x = rem[v] if rem[v] < budget else budget
-                pv.append(v)
-                px.append(x)
+                pfv[base + npf] = v
+                pfx[base + npf] = x
+                npf += 1
                 P += x
                 budget -= x
             n_run = nrun[r]
@@ -454,20 +531,24 @@ def replay(arr, inp, out, pcode, skip, ncodes,  # noqa: C901 - one loop, its bra
                     hits += 1
                 rem[v] = need
                 if need > budget:
-                    ch.append(v)
+                    chunked[base + nc] = v
+                    nc += 1
                     need = budget
-                pv.append(v)
-                px.append(need)
+                pfv[base + npf] = v
+                pfx[base + npf] = need
+                npf += 1
                 P += need
                 budget -= need
             if P:
                 m, d = 1, a + b * P + c * D
             else:  # decode only: every step alike until the next finish or cache overflow
-                m = h[0] // NR - k
+                m = fin[base] // NR - k
                 mk = (cap - used) // D
                 if mk < m:
                     m = mk
                 d = a + c * D
+            ch_n[r] = nc
+            pf_n[r] = npf
             kv[r] = used
             ndec[r] = D
             run_t0[r] = t
@@ -476,7 +557,7 @@ def replay(arr, inp, out, pcode, skip, ncodes,  # noqa: C901 - one loop, its bra
             run_D[r] = D
             e = tick()
             cur[r] = e
-            heappush(heap, (t + m * d, e, r))
+            heappush(heap, (t + m * d, e, np.int64(r)))
         elif i < N:
             v, t = i, next_arr
             t_work = t
