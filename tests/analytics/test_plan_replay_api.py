@@ -220,3 +220,18 @@ def test_failures_without_token_counts_are_left_out_and_said(store, make_setting
     assert doc["requests"] == truth["requests"]  # the sized ones, all of them
     assert any(n.startswith("20 requests without token counts") for n in doc["notes"])
     assert doc["backtest"]["worst_error"] is not None and doc["backtest"]["worst_error"] < 0.15
+
+
+def test_a_window_over_the_configured_request_limit_is_refused_with_the_setting_named(store, make_settings) -> None:
+    truth = _ground_truth(store)
+    window = {"deployment": "vllm-prod", "since": SINCE.isoformat(), "until": UNTIL.isoformat()}
+    small = _client(make_settings(deployments=[DEPLOYMENT], plan={"replay_max_requests": truth["requests"] - 1}),
+                    store)
+    body = _finish(small, small.get("/api/v1/plan/replay", query_string=window).get_json()["job"])
+    assert body["state"] == "failed"
+    assert f"{truth['requests']:,} requests in the window" in body["error"]
+    assert "plan.replay_max_requests" in body["error"]
+    enough = _client(make_settings(deployments=[DEPLOYMENT], plan={"replay_max_requests": truth["requests"]}), store)
+    body = _finish(enough, enough.get("/api/v1/plan/replay", query_string=window).get_json()["job"])
+    assert body["state"] == "done", body.get("error")
+    assert body["result"]["requests"] == truth["requests"]

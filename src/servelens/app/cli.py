@@ -306,7 +306,7 @@ def _plan(args: argparse.Namespace, settings: Settings) -> int:
         from servelens.analytics.plan import export
 
         params = {"deployment": args.deployment, "format": args.format, "since": args.since, "until": args.until}
-        found = _on_store(settings, lambda store: export.export(store, params))
+        found = _on_store(settings, lambda store: export.export(store, params, settings.plan.replay_max_requests))
         if found is None:
             return 2
         if args.output:

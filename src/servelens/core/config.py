@@ -563,6 +563,9 @@ class AutoscalingDefaults(_Strict):
 
 class PlanConfig(_Strict):
     autoscaling: AutoscalingDefaults = AutoscalingDefaults()
+    # A replay holds its window's requests in memory, ~0.3 KiB each while it runs (BENCHMARKS.md,
+    # "Capacity planning: Tier B replay"): 5 M is a week at ~8 req/s; a week at 50 req/s is 30 M.
+    replay_max_requests: int = Field(5_000_000, ge=1)
 
 
 class ContextConfig(_Strict):

@@ -147,7 +147,8 @@ def blueprint(settings: Settings, store: StoreLike, collector_stats: Callable[[]
     def plan_export() -> Any:
         """The deployment's measured trace as CSV (format=servelens|vidur), a download."""
         try:
-            name, text = guard.call("plan export", export.export, store, request.args.to_dict())
+            name, text = guard.call("plan export", export.export, store, request.args.to_dict(),
+                                    settings.plan.replay_max_requests)
         except QueryError as exc:
             return _error(400, str(exc))
         except Refused as exc:

@@ -25,13 +25,15 @@ from servelens.core.store import StoreLike
 FORMATS = ("servelens", "vidur")
 
 
-def export(store: StoreLike, params: Mapping[str, Any], now: datetime | None = None) -> tuple[str, str]:
-    """(file name, CSV text) for `params` (deployment, since, until, format)."""
+def export(store: StoreLike, params: Mapping[str, Any], max_requests: int,
+           now: datetime | None = None) -> tuple[str, str]:
+    """(file name, CSV text) for `params` (deployment, since, until, format); a window of more
+    than `max_requests` (plan.replay_max_requests) is refused."""
     deployment, since, until = plan_window(params, now)
     fmt = params.get("format") or "servelens"
     if fmt not in FORMATS:
         raise QueryError(f"format: one of {', '.join(FORMATS)}")
-    r = load(store, deployment, since, until).requests
+    r = load(store, deployment, since, until, max_requests).requests
     start_ns = r.get_column("t_ns")[0]
     seconds = ((pl.col("t_ns") - start_ns) / 1e9).alias("arrived_at_s")
     if fmt == "vidur":

@@ -30,7 +30,6 @@ from servelens.analytics.query import QueryError, _ns, iso, json_safe
 from servelens.analytics.sources import frame
 from servelens.core.store import StoreLike
 
-MAX_REQUESTS = 5_000_000  # a week at ~8 req/s; beyond it narrow the window (a trace is held in memory)
 DEFAULT_MAX_SEQS = 256  # vLLM's max_num_seqs default, when the engine reports no running sequences
 LARGE_ERROR = 0.25  # a backtest error beyond this is said plainly
 
@@ -77,15 +76,14 @@ class Trace:
         return (t - _ns(self.since)) / 1e9
 
 
-def load(store: StoreLike, deployment: str, since: datetime, until: datetime,
-         max_requests: int = MAX_REQUESTS) -> Trace:
+def load(store: StoreLike, deployment: str, since: datetime, until: datetime, max_requests: int) -> Trace:
     p = {"deployment": deployment, "lo": _ns(since), "hi": _ns(until)}
     n = int(frame(store, _COUNT, p).get_column("n")[0])
     if n == 0:
         raise QueryError(f"no requests of deployment {deployment!r} between since and until")
     if n > max_requests:
-        raise QueryError(f"{n:,} requests in the window; the replay holds at most {max_requests:,}: "
-                         "narrow since/until")
+        raise QueryError(f"{n:,} requests in the window; the replay holds at most {max_requests:,} "
+                         "(plan.replay_max_requests): narrow since/until")
     waited = json_safe(frame(store, _WAITED, p).get_column("waiting")[0])
     requests = frame(store, _TRACE, p)
     if requests.is_empty():
@@ -269,7 +267,7 @@ def replay(store: StoreLike, settings: Any, params: Mapping[str, Any], now: date
     asked_replicas = _number(params, "replicas")
     policy = _autoscaling(params, autoscaling_defaults(settings))
     w = measure(store, settings, deployment, since, until)
-    trace = load(store, deployment, since, until)
+    trace = load(store, deployment, since, until, settings.plan.replay_max_requests)
     notes = list(w.notes)
     if trace.unsized:
         notes.append(f"{trace.unsized:,} requests without token counts (failures that reported no usage) are not "

@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import numpy as np
+import polars as pl
 
 from servelens.analytics.plan import engine
 from servelens.analytics.plan.autoscaler import Autoscaling, dedupe
@@ -163,6 +164,17 @@ def _summary(wait: np.ndarray, ttft: np.ndarray, lat: np.ndarray) -> dict[str, A
     return out
 
 
+def _groups(keys: Sequence[Any] | np.ndarray, n: int) -> list[tuple[str, np.ndarray]]:
+    """(key as text, the requests' positions) per distinct key, keys sorted. Hashed in one pass:
+    a mask per key was a pass over a week's requests per tenant."""
+    series = pl.Series("key", np.asarray(keys)).cast(pl.String).fill_null("")
+    if series.len() != n:
+        raise ValueError("tenant must have one value per request")
+    groups = pl.DataFrame({"key": series, "at": np.arange(n)}).group_by("key").agg("at").sort("key")
+    at = groups.get_column("at")
+    return [(key, at[i].to_numpy()) for i, key in enumerate(groups.get_column("key").to_list())]
+
+
 def simulate(
     arrival_s: Sequence[float] | np.ndarray,
     input_tokens: Sequence[int] | np.ndarray,
@@ -230,10 +242,8 @@ def simulate(
     over = None if queue_budget_s is None else int(np.count_nonzero(wait > queue_budget_s))
     tenants = {}
     if tenant is not None:
-        keys = np.asarray(tenant).astype(str)
-        for key in np.unique(keys):
-            sel = keys == key
-            tenants[str(key)] = {"requests": int(sel.sum()), **_summary(wait[sel], ttft[sel], lat[sel])}
+        for key, sel in _groups(tenant, n):
+            tenants[key] = {"requests": int(sel.size), **_summary(wait[sel], ttft[sel], lat[sel])}
     if progress:
         progress(1.0)
     return ReplayResult(
