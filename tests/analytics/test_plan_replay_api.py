@@ -235,3 +235,18 @@ def test_a_window_over_the_configured_request_limit_is_refused_with_the_setting_
     body = _finish(enough, enough.get("/api/v1/plan/replay", query_string=window).get_json()["job"])
     assert body["state"] == "done", body.get("error")
     assert body["result"]["requests"] == truth["requests"]
+
+
+def test_a_fit_over_an_even_sample_of_a_long_trace_finds_the_same_server(store, monkeypatch) -> None:
+    from servelens.analytics.plan import replay
+
+    _ground_truth(store, rate=3.0)
+    trace = replay.load(store, "vllm-prod", SINCE, UNTIL, 10 ** 6)
+    whole, whole_fit = replay.fit_server(trace, 1, None, 1)
+    monkeypatch.setattr(replay, "FIT_ROWS", trace.requests.height // 5)
+    part, part_fit = replay.fit_server(trace, 1, None, 1)
+    assert part_fit["n"] < whole_fit["n"] / 4  # each of the two fits read a fifth of its rows
+    assert part.step_prefill_s == pytest.approx(whole.step_prefill_s, rel=0.1)
+    assert part.step_base_s == pytest.approx(whole.step_base_s, rel=0.1)
+    assert part.step_decode_s == pytest.approx(whole.step_decode_s, rel=0.1)
+    assert part.step_prefill_s == pytest.approx(TRUE.step_prefill_s, rel=0.35)

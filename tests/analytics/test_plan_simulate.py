@@ -132,6 +132,28 @@ def test_prefix_hits_skip_the_shared_prefill():
     assert np.percentile(cached.ttft_s, 99) < 0.7 * np.percentile(uncached.ttft_s, 99)
 
 
+def test_prefix_hashes_as_text_or_numbers_share_alike_and_a_missing_one_shares_nothing():
+    rng = np.random.default_rng(12)
+    n = 3000
+    arr, inp, out = poisson(rng, 4.0, n), rng.integers(1500, 3000, n), rng.integers(10, 60, n)
+    ids = rng.integers(0, 40, n)
+    shared = np.full(n, 1200)
+    server = Server(0.02, 1e-4, 1e-3, prefix_cache_entries=16)
+    as_ints = simulate(arr, inp, out, server, prefix_hash=ids, prefix_tokens=shared)
+    as_text = simulate(arr, inp, out, server, prefix_hash=np.array([f"{x:016x}" for x in ids * 7919], dtype=object),
+                       prefix_tokens=shared)
+    assert as_ints.prefix_hits > n // 4
+    assert as_text.prefix_hits == as_ints.prefix_hits
+    np.testing.assert_array_equal(as_text.ttft_s, as_ints.ttft_s)
+    # None is no prefix: the same as a shared length of 0 for those requests.
+    gone = ids % 3 == 0
+    with_none = simulate(arr, inp, out, server, prefix_tokens=shared,
+                         prefix_hash=np.array([None if g else f"p{x}" for g, x in zip(gone, ids)], dtype=object))
+    zeroed = simulate(arr, inp, out, server, prefix_hash=ids, prefix_tokens=np.where(gone, 0, shared))
+    np.testing.assert_array_equal(with_none.ttft_s, zeroed.ttft_s)
+    assert with_none.prefix_hits == zeroed.prefix_hits > 0
+
+
 def test_autoscaling_adds_replicas_only_after_lag_and_cold_start():
     rng = np.random.default_rng(5)
     base = np.sort(rng.uniform(0, 600, 120))  # 0.2 req/s

@@ -32,6 +32,10 @@ from servelens.core.store import StoreLike
 
 DEFAULT_MAX_SEQS = 256  # vLLM's max_num_seqs default, when the engine reports no running sequences
 LARGE_ERROR = 0.25  # a backtest error beyond this is said plainly
+# A step-time fit reads at most this many requests, every k-th by arrival: three coefficients
+# are settled long before, and a week at 50 req/s spent 20 s in least squares (BENCHMARKS.md,
+# "Capacity planning: Tier B end to end from the store").
+FIT_ROWS = 1_000_000
 
 _WINDOW = DEPLOYMENT_WINDOW
 
@@ -91,6 +95,10 @@ def load(store: StoreLike, deployment: str, since: datetime, until: datetime, ma
     return Trace(deployment, since, until, requests, frame(store, _RUNNING, p), bool(waited), n - requests.height)
 
 
+def _evenly(rows: pl.DataFrame) -> pl.DataFrame:
+    return rows if rows.height <= FIT_ROWS else rows.gather_every(math.ceil(rows.height / FIT_ROWS))
+
+
 def fit_server(trace: Trace, replicas: int, max_seqs: int | None, gpus_per_replica: int) -> tuple[Server, dict[str, Any]]:
     """The replica model fitted from the trace's own timings, and the fit as evidence.
 
@@ -105,7 +113,7 @@ def fit_server(trace: Trace, replicas: int, max_seqs: int | None, gpus_per_repli
     if trace.running.height:  # the decode batch beside each request: that minute's running sequences
         ok = ok.join(trace.running, on="minute", how="left")
     batch = "running" in ok.columns
-    pre = ok.filter(pl.col("prefill_s").is_not_null() & (pl.col("prefill_s") >= 0))
+    pre = _evenly(ok.filter(pl.col("prefill_s").is_not_null() & (pl.col("prefill_s") >= 0)))
     b_fit = None
     if pre.height:
         obs = {"prefill_s": pre.get_column("prefill_s").to_numpy(),
@@ -117,8 +125,8 @@ def fit_server(trace: Trace, replicas: int, max_seqs: int | None, gpus_per_repli
     # Prompt tokens arriving per second per replica, by minute: each decode step carries its share.
     load = trace.requests.group_by("minute").agg(
         ((pl.col("input") - pl.col("cached")).sum() / 60 / replicas).alias("prompt_tps"))
-    dec = ok.join(load, on="minute", how="left").filter(
-        pl.col("decode_s").is_not_null() & (pl.col("decode_s") >= 0) & (pl.col("output") > 1))
+    dec = _evenly(ok.join(load, on="minute", how="left").filter(
+        pl.col("decode_s").is_not_null() & (pl.col("decode_s") >= 0) & (pl.col("output") > 1)))
     d_fit = None
     if dec.height:
         tpot = (dec.get_column("decode_s") / (dec.get_column("output") - 1)).to_numpy()

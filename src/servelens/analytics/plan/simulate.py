@@ -164,6 +164,21 @@ def _summary(wait: np.ndarray, ttft: np.ndarray, lat: np.ndarray) -> dict[str, A
     return out
 
 
+def _codes(keys: Sequence[Any] | np.ndarray, n: int) -> np.ndarray:
+    """One int >= 0 per distinct key, equal keys alike (which int is arbitrary: only equality
+    is used), -1 for a missing key (None: no prefix to share). Hashed: sorting a week's prefix
+    hashes as text took longer than the replay."""
+    h = np.asarray(keys)
+    if h.shape != (n,):
+        raise ValueError("prefix_hash must have one value per request")
+    if h.dtype.kind in "iub":
+        return (pl.Series(h).rank("dense") - 1).to_numpy().astype(np.int64)
+    s = pl.Series(h, strict=False) if h.dtype.kind in "OU" else pl.Series(h.astype(str))
+    if s.dtype not in (pl.String, pl.Null):  # not all text: each value's text (None stays missing)
+        s = pl.Series([None if x is None else str(x) for x in h], dtype=pl.String)
+    return s.cast(pl.Categorical).to_physical().cast(pl.Int64).fill_null(-1).to_numpy()
+
+
 def _groups(keys: Sequence[Any] | np.ndarray, n: int) -> list[tuple[str, np.ndarray]]:
     """(key as text, the requests' positions) per distinct key, keys sorted. Hashed in one pass:
     a mask per key was a pass over a week's requests per tenant."""
@@ -223,9 +238,7 @@ def simulate(
     if prefix_hash is not None:
         if prefix_tokens is None:
             raise ValueError("prefix_hash needs prefix_tokens (the shared prefix's length per request)")
-        h = np.asarray(prefix_hash)
-        h = h if h.dtype.kind in "iub" else h.astype(str)
-        _, code = np.unique(h, return_inverse=True)
+        code = _codes(prefix_hash, n)
         shared = np.minimum(np.asarray(prefix_tokens, dtype=np.int64), inp - 1)  # one token is always computed
         code = np.where(shared > 0, code.reshape(-1), -1)
         skip = np.maximum(shared, 0)
