@@ -25,7 +25,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 from bench.report import cpu_model, write_section
-from servelens.analytics.plan import replay
+from servelens.analytics.plan import capacity, replay
 from servelens.core.config import load
 from servelens.core.migrate import migrate
 from servelens.core.store import Store
@@ -67,6 +67,12 @@ def run(days: int, rps: float) -> dict:
     since = until - timedelta(days=days)
     with tempfile.TemporaryDirectory(prefix="plan-replay-store-") as tmp:
         settings, store, n, insert_s = build(Path(tmp), since, days, rps)
+        window = {"deployment": DEPLOYMENT, "since": since.isoformat(), "until": until.isoformat()}
+        tier_a = []
+        for _ in range(3):  # Tier A on the same window, as GET /api/v1/plan/capacity answers it
+            t0 = time.perf_counter()
+            capacity.plan(store, settings, {**window, "target": "p99_ttft_ms:500"})
+            tier_a.append(time.perf_counter() - t0)
         rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         spent: dict[str, float] = {}
         originals = {name: getattr(replay, name) for name in STAGES}
@@ -84,8 +90,7 @@ def run(days: int, rps: float) -> dict:
             setattr(replay, name, timed(name, fn))
         try:
             t0 = time.perf_counter()
-            doc = replay.replay(store, settings, {"deployment": DEPLOYMENT, "since": since.isoformat(),
-                                                  "until": until.isoformat(), "replicas": 10})
+            doc = replay.replay(store, settings, {**window, "replicas": 10})
             total = time.perf_counter() - t0
         finally:
             for name, fn in originals.items():
@@ -93,7 +98,7 @@ def run(days: int, rps: float) -> dict:
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return {"days": days, "rps": rps, "requests": n, "replayed": doc["requests"], "insert_s": insert_s,
             "total_s": total, "spent": spent, "rss_peak_gib": peak / 2 ** 20, "rss_grown_gib": (peak - rss0) / 2 ** 20,
-            "events": doc["at_measured"]["events"] + doc["result"]["events"]}
+            "events": doc["at_measured"]["events"] + doc["result"]["events"], "tier_a_s": tier_a}
 
 
 def text(r: dict) -> str:
@@ -108,7 +113,10 @@ def text(r: dict) -> str:
             f"written into `llm_requests` of a fresh embedded store ({r['insert_s']:.0f} s), then `analytics.plan.replay.replay` as the API runs it, "
             f"with a what-if, so the trace is replayed twice ({r['events']:,} events in all).\n\n{table}\n\n"
             f"Peak RSS of the process {r['rss_peak_gib']:.1f} GiB, {r['rss_grown_gib']:.1f} GiB of it grown during "
-            f"the replay ({r['rss_grown_gib'] * 2 ** 30 / r['requests']:,.0f} B per request).")
+            f"the replay ({r['rss_grown_gib'] * 2 ** 30 / r['requests']:,.0f} B per request).\n\n"
+            f"Tier A on the same window (`capacity.plan`, what `GET /api/v1/plan/capacity?target=p99_ttft_ms:500` "
+            f"answers; the target is < 200 ms): {', '.join(f'{x * 1000:,.0f}' for x in r['tier_a_s'])} ms in three "
+            f"calls.")
 
 
 def main(argv: list[str] | None = None) -> int:

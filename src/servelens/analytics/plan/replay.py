@@ -172,12 +172,12 @@ def _run(trace: Trace, server: Server, replicas: int, *, autoscaling: Autoscalin
          traffic_x: float = 1.0, gpu_hourly_usd: float | None = None, queue_budget_s: float | None = None,
          progress: Callable[[float], None] | None = None) -> dict[str, Any]:
     r = trace.requests
-    prefix = r.get_column("prefix").to_numpy()
+    # No prefix hash: nothing is shared (the prefix's length is 0).
+    shared = r.select(pl.when(pl.col("prefix") == "").then(0).otherwise(pl.col("cached"))).to_series()
     result = simulate(trace.arrival_s, r.get_column("input").to_numpy(), r.get_column("output").to_numpy(), server,
-                      replicas=replicas, autoscaling=autoscaling, prefix_hash=prefix,
-                      # no prefix hash: nothing is shared (the prefix's length is 0)
-                      prefix_tokens=np.where(prefix == "", 0, r.get_column("cached").to_numpy()),
-                      tenant=r.get_column("tenant").to_numpy(), traffic_x=traffic_x, gpu_hourly_usd=gpu_hourly_usd,
+                      replicas=replicas, autoscaling=autoscaling, prefix_hash=r.get_column("prefix"),
+                      prefix_tokens=shared.to_numpy(), tenant=r.get_column("tenant"), traffic_x=traffic_x,
+                      gpu_hourly_usd=gpu_hourly_usd,
                       queue_budget_s=queue_budget_s, horizon_s=(trace.until - trace.since).total_seconds(),
                       progress=progress)
     return result.as_dict()

@@ -164,25 +164,31 @@ def _summary(wait: np.ndarray, ttft: np.ndarray, lat: np.ndarray) -> dict[str, A
     return out
 
 
-def _codes(keys: Sequence[Any] | np.ndarray, n: int) -> np.ndarray:
+def _codes(keys: Sequence[Any] | np.ndarray | pl.Series, n: int) -> np.ndarray:
     """One int >= 0 per distinct key, equal keys alike (which int is arbitrary: only equality
     is used), -1 for a missing key (None: no prefix to share). Hashed: sorting a week's prefix
     hashes as text took longer than the replay."""
-    h = np.asarray(keys)
-    if h.shape != (n,):
+    if isinstance(keys, pl.Series):
+        s = keys
+    else:
+        h = np.asarray(keys)
+        if h.dtype.kind in "iub":
+            s = pl.Series(h)
+        else:
+            s = pl.Series(h, strict=False) if h.dtype.kind in "OU" else pl.Series(h.astype(str))
+            if s.dtype not in (pl.String, pl.Null):  # not all text: each value's text (None stays missing)
+                s = pl.Series([None if x is None else str(x) for x in h], dtype=pl.String)
+    if s.len() != n:
         raise ValueError("prefix_hash must have one value per request")
-    if h.dtype.kind in "iub":
-        return (pl.Series(h).rank("dense") - 1).to_numpy().astype(np.int64)
-    s = pl.Series(h, strict=False) if h.dtype.kind in "OU" else pl.Series(h.astype(str))
-    if s.dtype not in (pl.String, pl.Null):  # not all text: each value's text (None stays missing)
-        s = pl.Series([None if x is None else str(x) for x in h], dtype=pl.String)
-    return s.cast(pl.Categorical).to_physical().cast(pl.Int64).fill_null(-1).to_numpy()
+    codes = (s.rank("dense") - 1) if s.dtype.is_integer() or s.dtype == pl.Boolean else s.cast(pl.String).cast(
+        pl.Categorical).to_physical()
+    return codes.cast(pl.Int64).fill_null(-1).to_numpy()
 
 
-def _groups(keys: Sequence[Any] | np.ndarray, n: int) -> list[tuple[str, np.ndarray]]:
+def _groups(keys: Sequence[Any] | np.ndarray | pl.Series, n: int) -> list[tuple[str, np.ndarray]]:
     """(key as text, the requests' positions) per distinct key, keys sorted. Hashed in one pass:
     a mask per key was a pass over a week's requests per tenant."""
-    series = pl.Series("key", np.asarray(keys)).cast(pl.String).fill_null("")
+    series = (keys if isinstance(keys, pl.Series) else pl.Series(np.asarray(keys))).cast(pl.String).fill_null("")
     if series.len() != n:
         raise ValueError("tenant must have one value per request")
     groups = pl.DataFrame({"key": series, "at": np.arange(n)}).group_by("key").agg("at").sort("key")
@@ -198,9 +204,9 @@ def simulate(
     *,
     replicas: int = 1,
     autoscaling: Autoscaling | None = None,
-    prefix_hash: Sequence[Any] | np.ndarray | None = None,
+    prefix_hash: Sequence[Any] | np.ndarray | pl.Series | None = None,
     prefix_tokens: Sequence[int] | np.ndarray | None = None,
-    tenant: Sequence[Any] | np.ndarray | None = None,
+    tenant: Sequence[Any] | np.ndarray | pl.Series | None = None,
     traffic_x: float = 1.0,
     gpu_hourly_usd: float | None = None,
     queue_budget_s: float | None = None,
