@@ -136,6 +136,7 @@ def replay(arr, inp, out, pcode, skip, ncodes,  # noqa: C901 - one loop, its bra
     nxt = np.full(N, -1, np.int64)
     prv = np.full(N, -1, np.int64)
 
+    # Each list starts with one item so that numba can type it, and is emptied at once.
     heap = [(0.0, np.int64(0), np.int64(0))]  # (time, tick, replica >= 0 | control kind < 0)
     heap.pop()
     I = np.zeros(8, np.int64)
@@ -152,11 +153,11 @@ def replay(arr, inp, out, pcode, skip, ncodes,  # noqa: C901 - one loop, its bra
     fin_n, ch_n, pf_n = [0], [0], [0]
     for lst in (fin, chunked, pfv, pfx, fin_n, ch_n, pf_n):
         lst.pop()
-    ndec, kv, ks, load, cur, run_m, run_D = [0], [0], [0], [0], [0], [0], [0]
+    kv, ks, load, cur, run_m, run_D = [0], [0], [0], [0], [0], [0]
     whead, wtail, rhead, rtail, nrun, lhead, ltail, lcount, state = [0], [0], [0], [0], [0], [0], [0], [0], [0]
     run_t0, run_d, born, ready_at, gone_at = [0.0], [0.0], [0.0], [0.0], [0.0]
     stepping = [False]
-    for lst in (ndec, kv, ks, load, cur, run_m, run_D, whead, wtail, rhead, rtail, nrun, lhead, ltail, lcount, state):
+    for lst in (kv, ks, load, cur, run_m, run_D, whead, wtail, rhead, rtail, nrun, lhead, ltail, lcount, state):
         lst.pop()
     for flt in (run_t0, run_d, born, ready_at, gone_at):
         flt.pop()
@@ -189,7 +190,7 @@ def replay(arr, inp, out, pcode, skip, ncodes,  # noqa: C901 - one loop, its bra
             chunked.append(0)
             pfv.append(0)
             pfx.append(0)
-        for lst in (ndec, kv, ks, load, cur, run_m, run_D, nrun, lcount, fin_n, ch_n, pf_n):
+        for lst in (kv, ks, load, cur, run_m, run_D, nrun, lcount, fin_n, ch_n, pf_n):
             lst.append(0)
         for lst in (whead, wtail, rhead, rtail, lhead, ltail):
             lst.append(-1)
@@ -473,7 +474,6 @@ def replay(arr, inp, out, pcode, skip, ncodes,  # noqa: C901 - one loop, its bra
             ch_n[r] = nc
             if nrun[r] == 0 and whead[r] < 0:
                 kv[r] = used
-                ndec[r] = 0
                 stepping[r] = False
                 if state[r] == DRAINING:
                     retire(r, t)
@@ -550,7 +550,6 @@ def replay(arr, inp, out, pcode, skip, ncodes,  # noqa: C901 - one loop, its bra
             ch_n[r] = nc
             pf_n[r] = npf
             kv[r] = used
-            ndec[r] = D
             run_t0[r] = t
             run_d[r] = d
             run_m[r] = m

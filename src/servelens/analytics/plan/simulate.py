@@ -166,22 +166,21 @@ def _summary(wait: np.ndarray, ttft: np.ndarray, lat: np.ndarray) -> dict[str, A
 
 def _codes(keys: Sequence[Any] | np.ndarray | pl.Series, n: int) -> np.ndarray:
     """One int >= 0 per distinct key, equal keys alike (which int is arbitrary: only equality
-    is used), -1 for a missing key (None: no prefix to share). Hashed: sorting a week's prefix
-    hashes as text took longer than the replay."""
+    is used), -1 for a missing key (None: no prefix to share). Text is coded by hashing
+    (Categorical): sorting a week's prefix hashes as text took longer than the replay."""
     if isinstance(keys, pl.Series):
         s = keys
     else:
         h = np.asarray(keys)
         if h.dtype.kind in "iub":
-            s = pl.Series(h)
+            s = pl.Series(h.astype(np.int64, copy=False))
         else:
             s = pl.Series(h, strict=False) if h.dtype.kind in "OU" else pl.Series(h.astype(str))
             if s.dtype not in (pl.String, pl.Null):  # not all text: each value's text (None stays missing)
                 s = pl.Series([None if x is None else str(x) for x in h], dtype=pl.String)
     if s.len() != n:
         raise ValueError("prefix_hash must have one value per request")
-    codes = (s.rank("dense") - 1) if s.dtype.is_integer() or s.dtype == pl.Boolean else s.cast(pl.String).cast(
-        pl.Categorical).to_physical()
+    codes = (s.rank("dense") - 1) if s.dtype.is_integer() else s.cast(pl.String).cast(pl.Categorical).to_physical()
     return codes.cast(pl.Int64).fill_null(-1).to_numpy()
 
 
@@ -246,7 +245,7 @@ def simulate(
             raise ValueError("prefix_hash needs prefix_tokens (the shared prefix's length per request)")
         code = _codes(prefix_hash, n)
         shared = np.minimum(np.asarray(prefix_tokens, dtype=np.int64), inp - 1)  # one token is always computed
-        code = np.where(shared > 0, code.reshape(-1), -1)
+        code = np.where(shared > 0, code, -1)
         skip = np.maximum(shared, 0)
     horizon = (horizon_s or 0.0) / traffic_x
     raw = _replay(arrival[order] / traffic_x, inp[order], out[order], code[order], skip[order], server, replicas,
