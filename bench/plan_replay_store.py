@@ -110,7 +110,8 @@ def text(r: dict) -> str:
                       + [f"| **end to end** | **{r['total_s']:.1f}** |"])
     return (f"`python -m bench plan_replay_store --days {r['days']}` on {cpu_model()}, pinned to one core: "
             f"{r['requests']:,} requests ({r['days']} day{'s' if r['days'] != 1 else ''} at {r['rps']:g} req/s) "
-            f"written into `llm_requests` of a fresh embedded store ({r['insert_s']:.0f} s), then `analytics.plan.replay.replay` as the API runs it, "
+            f"written into `llm_requests` of a fresh embedded store ({r['insert_s']:.0f} s), then "
+            f"`analytics.plan.replay.replay` as the API runs it, "
             f"with a what-if, so the trace is replayed twice ({r['events']:,} events in all).\n\n{table}\n\n"
             f"Peak RSS of the process {r['rss_peak_gib']:.1f} GiB, {r['rss_grown_gib']:.1f} GiB of it grown during "
             f"the replay ({r['rss_grown_gib'] * 2 ** 30 / r['requests']:,.0f} B per request).\n\n"

@@ -46,6 +46,33 @@ def _compiled(fn):
         return njit(nogil=True)(fn)
 
 
+# A doubly linked list per replica r, threaded through `prev`/`nxt` (indexed by item) with
+# its ends in `head[r]`/`tail[r]`; -1 is none.
+@njit(inline="always")
+def _unlink(prev, nxt, head, tail, r, v):
+    p, q = prev[v], nxt[v]
+    if p >= 0:
+        nxt[p] = q
+    else:
+        head[r] = q
+    if q >= 0:
+        prev[q] = p
+    else:
+        tail[r] = p
+
+
+@njit(inline="always")
+def _append(prev, nxt, head, tail, r, v):
+    last = tail[r]
+    prev[v] = last
+    nxt[v] = -1
+    if last >= 0:
+        nxt[last] = v
+    else:
+        head[r] = v
+    tail[r] = v
+
+
 # A heap of unique int keys in the region [base, base + n) of a flat list (numba's heapq
 # works on whole lists only; a list per replica costs a reference count at every access).
 @njit(inline="always")
@@ -288,34 +315,13 @@ def replay(arr, inp, out, pcode, skip, ncodes,  # noqa: C901 - one loop, its bra
         else:
             F[_BELOW_SINCE] = nan
 
-    def lru_unlink(r, s):
-        p, q = lprev[s], lnext[s]
-        if p >= 0:
-            lnext[p] = q
-        else:
-            lhead[r] = q
-        if q >= 0:
-            lprev[q] = p
-        else:
-            ltail[r] = p
-
-    def lru_append(r, s):  # as the most recent
-        last = ltail[r]
-        lprev[s] = last
-        lnext[s] = -1
-        if last >= 0:
-            lnext[last] = s
-        else:
-            lhead[r] = s
-        ltail[r] = s
-
     def lru_touch(r, key):  # True if cached (now the most recent)
         s = lru.get(key, -1)
         if s < 0:
             return False
         if ltail[r] != s:
-            lru_unlink(r, s)
-            lru_append(r, s)
+            _unlink(lprev, lnext, lhead, ltail, r, s)
+            _append(lprev, lnext, lhead, ltail, r, s)
         return True
 
     def lru_put(r, key):
@@ -327,32 +333,17 @@ def replay(arr, inp, out, pcode, skip, ncodes,  # noqa: C901 - one loop, its bra
         else:  # evict the least recent
             s = lhead[r]
             lru.pop(lkey[s])
-            lru_unlink(r, s)
+            _unlink(lprev, lnext, lhead, ltail, r, s)
         lkey[s] = key
         lru[key] = s
-        lru_append(r, s)
+        _append(lprev, lnext, lhead, ltail, r, s)
 
     def run_remove(r, v):
-        p, q = prv[v], nxt[v]
-        if p >= 0:
-            nxt[p] = q
-        else:
-            rhead[r] = q
-        if q >= 0:
-            prv[q] = p
-        else:
-            rtail[r] = p
+        _unlink(prv, nxt, rhead, rtail, r, v)
         nrun[r] -= 1
 
     def run_append(r, v):
-        last = rtail[r]
-        prv[v] = last
-        nxt[v] = -1
-        if last >= 0:
-            nxt[last] = v
-        else:
-            rhead[r] = v
-        rtail[r] = v
+        _append(prv, nxt, rhead, rtail, r, v)
         nrun[r] += 1
 
     def dispatch(v, r, t):
