@@ -250,3 +250,16 @@ def test_a_fit_over_an_even_sample_of_a_long_trace_finds_the_same_server(store, 
     assert part.step_base_s == pytest.approx(whole.step_base_s, rel=0.1)
     assert part.step_decode_s == pytest.approx(whole.step_decode_s, rel=0.1)
     assert part.step_prefill_s == pytest.approx(TRUE.step_prefill_s, rel=0.35)
+
+
+def test_a_replay_job_reports_the_trace_read_then_the_replays(store, make_settings) -> None:
+    from servelens.analytics.plan import replay
+
+    _ground_truth(store)
+    seen: list[float] = []
+    replay.replay(store, make_settings(deployments=[DEPLOYMENT]), {
+        "deployment": "vllm-prod", "since": SINCE.isoformat(), "until": UNTIL.isoformat(), "replicas": 2},
+        progress=seen.append)
+    assert seen[0] == replay.READ_SHARE  # the trace is read: before any request is replayed
+    assert seen == sorted(seen) and seen[-1] == 1.0
+    assert any(0.6 < f < 0.7 for f in seen)  # the backtest done (0.65), the what-if next

@@ -36,6 +36,9 @@ LARGE_ERROR = 0.25  # a backtest error beyond this is said plainly
 # are settled long before, and a week at 50 req/s spent 20 s in least squares (BENCHMARKS.md,
 # "Capacity planning: Tier B end to end from the store").
 FIT_ROWS = 1_000_000
+# The share of a replay job's time spent reading the trace from the store, as its progress
+# shows it (about a third at a week of 50 req/s: BENCHMARKS.md, the same section).
+READ_SHARE = 0.3
 
 _WINDOW = DEPLOYMENT_WINDOW
 
@@ -276,6 +279,8 @@ def replay(store: StoreLike, settings: Any, params: Mapping[str, Any], now: date
     policy = _autoscaling(params, autoscaling_defaults(settings))
     w = measure(store, settings, deployment, since, until)
     trace = load(store, deployment, since, until, settings.plan.replay_max_requests)
+    if progress is not None:
+        progress(READ_SHARE)
     notes = list(w.notes)
     if trace.unsized:
         notes.append(f"{trace.unsized:,} requests without token counts (failures that reported no usage) are not "
@@ -301,6 +306,7 @@ def replay(store: StoreLike, settings: Any, params: Mapping[str, Any], now: date
     whatif = asked_replicas is not None or policy is not None or traffic_x != 1.0
 
     def part(lo: float, hi: float) -> Callable[[float], None] | None:
+        lo, hi = READ_SHARE + (1 - READ_SHARE) * lo, READ_SHARE + (1 - READ_SHARE) * hi
         return None if progress is None else (lambda f: progress(lo + (hi - lo) * f))
 
     past = _run(trace, server, replicas, gpu_hourly_usd=hourly,

@@ -236,8 +236,15 @@ def simulate(
         raise ValueError("traffic_x must be > 0")
     if replicas < (0 if autoscaling and autoscaling.scale_to_zero else 1):
         raise ValueError("replicas must be >= 1 (0 only with scale_to_zero)")
-    order = np.argsort(arrival, kind="stable")
-    order = order[(inp + out - 1 <= server.kv_tokens)[order]]  # the rest cannot fit the cache alone
+    fits = inp + out - 1 <= server.kv_tokens  # the rest cannot fit the cache alone
+    order = None  # the trace as given, when it is sorted and all fits (a stored trace is): no gathers
+    if not (fits.all() and (n < 2 or (arrival[1:] >= arrival[:-1]).all())):
+        order = np.argsort(arrival, kind="stable")
+        order = order[fits[order]]
+
+    def pick(x: np.ndarray) -> np.ndarray:
+        return x if order is None else x[order]
+
     code = np.full(n, -1, dtype=np.int64)
     skip = np.zeros(n, dtype=np.int64)
     if prefix_hash is not None:
@@ -248,12 +255,14 @@ def simulate(
         code = np.where(shared > 0, code, -1)
         skip = np.maximum(shared, 0)
     horizon = (horizon_s or 0.0) / traffic_x
-    raw = _replay(arrival[order] / traffic_x, inp[order], out[order], code[order], skip[order], server, replicas,
-                  autoscaling, horizon, progress, progress_every_s)
-    wait, ttft, done = np.full(n, np.nan), np.full(n, np.nan), np.full(n, np.nan)
-    for dest, key in ((wait, "wait"), (ttft, "ttft"), (done, "done")):
-        dest[order] = raw[key]
-    arr = arrival / traffic_x
+    arr = arrival / traffic_x if traffic_x != 1 else arrival
+    raw = _replay(pick(arr), pick(inp), pick(out), pick(code), pick(skip), server, replicas, autoscaling, horizon,
+                  progress, progress_every_s)
+    wait, ttft, done = raw["wait"], raw["ttft"], raw["done"]
+    if order is not None:  # back to the trace's order; rejected requests stay NaN
+        wait, ttft, done = np.full(n, np.nan), np.full(n, np.nan), np.full(n, np.nan)
+        for dest, key in ((wait, "wait"), (ttft, "ttft"), (done, "done")):
+            dest[order] = raw[key]
     lat = done - arr
     gpus = server.gpus_per_replica
     prov, busy, boot = (raw[k] * gpus / 3600 for k in ("provisioned_s", "busy_s", "starting_s"))
@@ -265,7 +274,7 @@ def simulate(
     if progress:
         progress(1.0)
     return ReplayResult(
-        queue_wait_s=wait, ttft_s=ttft, latency_s=lat, rejected=n - order.size,
+        queue_wait_s=wait, ttft_s=ttft, latency_s=lat, rejected=0 if order is None else n - order.size,
         preemptions=raw["preemptions"], prefix_hits=raw["hits"], steps=raw["steps"], events=raw["events"],
         duration_s=raw["end"], gpu_hours_provisioned=prov, gpu_hours_busy=busy, gpu_hours_starting=boot,
         cost_usd=None if gpu_hourly_usd is None else prov * gpu_hourly_usd,
