@@ -116,3 +116,24 @@ def _one_span() -> bytes:
     span.start_time_unix_nano = time.time_ns() - 1_000_000
     span.end_time_unix_nano = time.time_ns()
     return request.SerializeToString()
+
+
+def test_the_installed_replay_compiles_once_and_caches_beside_its_module(tmp_path: Path) -> None:
+    """What the Dockerfile runs at build time: the first replay compiles the loop and leaves
+    numba's cache in the installed package, so the next process loads it."""
+    venv = _fresh_venv(tmp_path, _wheel(tmp_path))
+    env = {k: v for k, v in _clean_env().items() if k != "NUMBA_CACHE_DIR"}
+    run = ("import time; t = time.perf_counter(); "
+           "from servelens.analytics.plan.simulate import Server, simulate; "
+           "r = simulate([0.0, 0.5], [10, 20], [5, 5], Server(0.01, 1e-5, 1e-4)); "
+           "print(r.completed, time.perf_counter() - t)")
+    first = subprocess.check_output([str(venv / "bin" / "python"), "-c", run], cwd=tmp_path, env=env, text=True)
+    assert first.split()[0] == "2"
+    engine = Path(subprocess.check_output(
+        [str(venv / "bin" / "python"), "-c", "import servelens.analytics.plan.engine as e; print(e.__file__)"],
+        cwd=tmp_path, env=env, text=True).strip())
+    assert engine.is_relative_to(venv)
+    assert list((engine.parent / "__pycache__").glob("engine.replay-*.nbi")), "no cache beside the installed module"
+    second = subprocess.check_output([str(venv / "bin" / "python"), "-c", run], cwd=tmp_path, env=env, text=True)
+    assert second.split()[0] == "2"
+    assert float(second.split()[1]) < float(first.split()[1]) / 2  # loaded, not compiled again
