@@ -135,6 +135,54 @@ def test_full_queue_refuses_with_retry_after_and_client_retries_land(make_settin
         store.client().command(f"DROP DATABASE IF EXISTS `{settings.store.database}`")
 
 
+def test_a_full_queue_refuses_a_request_before_decoding_it(make_settings):
+    """With the write queue full, a request is answered 503 + Retry-After before its body is
+    decoded: an undecodable one too, which gets its 400 once there is room again."""
+    import grpc
+
+    settings = make_settings(collector={"queue_size": 1, "store_retry": "30s", "spool_max_bytes": 0})
+    from servelens.collector.service import Collector
+    from servelens.core.migrate import migrate
+
+    store = Store(settings.store_url, settings.store.database)
+    migrate(store.client())
+    collector = Collector(settings, store)
+    collector.start()
+    url = f"http://127.0.0.1:{collector.http.port}/v1/traces"
+    garbage = b"\x0a\xff\xff\xff"  # a length past the end: not an OTLP request
+    in_flight: list[threading.Thread] = []
+    channel = grpc.insecure_channel(f"127.0.0.1:{collector.grpc.port}")
+    export = channel.unary_unary("/opentelemetry.proto.collector.trace.v1.TraceService/Export",
+                                 request_serializer=None, response_deserializer=None)
+    try:
+        store.client().command("DETACH TABLE otel_traces")  # the writer stalls, the queue fills
+        for _ in range(20):  # one request in the stalled insert, one in the queue
+            if collector.writer.depth >= 1:  # queue_size 1
+                break
+            t = threading.Thread(target=post, args=(url, llm_request(2).SerializeToString()))
+            t.start()
+            in_flight.append(t)
+            time.sleep(0.2)
+        assert collector.writer.depth >= 1, "the queue never filled"
+        status, headers = post(url, garbage)
+        assert status == 503 and "Retry-After" in headers
+        with pytest.raises(grpc.RpcError) as refused:
+            export(garbage, timeout=30)
+        assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+        store.client().command("ATTACH TABLE otel_traces")
+        for t in in_flight:
+            t.join(60)
+        assert post(url, garbage)[0] == 400
+        with pytest.raises(grpc.RpcError) as malformed:
+            export(garbage, timeout=30)
+        assert malformed.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert count(store) == 2 * len(in_flight)  # the requests in flight were stored, once
+    finally:
+        channel.close()
+        collector.shutdown()
+        store.client().command(f"DROP DATABASE IF EXISTS `{settings.store.database}`")
+
+
 def _start_collector(data_dir: Path, env: dict[str, str] | None = None) -> tuple[subprocess.Popen, int]:
     proc = subprocess.Popen(
         [sys.executable, "-m", "servelens", "collector", "--data-dir", str(data_dir),

@@ -98,6 +98,13 @@ class Intake:
         """Whether export takes this signal's protobuf bytes unparsed (the engine maps them)."""
         return signal == "traces" and self.trace_mapping == "engine"
 
+    def make_room(self, signal: str, transport: str) -> None:
+        """Raise Busy when the write queue is full, before the request is decoded: a request
+        refused anyway should not spend the CPU the writer needs to empty the queue."""
+        if self.writer.full:
+            self.metrics.refused.labels(signal, transport, "queue_full").inc()
+            raise Busy("write queue is full")
+
     def export(self, signal: str, request: Any, transport: str, tenant: str | None = None,
                raw: bytes | None = None) -> ExportResult:
         """`request`: the parsed export request, or None with `raw`, its protobuf bytes,

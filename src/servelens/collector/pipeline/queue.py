@@ -93,6 +93,10 @@ class GroupQueue:
     def depth(self) -> int:
         return self._queue.qsize()
 
+    @property
+    def full(self) -> bool:
+        return self._queue.full()
+
     def _run(self) -> None:
         stopping = False
         while not stopping:

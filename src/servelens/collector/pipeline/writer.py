@@ -109,6 +109,11 @@ class Writer:
     def depth(self) -> int:
         return self._queue.depth
 
+    @property
+    def full(self) -> bool:
+        """Whether a submit now would raise QueueFull."""
+        return self._queue.full
+
     def _insert_all(self, token: str, tables: Tables) -> None:
         """One attempt at every table's block under `token`, past every stage but the sink."""
         self._retry.insert_all(token, tables)

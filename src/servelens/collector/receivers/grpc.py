@@ -67,6 +67,7 @@ class _Export:
     def Export(self, request: bytes, context: grpc.ServicerContext) -> Any:
         try:
             tenant = self._intake.tenant_for(_token(context))
+            self._intake.make_room(self._signal, "grpc")
             if self._raw:
                 result = self._intake.export(self._signal, None, "grpc", tenant, raw=request)
             else:

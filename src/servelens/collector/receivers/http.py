@@ -79,6 +79,7 @@ class OtlpHttpApp:
             self.intake.metrics.refused.labels(signal, "http", "content_encoding").inc()
             return _status(start_response, 415, f"unsupported content encoding {encoding!r}: use gzip or none",
                            content_type, _UNSUPPORTED)
+        self.intake.make_room(signal, "http")
         body = _read_body(environ, self.max_request_bytes)
         if encoding == "gzip":
             body = gunzip(body, self.max_request_bytes)
