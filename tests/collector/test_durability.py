@@ -183,6 +183,39 @@ def test_a_full_queue_refuses_a_request_before_decoding_it(make_settings):
         store.client().command(f"DROP DATABASE IF EXISTS `{settings.store.database}`")
 
 
+def test_a_full_write_ahead_log_refuses_a_request_before_decoding_it(make_settings):
+    """acknowledge: spooled with the store stalled: once the log is at its limit a request is
+    answered 503 before it is decoded, until the log drains."""
+    settings = make_settings(collector={"acknowledge": "spooled", "spool_max_bytes": 40_000, "queue_size": 64})
+    from servelens.collector.service import Collector
+    from servelens.core.migrate import migrate
+
+    store = Store(settings.store_url, settings.store.database)
+    migrate(store.client())
+    collector = Collector(settings, store)
+    collector.start()
+    url = f"http://127.0.0.1:{collector.http.port}/v1/traces"
+    garbage = b"\x0a\xff\xff\xff"
+    acknowledged = 0
+    try:
+        store.client().command("DETACH TABLE otel_traces")  # the log cannot drain
+        for _ in range(500):
+            status, headers = post(url, llm_request(2).SerializeToString())
+            if status != 200:
+                break
+            acknowledged += 1
+        assert status == 503 and "Retry-After" in headers and acknowledged, (status, acknowledged)
+        status, headers = post(url, garbage)
+        assert status == 503 and "Retry-After" in headers  # refused before it was read
+        store.client().command("ATTACH TABLE otel_traces")
+        assert collector.writer.drain_spool(60)
+        assert post(url, garbage)[0] == 400
+        assert count(store) == 2 * acknowledged
+    finally:
+        collector.shutdown()
+        store.client().command(f"DROP DATABASE IF EXISTS `{settings.store.database}`")
+
+
 def _start_collector(data_dir: Path, env: dict[str, str] | None = None) -> tuple[subprocess.Popen, int]:
     proc = subprocess.Popen(
         [sys.executable, "-m", "servelens", "collector", "--data-dir", str(data_dir),

@@ -99,11 +99,12 @@ class Intake:
         return signal == "traces" and self.trace_mapping == "engine"
 
     def make_room(self, signal: str, transport: str) -> None:
-        """Raise Busy when the write queue is full, before the request is decoded: a request
-        refused anyway should not spend the CPU the writer needs to empty the queue."""
-        if self.writer.full:
-            self.metrics.refused.labels(signal, transport, "queue_full").inc()
-            raise Busy("write queue is full")
+        """Raise Busy when there is no room for a request (writer.no_room), before it is
+        decoded: a request refused anyway should not spend the CPU the writer needs."""
+        reason = self.writer.no_room()
+        if reason is not None:
+            self.metrics.refused.labels(signal, transport, "queue_full" if "queue" in reason else "spool_full").inc()
+            raise Busy(reason)
 
     def export(self, signal: str, request: Any, transport: str, tenant: str | None = None,
                raw: bytes | None = None) -> ExportResult:

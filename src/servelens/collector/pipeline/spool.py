@@ -54,6 +54,7 @@ class Spool:
         self.max_bytes = max_bytes
         self.directory.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
+        self._refused_at: int | None = None  # the size at which an append last did not fit
         self._seq = time.time_ns()
         for leftover in self.directory.glob("*.tmp"):
             # never renamed, so never acknowledged: the client was told to retry
@@ -73,12 +74,20 @@ class Spool:
     def count(self) -> int:
         return self._count
 
+    @property
+    def full(self) -> bool:
+        """An append did not fit, and nothing has been removed since."""
+        refused_at = self._refused_at
+        return refused_at is not None and self._bytes >= refused_at
+
     def append(self, token: str, tables: Tables) -> SpooledBatch | None:
         """Durably store a batch; None (nothing written) when it would exceed max_bytes."""
         blob = _frame(token, tables)
         with self._lock:
             if self._bytes + len(blob) > self.max_bytes:
+                self._refused_at = self._bytes
                 return None
+            self._refused_at = None
             self._seq = max(self._seq + 1, time.time_ns())
             final = self.directory / f"{self._seq:020d}-{token}{_SUFFIX}"
             tmp = final.with_suffix(".tmp")

@@ -55,6 +55,7 @@ class Writer:
         if write_ahead and spool is None:
             raise ValueError('acknowledge = "spooled" needs the spool (spool_max_bytes > 0)')
         self._settings = settings
+        self._write_ahead = write_ahead
         self._metrics = metrics or SelfMetrics()
         self._spool = spool
         if sink is None:
@@ -109,10 +110,14 @@ class Writer:
     def depth(self) -> int:
         return self._queue.depth
 
-    @property
-    def full(self) -> bool:
-        """Whether a submit now would raise QueueFull."""
-        return self._queue.full
+    def no_room(self) -> str | None:
+        """Why a request arriving now would be refused for want of room, or None: the queue
+        is at capacity, or (write-ahead) the log is at its size limit."""
+        if self._queue.full:
+            return "write queue is full"
+        if self._write_ahead and self._spool is not None and self._spool.full:
+            return "write-ahead log is full"
+        return None
 
     def _insert_all(self, token: str, tables: Tables) -> None:
         """One attempt at every table's block under `token`, past every stage but the sink."""
