@@ -16,7 +16,9 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -42,17 +44,26 @@ def count(store: Store, table: str = "otel_traces") -> int:
     return store.client().query(f"SELECT count() FROM {table}").first_row[0]
 
 
-def test_store_outage_spools_then_replays_exactly_once(make_settings):
-    settings = make_settings(collector={"store_retry": "200ms"})
+@contextmanager
+def running_collector(make_settings, collector_settings: dict) -> Iterator[tuple]:
+    """(collector, store, traces URL): a collector on its own migrated database, then gone."""
     from servelens.collector.service import Collector
     from servelens.core.migrate import migrate
 
+    settings = make_settings(collector=collector_settings)
     store = Store(settings.store_url, settings.store.database)
     migrate(store.client())
     collector = Collector(settings, store)
     collector.start()
-    url = f"http://127.0.0.1:{collector.http.port}/v1/traces"
     try:
+        yield collector, store, f"http://127.0.0.1:{collector.http.port}/v1/traces"
+    finally:
+        collector.shutdown()
+        store.client().command(f"DROP DATABASE IF EXISTS `{settings.store.database}`")
+
+
+def test_store_outage_spools_then_replays_exactly_once(make_settings):
+    with running_collector(make_settings, {"store_retry": "200ms"}) as (collector, store, url):
         assert post(url, llm_request(5).SerializeToString())[0] == 200
         store.client().command("DETACH TABLE otel_traces")  # the store now refuses every insert
         statuses = [post(url, llm_request(10).SerializeToString())[0] for _ in range(6)]
@@ -63,9 +74,6 @@ def test_store_outage_spools_then_replays_exactly_once(make_settings):
         assert collector.writer.drain_spool(timeout=30)
         assert count(store) == 5 + 60
         assert count(store, "llm_requests") == 5 + 60  # the view saw each block once
-    finally:
-        collector.shutdown()
-        store.client().command(f"DROP DATABASE IF EXISTS `{settings.store.database}`")
 
 
 def test_replay_of_a_batch_the_store_already_took_is_not_doubled(settings, store, tmp_path: Path):
@@ -91,33 +99,25 @@ def test_replay_of_a_batch_the_store_already_took_is_not_doubled(settings, store
 
 
 def test_full_queue_refuses_with_retry_after_and_client_retries_land(make_settings):
-    settings = make_settings(collector={"queue_size": 1, "store_retry": "5s", "spool_max_bytes": 0})
-    from servelens.collector.service import Collector
-    from servelens.core.migrate import migrate
+    stalled = {"queue_size": 1, "store_retry": "5s", "spool_max_bytes": 0}
+    with running_collector(make_settings, stalled) as (collector, store, url):
+        refusals: list[dict[str, str]] = []
+        accepted = []
+        lock = threading.Lock()
 
-    store = Store(settings.store_url, settings.store.database)
-    migrate(store.client())
-    collector = Collector(settings, store)
-    collector.start()
-    url = f"http://127.0.0.1:{collector.http.port}/v1/traces"
-    refusals: list[dict[str, str]] = []
-    accepted = []
-    lock = threading.Lock()
-
-    def client(n_requests: int) -> None:
-        for _ in range(n_requests):
-            body = llm_request(3).SerializeToString()
-            for _attempt in range(60):  # bounded retries, as an OTLP exporter does
-                status, headers = post(url, body)
-                if status == 200:
+        def client(n_requests: int) -> None:
+            for _ in range(n_requests):
+                body = llm_request(3).SerializeToString()
+                for _attempt in range(60):  # bounded retries, as an OTLP exporter does
+                    status, headers = post(url, body)
+                    if status == 200:
+                        with lock:
+                            accepted.append(3)
+                        break
+                    assert status in (429, 503)
                     with lock:
-                        accepted.append(3)
-                    break
-                assert status in (429, 503)
-                with lock:
-                    refusals.append(headers)
-                time.sleep(float(headers.get("Retry-After", "1")) / 10)
-    try:
+                        refusals.append(headers)
+                    time.sleep(float(headers.get("Retry-After", "1")) / 10)
         store.client().command("DETACH TABLE otel_traces")  # the writer stalls, the queue fills
         threads = [threading.Thread(target=client, args=(4,)) for _ in range(6)]
         for t in threads:
@@ -130,9 +130,6 @@ def test_full_queue_refuses_with_retry_after_and_client_retries_land(make_settin
         assert all("Retry-After" in h for h in refusals)
         assert len(accepted) == 24
         assert count(store) == 3 * 24  # every acknowledged span, once
-    finally:
-        collector.shutdown()
-        store.client().command(f"DROP DATABASE IF EXISTS `{settings.store.database}`")
 
 
 def test_a_full_queue_refuses_a_request_before_decoding_it(make_settings):
@@ -140,64 +137,47 @@ def test_a_full_queue_refuses_a_request_before_decoding_it(make_settings):
     decoded: an undecodable one too, which gets its 400 once there is room again."""
     import grpc
 
-    settings = make_settings(collector={"queue_size": 1, "store_retry": "30s", "spool_max_bytes": 0})
-    from servelens.collector.service import Collector
-    from servelens.core.migrate import migrate
-
-    store = Store(settings.store_url, settings.store.database)
-    migrate(store.client())
-    collector = Collector(settings, store)
-    collector.start()
-    url = f"http://127.0.0.1:{collector.http.port}/v1/traces"
-    garbage = b"\x0a\xff\xff\xff"  # a length past the end: not an OTLP request
-    in_flight: list[threading.Thread] = []
-    channel = grpc.insecure_channel(f"127.0.0.1:{collector.grpc.port}")
-    export = channel.unary_unary("/opentelemetry.proto.collector.trace.v1.TraceService/Export",
-                                 request_serializer=None, response_deserializer=None)
-    try:
-        store.client().command("DETACH TABLE otel_traces")  # the writer stalls, the queue fills
-        for _ in range(20):  # one request in the stalled insert, one in the queue
-            if collector.writer.depth >= 1:  # queue_size 1
-                break
-            t = threading.Thread(target=post, args=(url, llm_request(2).SerializeToString()))
-            t.start()
-            in_flight.append(t)
-            time.sleep(0.2)
-        assert collector.writer.depth >= 1, "the queue never filled"
-        status, headers = post(url, garbage)
-        assert status == 503 and "Retry-After" in headers
-        with pytest.raises(grpc.RpcError) as refused:
-            export(garbage, timeout=30)
-        assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
-        store.client().command("ATTACH TABLE otel_traces")
-        for t in in_flight:
-            t.join(60)
-        assert post(url, garbage)[0] == 400
-        with pytest.raises(grpc.RpcError) as malformed:
-            export(garbage, timeout=30)
-        assert malformed.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-        assert count(store) == 2 * len(in_flight)  # the requests in flight were stored, once
-    finally:
-        channel.close()
-        collector.shutdown()
-        store.client().command(f"DROP DATABASE IF EXISTS `{settings.store.database}`")
+    stalled = {"queue_size": 1, "store_retry": "30s", "spool_max_bytes": 0}
+    with running_collector(make_settings, stalled) as (collector, store, url):
+        garbage = b"\x0a\xff\xff\xff"  # a length past the end: not an OTLP request
+        in_flight: list[threading.Thread] = []
+        channel = grpc.insecure_channel(f"127.0.0.1:{collector.grpc.port}")
+        export = channel.unary_unary("/opentelemetry.proto.collector.trace.v1.TraceService/Export",
+                                     request_serializer=None, response_deserializer=None)
+        try:
+            store.client().command("DETACH TABLE otel_traces")  # the writer stalls, the queue fills
+            for _ in range(20):  # one request in the stalled insert, one in the queue
+                if collector.writer.depth >= 1:  # queue_size 1
+                    break
+                t = threading.Thread(target=post, args=(url, llm_request(2).SerializeToString()))
+                t.start()
+                in_flight.append(t)
+                time.sleep(0.2)
+            assert collector.writer.depth >= 1, "the queue never filled"
+            status, headers = post(url, garbage)
+            assert status == 503 and "Retry-After" in headers
+            with pytest.raises(grpc.RpcError) as refused:
+                export(garbage, timeout=30)
+            assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+            store.client().command("ATTACH TABLE otel_traces")
+            for t in in_flight:
+                t.join(60)
+            assert post(url, garbage)[0] == 400
+            with pytest.raises(grpc.RpcError) as malformed:
+                export(garbage, timeout=30)
+            assert malformed.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert count(store) == 2 * len(in_flight)  # the requests in flight were stored, once
+        finally:
+            channel.close()
 
 
 def test_a_full_write_ahead_log_refuses_a_request_before_decoding_it(make_settings):
     """acknowledge: spooled with the store stalled: once the log is at its limit a request is
     answered 503 before it is decoded, until the log drains."""
-    settings = make_settings(collector={"acknowledge": "spooled", "spool_max_bytes": 40_000, "queue_size": 64})
-    from servelens.collector.service import Collector
-    from servelens.core.migrate import migrate
-
-    store = Store(settings.store_url, settings.store.database)
-    migrate(store.client())
-    collector = Collector(settings, store)
-    collector.start()
-    url = f"http://127.0.0.1:{collector.http.port}/v1/traces"
-    garbage = b"\x0a\xff\xff\xff"
-    acknowledged = 0
-    try:
+    small_log = {"acknowledge": "spooled", "spool_max_bytes": 40_000, "queue_size": 64}
+    with running_collector(make_settings, small_log) as (collector, store, url):
+        garbage = b"\x0a\xff\xff\xff"
+        acknowledged = 0
         store.client().command("DETACH TABLE otel_traces")  # the log cannot drain
         for _ in range(500):
             status, headers = post(url, llm_request(2).SerializeToString())
@@ -211,9 +191,6 @@ def test_a_full_write_ahead_log_refuses_a_request_before_decoding_it(make_settin
         assert collector.writer.drain_spool(60)
         assert post(url, garbage)[0] == 400
         assert count(store) == 2 * acknowledged
-    finally:
-        collector.shutdown()
-        store.client().command(f"DROP DATABASE IF EXISTS `{settings.store.database}`")
 
 
 def _start_collector(data_dir: Path, env: dict[str, str] | None = None) -> tuple[subprocess.Popen, int]:
