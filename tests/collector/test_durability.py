@@ -132,6 +132,13 @@ def test_full_queue_refuses_with_retry_after_and_client_retries_land(make_settin
         assert count(store) == 3 * 24  # every acknowledged span, once
 
 
+def refusals(collector, transport: str, reason: str) -> float:
+    """The collector's own count of trace requests refused over `transport` for `reason`."""
+    return collector.metrics.registry.get_sample_value(
+        "servelens_receiver_refused_requests_total",
+        {"signal": "traces", "transport": transport, "reason": reason}) or 0.0
+
+
 def test_a_full_queue_refuses_a_request_before_decoding_it(make_settings):
     """With the write queue full, a request is answered 503 + Retry-After before its body is
     decoded: an undecodable one too, which gets its 400 once there is room again."""
@@ -159,6 +166,8 @@ def test_a_full_queue_refuses_a_request_before_decoding_it(make_settings):
             with pytest.raises(grpc.RpcError) as refused:
                 export(garbage, timeout=30)
             assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert refusals(collector, "http", "queue_full") >= 1
+            assert refusals(collector, "grpc", "queue_full") == 1
             store.client().command("ATTACH TABLE otel_traces")
             for t in in_flight:
                 t.join(60)
@@ -187,6 +196,8 @@ def test_a_full_write_ahead_log_refuses_a_request_before_decoding_it(make_settin
         assert status == 503 and "Retry-After" in headers and acknowledged, (status, acknowledged)
         status, headers = post(url, garbage)
         assert status == 503 and "Retry-After" in headers  # refused before it was read
+        assert refusals(collector, "http", "spool_full") >= 1
+        assert refusals(collector, "http", "queue_full") == 0
         store.client().command("ATTACH TABLE otel_traces")
         assert collector.writer.drain_spool(60)
         assert post(url, garbage)[0] == 400

@@ -101,10 +101,11 @@ class Intake:
     def make_room(self, signal: str, transport: str) -> None:
         """Raise Busy when there is no room for a request (writer.no_room), before it is
         decoded: a request refused anyway should not spend the CPU the writer needs."""
-        reason = self.writer.no_room()
-        if reason is not None:
-            self.metrics.refused.labels(signal, transport, "queue_full" if "queue" in reason else "spool_full").inc()
-            raise Busy(reason)
+        no_room = self.writer.no_room()
+        if no_room is not None:
+            label, message = no_room
+            self.metrics.refused.labels(signal, transport, label).inc()
+            raise Busy(message)
 
     def export(self, signal: str, request: Any, transport: str, tenant: str | None = None,
                raw: bytes | None = None) -> ExportResult:

@@ -110,13 +110,14 @@ class Writer:
     def depth(self) -> int:
         return self._queue.depth
 
-    def no_room(self) -> str | None:
-        """Why a request arriving now would be refused for want of room, or None: the queue
-        is at capacity, or (write-ahead) the log is at its size limit."""
+    def no_room(self) -> tuple[str, str] | None:
+        """Why a request arriving now would be refused for want of room, as (the refusals
+        metric's reason label, the message), or None: the queue is at capacity, or
+        (write-ahead) the log is at its size limit."""
         if self._queue.full:
-            return "write queue is full"
+            return "queue_full", "write queue is full"
         if self._write_ahead and self._spool is not None and self._spool.full:
-            return "write-ahead log is full"
+            return "spool_full", "write-ahead log is full"
         return None
 
     def _insert_all(self, token: str, tables: Tables) -> None:
