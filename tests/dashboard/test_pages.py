@@ -127,7 +127,13 @@ def test_latency_and_stages(browser, dashboard, otlp_http, tmp_path):
     # decode takes 60 % of each request: the stage nearest its 4 s ceiling binds.
     assert "binding: decode" in _text(browser, "lat-stages")
     assert "binding" in _row(browser, "lat-stages", "decode") and "4,000 ms" in _row(browser, "lat-stages", "decode")
-    _wait(browser, _plots("#lat-stages"))
+    # the binding stage's bar is drawn in the binding colour, its ceiling tick inside the track
+    _wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "#lat-stages .stage-bar .stage-binding"))
+    decode = next(b for b in browser.find_elements(By.CSS_SELECTOR, "#lat-stages .stage-bar")
+                  if b.find_element(By.CSS_SELECTOR, ".stage-name").text == "decode")
+    assert decode.find_element(By.CSS_SELECTOR, ".stage-p99").get_attribute("class") == "stage-p99 stage-binding"
+    assert decode.find_element(By.CSS_SELECTOR, ".stage-p99").size["width"] > 0
+    assert decode.find_element(By.CSS_SELECTOR, ".stage-ceiling").size["height"] > 0
     _wait(browser, _plots("#lat-chart"))
     assert [a.text for a in browser.find_elements(By.CSS_SELECTOR, ".nav-link")] == [
         "Overview", "Latency & stages", "Cost", "GPUs", "Quality", "Workload", "Reliability", "Triggers",

@@ -12,7 +12,7 @@ from dash import dcc, html
 from servelens.dashboard import data, timecharts, traces_links
 from servelens.dashboard.components import (BADGES, CHART_GROUPS, LOADING, NO_REQUESTS, chart_layout, empty, graph,
                                             integer, labels, ms, page, panel, plain, register_refresh, search_box,
-                                            table, top_table, updated_line)
+                                            show, table, top_table, updated_line)
 from servelens.dashboard.timecharts import CONTROL, Chart, Line
 
 dash.register_page(__name__, path="/latency", name="Latency & stages", title="Latency & stages · servelens")
@@ -22,7 +22,6 @@ BY_OPTIONS = {"model": "Model", "service": "Service", "deployment": "Deployment"
 STAGE_ORDER = ("queue", "retrieval", "embedding", "tool", "prefill", "decode", "network", "postprocess", "other")
 PERCENTILE_COLORS = (("latency_p50_ms", "p50", "#a9c1f5"), ("latency_p95_ms", "p95", "#6d97f0"),
                      ("latency_p99_ms", "p99", "#2f6fed"))
-STAGE_COLOR, BINDING_COLOR, OVER_COLOR, HEADROOM_COLOR = "#b8c4da", "#2f6fed", "#c0392b", "#dcefe3"
 
 
 def _headroom(value: float) -> str:
@@ -68,28 +67,34 @@ def _stage_key(stage: str) -> tuple[int, str]:
     return (STAGE_ORDER.index(stage) if stage in STAGE_ORDER else len(STAGE_ORDER), stage)
 
 
-def stages_figure(rows: list[dict[str, Any]]) -> go.Figure:
-    """Horizontal p99 bars (binding in the accent, over budget in red), the headroom up to
-    each ceiling as a pale segment, and the ceiling itself as a tick."""
-    stages = labels(rows, "stage")  # app.stage names come from the spans
-    colors = [OVER_COLOR if r.get("over_budget") else BINDING_COLOR if r.get("binding") else STAGE_COLOR
-              for r in rows]
-    headroom = [max(r.get("headroom_ms") or 0.0, 0.0) for r in rows]
-    fig = go.Figure([
-        go.Bar(name="p99", y=stages, x=[r.get("p99_ms") for r in rows], orientation="h", marker_color=colors,
-               hovertemplate="%{y} p99: %{x:,.0f} ms<extra></extra>"),
-        go.Bar(name="headroom", y=stages, x=headroom, orientation="h", marker_color=HEADROOM_COLOR,
-               text=[ms(h) if h else "" for h in headroom], textposition="inside", insidetextanchor="middle",
-               textfont=dict(color="#2d7a4b", size=11), hovertemplate="%{y} headroom: %{x:,.0f} ms<extra></extra>"),
-        go.Scatter(name="ceiling (p99 budget)", y=stages, x=[r.get("ceiling_ms") for r in rows], mode="markers",
-                   marker=dict(symbol="line-ns", size=22, line=dict(width=3, color="#1d2330")),
-                   hovertemplate="%{y} ceiling: %{x:,.0f} ms<extra></extra>"),
-    ])
-    fig.update_layout(**chart_layout(70 + 34 * len(rows), barmode="stack", bargap=0.35,
-                                     uniformtext=dict(minsize=10, mode="hide")))
-    fig.update_yaxes(autorange="reversed", ticklabelstandoff=6)
-    fig.update_xaxes(title_text="ms", rangemode="tozero")
-    return fig
+def stage_bars(rows: list[dict[str, Any]]) -> html.Div:
+    """Each stage's p99 as a horizontal bar (binding in the accent, over budget in red),
+    the headroom up to its ceiling as a pale segment, the ceiling as a tick: a bullet chart
+    drawn with a few elements per stage. As a plotly figure per deployment it cost the
+    browser about a fifth of the page's load (BENCHMARKS.md, "Dashboard load in the
+    browser"); the numbers are in the table beside it."""
+    scale = max((max(r.get("p99_ms") or 0.0, r.get("ceiling_ms") or 0.0) for r in rows), default=0.0) or 1.0
+
+    def share(value: float | None) -> str:
+        return f"{100 * max(value or 0.0, 0.0) / scale:.2f}%"
+
+    bars = []
+    for row in rows:
+        status = "over" if row.get("over_budget") else "binding" if row.get("binding") else "within"
+        headroom = max(row.get("headroom_ms") or 0.0, 0.0)
+        ceiling = row.get("ceiling_ms")
+        track = [html.Div(className=f"stage-p99 stage-{status}", style={"width": share(row.get("p99_ms"))})]
+        if headroom:
+            track.append(html.Div(ms(headroom), className="stage-headroom", style={"width": share(headroom)}))
+        if ceiling is not None:
+            track.append(html.Div(className="stage-ceiling", style={"left": share(ceiling)}))
+        name = row.get("stage") or "(none)"  # an element's text: React shows it as typed
+        hint = f"{name} p99 {show(row.get('p99_ms'), ms)}" + (
+            f", ceiling {ms(ceiling)}, headroom {_headroom(row.get('headroom_ms') or 0.0)}" if ceiling is not None
+            else ", no ceiling configured")
+        bars.append(html.Div(className="stage-bar", title=hint, children=[
+            html.Div(name, className="stage-name"), html.Div(track, className="stage-track")]))
+    return html.Div([*bars, html.Div(f"0 to {ms(scale)}", className="stage-scale muted")], className="stage-bars")
 
 
 def _traces(stages: list[dict[str, Any]]) -> int:
@@ -112,7 +117,7 @@ def stages_panels(rows: list[dict[str, Any]]) -> list[Any] | html.Div:
         binding = next((r for r in stages if r.get("binding")), None)
         summary = (f"binding: {binding['stage']}" if binding else "no budgets configured: nothing binds")
         panels.append(panel([deployment, html.Span(f" · {summary}", className="muted")],
-                            graph(stages_figure(stages)),
+                            stage_bars(stages),
                             table([{**r, "flags": _flags(r)} for r in stages], STAGE_COLUMNS, "")))
     if len(busiest) > CHART_GROUPS:
         panels.append(html.Div(f"{integer(len(busiest) - CHART_GROUPS)} more deployments with fewer traces: "
