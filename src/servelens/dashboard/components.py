@@ -315,11 +315,13 @@ def register_refresh(app: dash.Dash, prefix: str, outputs: Sequence[str], fetch:
 
         cleaned = tuple(data.clean(v) for v in values)
 
+        def compute() -> Any:
+            return data.one_reading(lambda: fetch(source, filters, *cleaned))
+
         def load() -> tuple:
             if not cache:
-                return (*render(fetch(source, filters, *cleaned), filters), None)
-            fetched, computed = source.answer((prefix, alert_name, cleaned), filters,
-                                              lambda: fetch(source, filters, *cleaned))
+                return (*render(compute(), filters), None)
+            fetched, computed = source.answer((prefix, alert_name, cleaned), filters, compute)
             token = _AS_OF.set(computed)
             try:
                 return (*render(fetched, filters), None)
@@ -349,7 +351,7 @@ def keep_warm(app: dash.Dash, source: data.DataSource, prefix: str) -> None:
         if owner == prefix:
             unset = (None,) * controls
             source.answers.pin(source.answer_key((prefix, alert_name, unset), filters),
-                               lambda fetch=fetch, unset=unset: fetch(source, filters, *unset))
+                               lambda fetch=fetch, unset=unset: data.one_reading(lambda: fetch(source, filters, *unset)))
 
 
 def pause_when_hidden(app: dash.Dash, interval_id: str) -> None:

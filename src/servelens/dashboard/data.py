@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import copy
 import json
+from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence, TypeVar
 
 import flask
 import polars as pl
 
+from servelens.analytics import memo
 from servelens.analytics.plan import jobs
 from servelens.analytics.query import ReportQuery, key_expr
 from servelens.analytics.reports import overview
@@ -130,7 +132,7 @@ class Filters:
     def window(self, now: datetime | None = None) -> tuple[datetime, datetime]:
         if self.range == CUSTOM and self.since and self.until:
             return datetime.fromisoformat(self.since), datetime.fromisoformat(self.until)
-        until = now or datetime.now(timezone.utc)
+        until = now or _INSTANT.get() or datetime.now(timezone.utc)
         return until - RANGES[self.range], until
 
     def params(self, now: datetime | None = None) -> dict[str, Any]:
@@ -139,6 +141,26 @@ class Filters:
         params: dict[str, Any] = {"since": since, "until": until}
         params.update({k: getattr(self, k) for k in FILTER_KEYS if getattr(self, k)})
         return params
+
+
+T = TypeVar("T")
+_INSTANT: ContextVar[datetime | None] = ContextVar("dashboard_reading_instant", default=None)
+
+
+def one_reading(compute: Callable[[], T]) -> T:
+    """compute() as one reading of the store: every preset range in it ends at the same
+    instant, so its parts ask for one window and read what they share once
+    (analytics.memo: a chart's lines, the GPU frames behind several costs). A range that
+    ended at each part's own call asked for windows a few microseconds apart, which no
+    memo key matched."""
+    if _INSTANT.get() is not None:
+        return compute()
+    token = _INSTANT.set(datetime.now(timezone.utc))
+    try:
+        with memo.run():
+            return compute()
+    finally:
+        _INSTANT.reset(token)
 
 
 class DataSource:

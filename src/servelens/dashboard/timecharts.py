@@ -17,7 +17,6 @@ import dash
 import plotly.io as pio
 from dash import dcc, html
 
-from servelens.analytics import memo
 from servelens.analytics.reports import series
 from servelens.dashboard import data, traces_links
 from servelens.dashboard.components import LOADING, SERIES_COLORS, chart_layout, empty, label, panel, register_refresh
@@ -184,15 +183,15 @@ def graph_of(prefix: str, chart: Chart, docs: Sequence[tuple[Line, dict]], marks
 
 
 def register(app: dash.Dash, prefix: str, charts: Sequence[Chart]) -> None:
-    """One refresh for a page's charts: they share their queries (the request stats of one
-    grouping and bucket are read once, analytics/reports/series.py), and a page's refreshes stay
-    within what the server runs at once (dashboard.guard)."""
+    """One refresh for a page's charts: one reading of the store (data.one_reading), so they
+    share their queries (the request stats of one grouping and bucket are read once,
+    analytics/reports/series.py), and a page's refreshes stay within what the server runs at
+    once (dashboard.guard)."""
     controls = _controls(charts)
 
     def fetch_all(source: data.DataSource, filters: data.Filters, *values: str | None) -> list:
         chosen = dict(zip(controls, values))
-        with memo.run():
-            return [fetch(source, filters, c, chosen.get(c.control) if c.control else None) for c in charts]
+        return [fetch(source, filters, c, chosen.get(c.control) if c.control else None) for c in charts]
 
     def render_all(fetched: list, filters: data.Filters) -> tuple:
         return tuple(render(c, prefix, f, filters)[0] for c, f in zip(charts, fetched))

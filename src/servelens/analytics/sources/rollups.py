@@ -24,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from servelens.analytics import memo
 from servelens.analytics.model_names import served_model_sql
 from servelens.analytics.pricing import epoch_ns
 from servelens.analytics.query import COLUMN_KEYS, UNIT_KEYS, ReportQuery, key_expr
@@ -289,6 +290,12 @@ def cost_source_sql(q: ReportQuery, settings: Settings, params: dict[str, Any]) 
 def request_count(store: StoreLike, settings: Settings, q: ReportQuery) -> int:
     """Requests in q's window under its filters (which the request rollups answer): the
     same pieces as request_stats_sql, reading only their counts."""
-    parts, params = _request_pieces(q, settings, None, None, "count() AS Requests", "Requests")
-    found = frame(store, f"SELECT sum(Requests) AS n FROM ({' UNION ALL '.join(parts)})", params)
-    return int(found.item()) if found.height and found.item() is not None else 0
+    def count() -> int:
+        parts, params = _request_pieces(q, settings, None, None, "count() AS Requests", "Requests")
+        found = frame(store, f"SELECT sum(Requests) AS n FROM ({' UNION ALL '.join(parts)})", params)
+        return int(found.item()) if found.height and found.item() is not None else 0
+
+    # the count does not depend on the grouping: a run's charts and tables by several share it
+    bounds = q.bounds()
+    return memo.cached(memo.key("rollups.request_count", store, settings, bounds["since_ns"], bounds["until_ns"],
+                                repr(sorted(q.filters.items()))), count)

@@ -12,7 +12,6 @@ from typing import Any
 import dash
 from dash import html
 
-from servelens.analytics import memo
 from servelens.dashboard import access, data, timecharts
 from servelens.dashboard.components import (LOADING, NULL, card, empty, integer, page, panel, pct, register_refresh,
                                             search_box, show, table, top_table, updated_line, usd)
@@ -97,8 +96,8 @@ def tenant_shares(source: data.DataSource, filters: data.Filters) -> list[dict[s
     """The reader's requests' share of each self-hosted deployment's GPU cost: the cost
     report by deployment (narrowed to their tenant by the source), busy and fully loaded."""
     self_hosted = {d.name for d in source.settings.deployments}
-    with memo.run():  # both views share the deployments' GPU frames and token totals
-        busy, loaded = (source.rows("cost", filters, by="deployment", view=view) for view in ("busy", "fully_loaded"))
+    # one reading (data.one_reading): both views share the deployments' GPU frames and token totals
+    busy, loaded = (source.rows("cost", filters, by="deployment", view=view) for view in ("busy", "fully_loaded"))
     loaded_cost = {r["deployment"]: r.get("cost_usd") for r in loaded}
     return [{**r, "busy_cost_usd": r.get("cost_usd"), "loaded_cost_usd": loaded_cost.get(r["deployment"])}
             for r in busy if r["deployment"] in self_hosted]
