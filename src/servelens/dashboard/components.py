@@ -350,8 +350,11 @@ def keep_warm(app: dash.Dash, source: data.DataSource, prefix: str) -> None:
     for owner, alert_name, controls, fetch in app.server.extensions.get(_REFRESHES, ()):
         if owner == prefix:
             unset = (None,) * controls
-            source.answers.pin(source.answer_key((prefix, alert_name, unset), filters),
-                               lambda fetch=fetch, unset=unset: data.one_reading(lambda: fetch(source, filters, *unset)))
+
+            def compute(fetch: Callable[..., Any] = fetch, unset: tuple = unset) -> Any:
+                return data.one_reading(lambda: fetch(source, filters, *unset))
+
+            source.answers.pin(source.answer_key((prefix, alert_name, unset), filters), compute)
 
 
 def pause_when_hidden(app: dash.Dash, interval_id: str) -> None:

@@ -70,9 +70,9 @@ def _stage_key(stage: str) -> tuple[int, str]:
 def stage_bars(rows: list[dict[str, Any]]) -> html.Div:
     """Each stage's p99 as a horizontal bar (binding in the accent, over budget in red),
     the headroom up to its ceiling as a pale segment, the ceiling as a tick: a bullet chart
-    drawn with a few elements per stage. As a plotly figure per deployment it cost the
-    browser about a fifth of the page's load (BENCHMARKS.md, "Dashboard load in the
-    browser"); the numbers are in the table beside it."""
+    drawn with a few elements per stage, where a plotly figure per deployment cost the
+    browser a chart's drawing each (BENCHMARKS.md, "Dashboard load in the browser"); the
+    numbers are in the table beside it."""
     scale = max((max(r.get("p99_ms") or 0.0, r.get("ceiling_ms") or 0.0) for r in rows), default=0.0) or 1.0
 
     def share(value: float | None) -> str:
