@@ -12,7 +12,7 @@ import functools
 import os
 import uuid
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import pytest
 
@@ -171,6 +171,31 @@ def store(settings: Settings, databases: _Databases) -> Iterator[Store]:
     if len(migrate(s.client())) == len(discover()):
         databases.learn(s)
     yield s
+
+
+class CountingStore:
+    """The test's real store, counting the queries (query_arrow) run through it."""
+
+    def __init__(self, store: Store) -> None:
+        self.store, self.queries = store, 0
+
+    def client(self) -> Any:
+        counter, client = self, self.store.client()
+
+        class Counted:
+            def query_arrow(self, *args: Any, **kwargs: Any) -> Any:
+                counter.queries += 1
+                return client.query_arrow(*args, **kwargs)
+
+            def __getattr__(self, name: str) -> Any:
+                return getattr(client, name)
+
+        return Counted()
+
+
+@pytest.fixture
+def counting_store(store: Store) -> CountingStore:
+    return CountingStore(store)
 
 
 @pytest.fixture

@@ -11,6 +11,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
+from servelens.analytics import memo
 from servelens.analytics.query import QueryError, ReportQuery
 from servelens.analytics.reports import series
 from servelens.analytics.reports.registry import run
@@ -205,3 +206,23 @@ def test_pass_rate_points_fall_in_their_buckets(store, settings) -> None:
     points = doc["series"][0]["points"]
     assert [p[0] for p in points] == [iso(until - timedelta(hours=h)) for h in (3, 2, 1)]
     assert all(0.7 < p[1] < 0.9 for p in points)
+
+
+def test_an_ungrouped_spend_series_adds_up_a_grouped_one_read_in_the_same_run(counting_store, settings) -> None:
+    # A page's spend stacked by service and its cost per request: in one run the second
+    # reads no cost groups of its own, and says what it says computed alone.
+    _write_mixed(counting_store.store)
+    alone = series.series(counting_store.store, settings, "cost_per_request_usd", _q(), "1h")
+    total = series.series(counting_store.store, settings, "cost_usd", _q(), "1h")
+    with memo.run():
+        by_service = series.series(counting_store, settings, "cost_usd", _q(by="service"), "1h")
+        read = counting_store.queries
+        together = series.series(counting_store, settings, "cost_per_request_usd", _q(), "1h")
+        assert counting_store.queries == read
+        summed = series.series(counting_store, settings, "cost_usd", _q(), "1h")
+    assert len(by_service["series"]) == 3
+    for got, want in ((together, alone), (summed, total)):
+        points = [p for s in got["series"] for p in s["points"]]
+        expected = [p for s in want["series"] for p in s["points"]]
+        assert [t for t, _ in points] == [t for t, _ in expected]
+        assert [v for _, v in points] == [None if v is None else pytest.approx(v, rel=1e-9) for _, v in expected]

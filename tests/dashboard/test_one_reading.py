@@ -19,28 +19,8 @@ def test_a_reading_ends_every_preset_range_at_one_instant():
     assert day.window()[1] > until  # outside a reading the range ends now
 
 
-class _CountingStore:
-    """The test's real store, counting the queries run through it."""
-
-    def __init__(self, store: Any) -> None:
-        self.store, self.queries = store, 0
-
-    def client(self) -> Any:
-        counter, client = self, self.store.client()
-
-        class Counted:
-            def query_arrow(self, *args: Any, **kwargs: Any) -> Any:
-                counter.queries += 1
-                return client.query_arrow(*args, **kwargs)
-
-            def __getattr__(self, name: str) -> Any:
-                return getattr(client, name)
-
-        return Counted()
-
-
-def test_a_readings_lines_share_the_window_count_and_stats_of_one_grouping(settings, store):
-    counting = _CountingStore(store)
+def test_a_readings_lines_share_the_window_count_and_stats_of_one_grouping(settings, counting_store):
+    counting = counting_store
     source = data.DataSource(settings, counting)
     filters = data.Filters(range="7d")
     lines = (("latency_p99_ms", "model"), ("ttft_p99_ms", "model"), ("latency_p50_ms", None))

@@ -10,6 +10,7 @@ percentile or rate (null: a gap in the chart, never a 0); counts there are 0.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import datetime, timezone
 from typing import Any, Callable
 
@@ -100,8 +101,22 @@ def _request_points(store: StoreLike, settings: Settings, q: ReportQuery, second
                     value.cast(pl.Float64).alias("value")))
 
 
+def _costed(store: StoreLike, settings: Settings, q: ReportQuery, seconds: int) -> pl.DataFrame:
+    """The window's priced groups per bucket, keyed by q.by. Within a run an ungrouped
+    series adds up a grouped one read for the same window, view and bucket (a page's spend
+    stacked by tenant and its cost per request): the same groups under another key, the
+    same sums (BENCHMARKS.md "Dashboard load in the browser")."""
+    read: dict[str | None, pl.DataFrame] = memo.cached(
+        memo.key("series.costed", store, settings, repr(replace(q, by=None)), seconds), dict)
+    if q.by is None and read:
+        return next(iter(read.values())).with_columns(pl.lit("").alias("key"))
+    if q.by not in read:
+        read[q.by] = cost.costed_groups(store, settings, q, per_model=q.by == "model", bucket_s=seconds).collect()
+    return read[q.by]
+
+
 def _cost_points(store: StoreLike, settings: Settings, q: ReportQuery, seconds: int, metric: str) -> pl.DataFrame:
-    costed = cost.costed_groups(store, settings, q, per_model=q.by == "model", bucket_s=seconds).collect()
+    costed = _costed(store, settings, q, seconds)
     if not costed.height:
         return _EMPTY
     costed = _seconds(costed).lazy()
