@@ -7,6 +7,7 @@ imported without an app, so tests take the formatters from here.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 from contextvars import ContextVar
@@ -315,8 +316,7 @@ def register_refresh(app: dash.Dash, prefix: str, outputs: Sequence[str], fetch:
 
         cleaned = tuple(data.clean(v) for v in values)
 
-        def compute() -> Any:
-            return data.one_reading(lambda: fetch(source, filters, *cleaned))
+        compute = functools.partial(_read, fetch, source, filters, cleaned)
 
         def load() -> tuple:
             if not cache:
@@ -341,6 +341,11 @@ def register_refresh(app: dash.Dash, prefix: str, outputs: Sequence[str], fetch:
         pause_when_hidden(app, f"{prefix}-refresh")
 
 
+def _read(fetch: Callable[..., Any], source: data.DataSource, filters: data.Filters, values: tuple) -> Any:
+    """A refresh's fetch as one reading of the store (data.one_reading)."""
+    return data.one_reading(lambda: fetch(source, filters, *values))
+
+
 _REFRESHES = "servelens.refreshes"  # app.server.extensions: the cached refreshes, for keep_warm
 
 
@@ -350,11 +355,8 @@ def keep_warm(app: dash.Dash, source: data.DataSource, prefix: str) -> None:
     for owner, alert_name, controls, fetch in app.server.extensions.get(_REFRESHES, ()):
         if owner == prefix:
             unset = (None,) * controls
-
-            def compute(fetch: Callable[..., Any] = fetch, unset: tuple = unset) -> Any:
-                return data.one_reading(lambda: fetch(source, filters, *unset))
-
-            source.answers.pin(source.answer_key((prefix, alert_name, unset), filters), compute)
+            source.answers.pin(source.answer_key((prefix, alert_name, unset), filters),
+                               functools.partial(_read, fetch, source, filters, unset))
 
 
 def pause_when_hidden(app: dash.Dash, interval_id: str) -> None:

@@ -86,9 +86,8 @@ def series(store: StoreLike, settings: Settings, metric: str, q: ReportQuery, bu
 def _request_points(store: StoreLike, settings: Settings, q: ReportQuery, seconds: int, value: pl.Expr) -> pl.DataFrame:
     # A small window sketches its raw rows: cheaper than merging the rollup's states when a
     # rollup row holds about one request (tens of thousands of models or regions a minute).
-    # (the window's request count is read once per run, not once per line of a chart)
-    sketched = memo.cached(memo.key("series.sketched", store, settings, repr(q)),
-                           lambda: loader.sketched(store, settings, q, q.by))
+    # (the window's request count is read once per run: rollups.request_count)
+    sketched = loader.sketched(store, settings, q, q.by)
     sql, params = rollups.request_stats_sql(q, settings, q.by, bucket_s=seconds, rollup=sketched)
     # every request metric of one grouping and bucket reads the same stats: once per run
     # (a chart of five percentiles is one query)
