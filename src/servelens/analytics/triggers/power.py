@@ -23,6 +23,23 @@ def exceedance_floor(n: int, alpha: float, q: float = 0.99) -> float | None:
     return None if k is None else k / n
 
 
+def placement_floor(n: int, baseline_n: int, q: float, alpha: float) -> float | None:
+    """The smallest share of n requests above the baseline's q-quantile (one of its own
+    values) that the placement test (stats.placement_exceedance) rejects at alpha; None
+    when even all n would not."""
+    if n <= 0 or baseline_n <= 0:
+        return None
+    rank = baseline_n - math.floor(q * baseline_n)
+    dist = sps.nhypergeom(n + baseline_n, n, rank)
+    if dist.sf(n - 1) >= alpha:
+        return None
+    lo, hi = 1, n  # sf(k - 1) falls as k grows: the first k whose tail is under alpha
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if dist.sf(mid - 1) < alpha else (mid + 1, hi)
+    return lo / n
+
+
 def rate_floor(n: int, p0: float, alpha: float, min_ratio: float = 1.0, min_increase: float = 0.0,
                min_events: int = 1) -> float | None:
     """The smallest event rate over n trials that the one-sided binomial test against p0

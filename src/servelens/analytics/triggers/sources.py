@@ -41,7 +41,10 @@ def latency_tails(store: StoreLike, at: Evaluation, metric: str, deployments: li
                   baseline_until: datetime | None = None) -> pl.DataFrame:
     """Per deployment, successful requests only (a fast failure is no latency):
     window n and [p50, p99]; baseline like-hours and whole n and [p50, p99]; and how many
-    window requests exceed each baseline p99 (the exceedance test's count).
+    window requests exceed each baseline p99 (the exceedance test's count). Also the like
+    hours' p99.9 as one of their own values (`like_far`, quantileExact: no interpolation,
+    so how many like-hours values lie above it follows from like_n) and how many window
+    requests exceed it (`over_like_far`: the placement test's count).
 
     The whole baseline (seven days of every hour) uses a t-digest: an exact quantile would
     hold every value in memory; the like hours (a 24th of it) and the window stay exact.
@@ -54,14 +57,17 @@ def latency_tails(store: StoreLike, at: Evaluation, metric: str, deployments: li
     sql = f"""
         WITH base AS (
             SELECT deployment, count() AS base_n, quantilesTDigest(0.5, 0.99)(x) AS base_q,
-                   countIf(like_) AS like_n, quantilesExactInclusiveIf(0.5, 0.99)(x, like_) AS like_q
+                   countIf(like_) AS like_n, quantilesExactInclusiveIf(0.5, 0.99)(x, like_) AS like_q,
+                   quantileExactIf(0.999)(x, like_) AS like_far
             FROM (SELECT toString(Deployment) AS deployment, assumeNotNull({col}) AS x, {LIKE_HOURS} AS like_
                   FROM llm_requests
                   WHERE {window("base_ns", "base_until_ns").sql} AND {col} IS NOT NULL AND NOT IsError {only})
             GROUP BY deployment)
         SELECT deployment, count() AS n, quantilesExactInclusive(0.5, 0.99)(x) AS q,
                countIf(x > b.base_q[2]) AS over_base, countIf(x > b.like_q[2]) AS over_like,
-               any(b.base_n) AS base_n, any(b.base_q) AS base_q, any(b.like_n) AS like_n, any(b.like_q) AS like_q
+               countIf(x > b.like_far) AS over_like_far,
+               any(b.base_n) AS base_n, any(b.base_q) AS base_q, any(b.like_n) AS like_n, any(b.like_q) AS like_q,
+               any(b.like_far) AS like_far
         FROM (SELECT toString(Deployment) AS deployment, assumeNotNull({col}) AS x FROM llm_requests
               WHERE {window("since_ns", "until_ns").sql} AND {col} IS NOT NULL AND NOT IsError {only}) AS c
         INNER JOIN base AS b USING (deployment)

@@ -155,6 +155,28 @@ def quantile_exceedance(exceedances: int, n: int, q: float = 0.99,
                       {"n": n, "exceedances": exceedances, "expected": n * (1 - q)})
 
 
+def placement_exceedance(exceedances: int, n: int, baseline_n: int, q: float,
+                         alpha: float = EXCEEDANCE_ALPHA) -> StatResult:
+    """Exact test that more of the window lies above the baseline's q-quantile, taken as
+    one of the baseline's own values (quantileExact: the value at index floor(q · N) of
+    the sorted baseline), than chance puts there.
+
+    Deep in the tail the quantile rests on a handful of baseline values (p99.9 of 3,000 is
+    the third slowest), so Binomial(n, 1 - q) would be wrong by the threshold's own
+    noise. This test conditions on it: the threshold is the baseline's r-th largest value,
+    and if window and baseline came from one distribution, the window requests above it
+    are the red balls drawn before the r-th blue one when the n + N values are taken from
+    the slowest down: negative hypergeometric, whatever the distribution (ties aside).
+    """
+    if n <= 0 or baseline_n <= 0:
+        return StatResult("placement_exceedance", 0.0, 1.0, alpha, False, {"n": n, "baseline_n": baseline_n})
+    rank = baseline_n - math.floor(q * baseline_n)  # the threshold's place from the slowest down
+    p = float(sps.nhypergeom.sf(exceedances - 1, n + baseline_n, n, rank)) if exceedances > 0 else 1.0
+    return StatResult("placement_exceedance", exceedances / n, p, alpha, p < alpha,
+                      {"n": n, "exceedances": exceedances, "expected": n * rank / (baseline_n + 1),
+                       "baseline_n": baseline_n, "baseline_above": rank - 1, "q": q})
+
+
 def relative_change(baseline: float, current: float, threshold: float = 0.3) -> StatResult:
     """current / baseline - 1, detected at or above `threshold` (a rise of that fraction)."""
     if not baseline or baseline <= 0 or not math.isfinite(baseline) or not math.isfinite(current):
