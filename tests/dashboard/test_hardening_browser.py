@@ -107,7 +107,7 @@ def test_overview_with_thousands_of_groups_shows_the_top_n_and_one_other_row(bro
 
 def test_every_page_draws_under_the_csp_with_a_clean_console(browser, dashboard, store):
     generate(store.client(), 2000, 500)
-    charts = {"/latency": "#lat-chart", "/workload": "#wl-arrivals", "/reliability": "#rel-chart"}  # model-N: unpriced
+    charts = {"/latency": "#lat-ts-p99", "/workload": "#wl-arrivals", "/reliability": "#rel-chart"}  # model-N: unpriced
     for path in PAGES:
         browser.get(f"{dashboard.url}{path}")
         _wait(browser, lambda d: d.execute_script(IDLE_JS))
@@ -142,16 +142,18 @@ def test_attribute_values_show_as_text_in_charts(browser, dashboard, store):
                                  SpanAttributes, Duration, StatusCode)
         SELECT now64(9) - toIntervalSecond(60 + number), lower(hex(cityHash64(number, 1))),
                lower(hex(cityHash64(number, 2))), '', 'chat', 'SPAN_KIND_CLIENT', 'chat-api',
-               map('gen_ai.operation.name', 'chat', 'gen_ai.request.model', '{literal}',
+               map('gen_ai.operation.name', 'chat',
+                   'gen_ai.request.model', if(number % 2 = 0, '{literal}', 'plain-model'),
                    'gen_ai.usage.input_tokens', '100', 'gen_ai.usage.output_tokens', '20'),
                1000000000, 'STATUS_CODE_OK'
-        FROM numbers(3)""")
+        FROM numbers(6)""")  # two models: a legend
     browser.get(f"{dashboard.url}/latency")
-    _wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "#lat-chart .js-plotly-plot .xtick text"))
-    ticks = [t.get_attribute("textContent") for t in browser.find_elements(By.CSS_SELECTOR, "#lat-chart .xtick text")]
-    assert HOSTILE_NAME in ticks  # the characters as typed, not a link and bold text
-    assert browser.find_elements(By.CSS_SELECTOR, "#lat-chart svg a") == []
-    assert not [t for t in browser.find_elements(By.CSS_SELECTOR, "#lat-chart svg tspan")
+    chart = "#lat-ts-p99"  # p99 over time, a line per model: the model's name in the legend
+    _wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, f"{chart} .js-plotly-plot .legendtext"))
+    names = [t.get_attribute("textContent") for t in browser.find_elements(By.CSS_SELECTOR, f"{chart} .legendtext")]
+    assert HOSTILE_NAME in names  # the characters as typed, not a link and bold text
+    assert browser.find_elements(By.CSS_SELECTOR, f"{chart} svg a") == []
+    assert not [t for t in browser.find_elements(By.CSS_SELECTOR, f"{chart} svg tspan")
                 if "bold" in (t.get_attribute("style") or "") or t.get_attribute("font-weight")]
-    assert ESCAPED not in " ".join(ticks)  # escaped once: no entity left showing
+    assert ESCAPED not in " ".join(names)  # escaped once: no entity left showing
     assert _severe(browser) == []

@@ -4,6 +4,7 @@ console is clean and leaves a screenshot at /tmp/servelens_<page>.png."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import time
 import urllib.request
@@ -61,6 +62,19 @@ def _wait(driver, until, timeout: float = 15) -> None:
 def _open(driver, url: str, until) -> None:
     driver.get(url)
     _wait(driver, until)
+
+
+def _cell_style(driver, container_id: str, key: str, column: str) -> str:
+    """The inline style of a table cell: the row under container_id whose first cell is key."""
+    cells = driver.find_elements(By.XPATH, f"//*[@id='{container_id}']//tr[td[1][normalize-space()='{key}']]"
+                                           f"/td[@data-dash-column='{column}']")
+    return cells[0].get_attribute("style") if cells else ""
+
+
+def _bar_width(style: str) -> float:
+    """How far a cell's data bar reaches (% of the cell): its last colour stop before transparent."""
+    stops = re.findall(r"([\d.]+)%", style.split("90deg", 1)[1]) if "90deg" in style else []
+    return float(stops[-1]) if stops else 0.0
 
 
 def _plots(selector: str, n: int = 1):
@@ -126,7 +140,9 @@ def test_latency_and_stages(browser, dashboard, otlp_http, tmp_path):
     assert _row(browser, "lat-table", "gpt-4o").split()[1] == str(len(gpt4o))
     # decode takes 60 % of each request: the stage nearest its 4 s ceiling binds.
     assert "binding: decode" in _text(browser, "lat-stages")
-    assert "binding" in _row(browser, "lat-stages", "decode") and "4,000 ms" in _row(browser, "lat-stages", "decode")
+    # the stage percentiles of every deployment in one table: decode's row holds its ceiling and flag
+    decode_row = _first_text(browser, By.XPATH, "//*[@id='lat-stages']//tr[td[2][normalize-space()='decode']]")
+    assert "binding" in decode_row and "4,000 ms" in decode_row
     # the binding stage's bar is drawn in the binding colour, its ceiling tick inside the track
     _wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "#lat-stages .stage-bar .stage-binding"))
     decode = next(b for b in browser.find_elements(By.CSS_SELECTOR, "#lat-stages .stage-bar")
@@ -134,7 +150,10 @@ def test_latency_and_stages(browser, dashboard, otlp_http, tmp_path):
     assert decode.find_element(By.CSS_SELECTOR, ".stage-p99").get_attribute("class") == "stage-p99 stage-binding"
     assert decode.find_element(By.CSS_SELECTOR, ".stage-p99").size["width"] > 0
     assert decode.find_element(By.CSS_SELECTOR, ".stage-ceiling").size["height"] > 0
-    _wait(browser, _plots("#lat-chart"))
+    # the percentile cells carry bars on one scale: gpt-4o's p99 bar is drawn, wider than its p50's
+    _wait(browser, lambda d: "gradient" in _cell_style(d, "lat-table", "gpt-4o", "latency_p99_ms"))
+    assert _bar_width(_cell_style(browser, "lat-table", "gpt-4o", "latency_p99_ms")) > _bar_width(
+        _cell_style(browser, "lat-table", "gpt-4o", "latency_p50_ms")) > 0
     assert [a.text for a in browser.find_elements(By.CSS_SELECTOR, ".nav-link")] == [
         "Overview", "Latency & stages", "Cost", "GPUs", "Quality", "Workload", "Reliability", "Triggers",
         "Traces", "SLOs", "Plan", "Ingest", "Admin"]

@@ -11,6 +11,7 @@ import functools
 import logging
 import math
 from contextvars import ContextVar
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Callable, Sequence
 
@@ -132,6 +133,48 @@ def _grid(cells: list[dict[str, str]], columns: tuple, numeric: Sequence[str],
 FLAGS = ("over budget", "regressed")
 
 
+@dataclass(frozen=True)
+class DataBar:
+    """A bar under a numeric column's cells, as a table cell's bar gauge: `segments(row)`
+    gives its parts [(value, colour)], laid end to end. Every bar of a table shares one
+    scale (the largest total of its groups; an "other" row has none), so cells compare
+    across rows and across the bar columns. A style of the table's own, where a chart
+    beside it cost the browser a plotly figure's drawing (BENCHMARKS.md, "Dashboard load
+    in the browser")."""
+
+    column: str
+    segments: Callable[[dict[str, Any]], Sequence[tuple[float | None, str]]]
+
+
+BAR_HEIGHT = "4px"
+
+
+def bar_styles(rows: Sequence[dict[str, Any]], bars: Sequence[DataBar]) -> list[dict[str, Any]]:
+    """style_data_conditional entries drawing `bars` for each row (by row index)."""
+    def parts(row: dict[str, Any], bar: DataBar) -> list[tuple[float, str]]:
+        return [(v, c) for v, c in bar.segments(row) if isinstance(v, (int, float)) and math.isfinite(v) and v > 0]
+
+    drawn = [(i, bar, parts(row, bar)) for i, row in enumerate(rows) if not row.get("_other") for bar in bars]
+    scale = max((sum(v for v, _ in p) for _, _, p in drawn), default=0.0)
+    styles = []
+    for i, bar, segments in drawn:
+        if not segments or scale <= 0:
+            continue
+        stops, at = [], 0.0
+        for value, colour in segments:
+            end = at + 100 * value / scale
+            stops.append(f"{colour} {at:.2f}%, {colour} {end:.2f}%")
+            at = end
+        stops.append(f"transparent {at:.2f}%")
+        # The bar's gradient under a white layer that leaves its bottom BAR_HEIGHT showing:
+        # the table passes no background-size through.
+        styles.append({"if": {"row_index": i, "column_id": bar.column},
+                       "backgroundImage": f"linear-gradient(to bottom, white calc(100% - {BAR_HEIGHT}), "
+                                          f"transparent calc(100% - {BAR_HEIGHT})), "
+                                          f"linear-gradient(90deg, {', '.join(stops)})"})
+    return styles
+
+
 def _cell_text(row: dict[str, Any], key: str, fmt: Callable[[Any], Any], not_summed: Sequence[str]) -> str:
     if row.get("_other") and key in not_summed:
         return "" if fmt in TEXT_FORMATS else NULL
@@ -140,10 +183,12 @@ def _cell_text(row: dict[str, Any], key: str, fmt: Callable[[Any], Any], not_sum
     return plain(row.get(key)) if fmt is plain else show(row.get(key), fmt)
 
 
-def top_table(top: data.Top, columns: tuple, empty_text: str, what: str, measure: str) -> html.Div:
+def top_table(top: data.Top, columns: tuple, empty_text: str, what: str, measure: str,
+              bars: Sequence[DataBar] = ()) -> html.Div:
     """A top-N table (columns as for `table`, every cell text): its rows, the "other"
     row, and a line saying what was cut and why a number of the "other" row is missing
-    (also on hover). what: the groups ("models"); measure: the order.
+    (also on hover). what: the groups ("models"); measure: the order; bars: drawn under
+    those columns' cells (DataBar).
 
     One DataTable, not an html.Table: the Dash renderer pays per component on every
     update, and 27 rows x 10 cells as html components cost ~0.4 s more to draw."""
@@ -161,8 +206,9 @@ def top_table(top: data.Top, columns: tuple, empty_text: str, what: str, measure
     grid = _grid([{key: _cell_text(row, key, fmt, top.not_summed) for key, _, fmt in columns} for row in rows],
                  columns, numeric,
                  tooltips=[{key: NOT_SUMMABLE for key in missing} if row.get("_other") else {} for row in rows],
-                 styles=[{"if": {"row_index": len(rows) - 1}, "color": "#6b7385", "fontStyle": "italic"}]
-                 if top.other else [])
+                 styles=[*bar_styles(rows, bars),
+                         *([{"if": {"row_index": len(rows) - 1}, "color": "#6b7385", "fontStyle": "italic"}]
+                           if top.other else [])])
     return html.Div([grid, html.Div(note + ".", className="muted table-note")], className="top-table")
 
 

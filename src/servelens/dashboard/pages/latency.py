@@ -6,13 +6,12 @@ from __future__ import annotations
 from typing import Any
 
 import dash
-import plotly.graph_objects as go
 from dash import dcc, html
 
 from servelens.dashboard import data, timecharts, traces_links
-from servelens.dashboard.components import (BADGES, CHART_GROUPS, LOADING, NO_REQUESTS, chart_layout, empty, graph,
-                                            integer, labels, ms, page, panel, plain, register_refresh, search_box,
-                                            show, table, top_table, updated_line)
+from servelens.dashboard.components import (BADGES, CHART_GROUPS, LOADING, NO_REQUESTS, DataBar, empty, integer, ms,
+                                            page, panel, plain, register_refresh, search_box, show, table, top_table,
+                                            updated_line)
 from servelens.dashboard.timecharts import CONTROL, Chart, Line
 
 dash.register_page(__name__, path="/latency", name="Latency & stages", title="Latency & stages · servelens")
@@ -44,21 +43,14 @@ def _latency_columns(by: str) -> tuple:
 
 
 STAGE_COLUMNS = (
-    ("stage", "Stage", str), ("p50_ms", "p50", ms), ("p99_ms", "p99", ms), ("ceiling_ms", "Ceiling", ms),
-    ("headroom_ms", "Headroom", _headroom), ("flags", "", plain),
+    ("deployment", "Deployment", str), ("stage", "Stage", str), ("p50_ms", "p50", ms), ("p99_ms", "p99", ms),
+    ("ceiling_ms", "Ceiling", ms), ("headroom_ms", "Headroom", _headroom), ("flags", "", plain),
 )
 
 
-def latency_figure(rows: list[dict[str, Any]], by: str) -> go.Figure:
-    """The first CHART_GROUPS groups' percentiles (the rest have none of their own to draw)."""
-    rows = rows[:CHART_GROUPS]
-    keys = labels(rows, by)
-    fig = go.Figure([go.Bar(name=name, x=keys, y=[row.get(key) for row in rows], marker_color=color,
-                            hovertemplate=f"%{{x}} {name}: %{{y:,.0f}} ms<extra></extra>")
-                     for key, name, color in PERCENTILE_COLORS])
-    fig.update_layout(**chart_layout(260, barmode="group", bargap=0.3))
-    fig.update_yaxes(title_text="end-to-end latency (ms)", rangemode="tozero")
-    return fig
+# The table's percentile cells carry bars on one scale: the groups' spread at a glance.
+LATENCY_BARS = tuple(DataBar(key, lambda row, key=key, color=color: ((row.get(key), color),))
+                     for key, _, color in PERCENTILE_COLORS)
 
 
 def _stage_key(stage: str) -> tuple[int, str]:
@@ -112,17 +104,22 @@ def stages_panels(rows: list[dict[str, Any]]) -> list[Any] | html.Div:
         groups.setdefault(row.get("deployment") or "(none)", []).append(row)
     busiest = sorted(groups.items(), key=lambda item: (-_traces(item[1]), item[0]))
     panels: list[Any] = []
+    listed: list[dict[str, Any]] = []
     for deployment, stages in busiest[:CHART_GROUPS]:
         stages = sorted(stages, key=lambda r: _stage_key(r["stage"]))[:data.TOP_N]
         binding = next((r for r in stages if r.get("binding")), None)
         summary = (f"binding: {binding['stage']}" if binding else "no budgets configured: nothing binds")
-        panels.append(panel([deployment, html.Span(f" · {summary}", className="muted")],
-                            stage_bars(stages),
-                            table([{**r, "flags": _flags(r)} for r in stages], STAGE_COLUMNS, "")))
+        panels.append(panel([deployment, html.Span(f" · {summary}", className="muted")], stage_bars(stages)))
+        listed += [{**r, "deployment": deployment, "flags": _flags(r)} for r in stages]
+    out: list[Any] = [html.Div(panels, className="panels")]
     if len(busiest) > CHART_GROUPS:
-        panels.append(html.Div(f"{integer(len(busiest) - CHART_GROUPS)} more deployments with fewer traces: "
-                               "filter by deployment to see one.", className="muted table-note"))
-    return panels
+        out.append(html.Div(f"{integer(len(busiest) - CHART_GROUPS)} more deployments with fewer traces: "
+                            "filter by deployment to see one.", className="muted table-note"))
+    # The numbers of every panel in one table: a table per deployment cost the browser
+    # ~25 ms each to lay out (BENCHMARKS.md, "Dashboard load in the browser").
+    out.append(html.Section(className="panel gap-above", children=[
+        html.H2("Stage percentiles"), table(listed, STAGE_COLUMNS, "")]))
+    return out
 
 
 def queue_ceilings(source: data.DataSource, filters: data.Filters) -> list[dict[str, Any]]:
@@ -155,12 +152,11 @@ def layout(**_query: str) -> html.Div:
                              persistence=True, persistence_type="session"),
             ]),
             search_box("lat-search", "groups"),
-            html.Div(id="lat-chart"),
             html.Div(id="lat-table", children=LOADING),
         ]),
         timecharts.charts_row("lat", CHARTS),
         html.H2("Stages against their p99 ceilings, per deployment", className="section-title"),
-        html.Div(id="lat-stages", className="panels", children=LOADING),
+        html.Div(id="lat-stages", children=LOADING),
     )
 
 
@@ -172,14 +168,13 @@ def fetch(source: data.DataSource, filters: data.Filters, by: str | None, search
 
 def render(fetched: tuple, filters: data.Filters) -> tuple:
     by, latency, stages = fetched
-    chart = graph(latency_figure(latency.rows, by)) if latency.rows else None
     what = f"{BY_OPTIONS[by].lower()}s"
     listed = traces_links.link_keys(  # each group's key: its requests at or above its p99
-        top_table(latency, _latency_columns(by), NO_REQUESTS, what, "requests"), latency.with_other(), by,
-        lambda row: traces_links.slowest(filters, by, row[by], row.get("latency_p99_ms")))
-    return chart, listed, stages_panels(stages), updated_line(filters)
+        top_table(latency, _latency_columns(by), NO_REQUESTS, what, "requests", LATENCY_BARS),
+        latency.with_other(), by, lambda row: traces_links.slowest(filters, by, row[by], row.get("latency_p99_ms")))
+    return listed, stages_panels(stages), updated_line(filters)
 
 
 def register_callbacks(app: dash.Dash) -> None:
-    register_refresh(app, "lat", ("chart", "table", "stages", "updated"), fetch, render, controls=("by", "search"))
+    register_refresh(app, "lat", ("table", "stages", "updated"), fetch, render, controls=("by", "search"))
     timecharts.register(app, "lat", CHARTS)
