@@ -15,7 +15,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import importlib
-import itertools
 import json
 import re
 import threading
@@ -390,7 +389,6 @@ def test_every_chart_escapes_labels_from_the_data(pages):
     top = data.Top([row], None, 1)
     # the stage bars are elements, whose text React shows as typed: the name unescaped
     assert HOSTILE_NAME in component_texts(latency.stage_bars([row]))
-    _assert_escaped(cost.cost_figure(cost.chart_rows(top), "tenant"))
     _assert_escaped(workload.tokens_figure([row]))
     _assert_escaped(workload.arrivals_figure([row]))
     _assert_escaped(reliability.rates_figure(top))

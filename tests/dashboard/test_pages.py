@@ -173,7 +173,8 @@ def test_cost(browser, dashboard, otlp_http, tmp_path):
     _wait(browser, _plots("#cost-change"))
     browser.find_element(By.XPATH, "//*[@id='cost-view']//label[normalize-space()='Fully loaded']").click()
     _wait(browser, lambda d: "fully loaded" in _text(d, "cost-updated"))
-    _wait(browser, _plots("#cost-chart"))
+    # each group's spend as a bar under its cost cell, the wasted part in a second colour
+    _wait(browser, lambda d: "gradient" in _cell_style(d, "cost-table", "acme", "cost_usd"))
     assert acme in _row(browser, "cost-table", "acme")  # API-priced: no GPU cost to load
     # the caching panel drew its rows (test_cost_cache_panel checks them to the cent)
     _wait(browser, lambda d: any(t in _text(d, "cost-cache") for t in ("Provider prompt cache", "No caching measured")))

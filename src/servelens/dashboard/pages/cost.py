@@ -11,9 +11,9 @@ import plotly.graph_objects as go
 from dash import dcc, html
 
 from servelens.dashboard import data, timecharts, traces_links
-from servelens.dashboard.components import (CHART_GROUPS, FONT, LOADING, NO_REQUESTS, NULL, card, chart_layout, empty,
-                                            graph, integer, label, ms, page, pct, plain, register_refresh, search_box,
-                                            table, top_table, updated_line, usd)
+from servelens.dashboard.components import (FONT, LOADING, NO_REQUESTS, NULL, DataBar, card, chart_layout, empty, graph,
+                                            integer, label, ms, page, pct, plain, register_refresh, search_box, table,
+                                            top_table, updated_line, usd)
 from servelens.dashboard.timecharts import CONTROL, Chart, Line
 
 dash.register_page(__name__, path="/cost", name="Cost", title="Cost · servelens")
@@ -73,38 +73,12 @@ def summary_cards(rows: list[dict[str, Any]], by: str) -> list[html.Div]:
 
 
 def _wasted(row: dict[str, Any]) -> float:
-    return row["cost_usd"] * (row.get("wasted_share") or 0.0)
+    return (row.get("cost_usd") or 0.0) * (row.get("wasted_share") or 0.0)
 
 
-def chart_rows(top: data.Top) -> list[dict[str, Any]]:
-    """The priced groups the chart draws: the first CHART_GROUPS, then one bar for all the
-    others (the table's "other" row included); cost and waste add up, so it is exact."""
-    priced = [r for r in top.with_other() if r.get("cost_usd") is not None]
-    shown, rest = priced[:CHART_GROUPS], priced[CHART_GROUPS:]
-    if not rest:
-        return shown
-    hidden = top.groups - len(shown)
-    cost = sum(r["cost_usd"] for r in rest)
-    return [*shown, {"_label": f"other ({hidden:,} more)", "cost_usd": cost,
-                     "wasted_share": sum(_wasted(r) for r in rest) / cost if cost else 0.0}]
-
-
-def cost_figure(rows: list[dict[str, Any]], by: str) -> go.Figure:
-    """Spend per unit as horizontal bars, the part wasted on retries and errors stacked on
-    (rows: chart_rows)."""
-    rows = [r for r in rows if r.get("cost_usd") is not None]
-    keys = [r["_label"] if "_label" in r else label(r.get(by)) for r in rows]
-    wasted = [_wasted(r) for r in rows]
-    fig = go.Figure([
-        go.Bar(name="useful", y=keys, x=[r["cost_usd"] - w for r, w in zip(rows, wasted)], orientation="h",
-               marker_color=USEFUL_COLOR, hovertemplate="%{y} useful: $%{x:,.4f}<extra></extra>"),
-        go.Bar(name="retries + errors", y=keys, x=wasted, orientation="h", marker_color=WASTED_COLOR,
-               hovertemplate="%{y} wasted: $%{x:,.4f}<extra></extra>"),
-    ])
-    fig.update_layout(**chart_layout(max(CHART_HEIGHT, 80 + 30 * len(rows)), barmode="stack", bargap=0.45))
-    fig.update_yaxes(autorange="reversed")
-    fig.update_xaxes(title_text="USD", rangemode="tozero", tickprefix="$")
-    return fig
+# The table's cost cells carry bars on one scale, the part wasted on retries and errors in red.
+COST_BARS = (DataBar("cost_usd", lambda row: ((None if row.get("cost_usd") is None else row["cost_usd"] - _wasted(row),
+                                                USEFUL_COLOR), (_wasted(row), WASTED_COLOR))),)
 
 
 def _signed(value: float) -> str:
@@ -254,15 +228,14 @@ def layout(**_query: str) -> html.Div:
         ]),
         html.Div(id="cost-cards", className="cards"),
         timecharts.charts_row("cost", CHARTS),
-        html.Div(className="panels", children=[
-            html.Section(className="panel", children=[html.H2(id="cost-title", children="Spend"),
-                                                      html.Div(id="cost-chart")]),
-            html.Section(className="panel", children=[html.H2("What changed"), html.Div(id="cost-change-alert"),
-                                                      html.Div(id="cost-change", children=LOADING)]),
-        ]),
-        html.Section(className="panel gap-above", children=[html.Div(id="cost-table", children=LOADING),
-                                                            html.Div(PRICES_NOTE, className="muted table-note",
-                                                                     id="cost-prices-note")]),
+        html.Section(className="panel", children=[html.H2("What changed"), html.Div(id="cost-change-alert"),
+                                                  html.Div(id="cost-change", children=LOADING)]),
+        html.Section(className="panel gap-above", children=[
+            html.H2(id="cost-title", children="Spend"),
+            html.Div("Bars: each group's spend on one scale, the part wasted on retries and errors in red.",
+                     className="muted table-note"),
+            html.Div(id="cost-table", children=LOADING),
+            html.Div(PRICES_NOTE, className="muted table-note", id="cost-prices-note")]),
         html.Section(className="panel gap-above", children=[
             html.H2("What caching saves"), html.Div(id="cost-cache-alert"),
             html.Div(id="cost-cache", children=LOADING),
@@ -293,11 +266,10 @@ def fetch(source: data.DataSource, filters: data.Filters, by: str | None, view: 
 def render(fetched: tuple, filters: data.Filters) -> tuple:
     by, view, top = fetched
     title = f"Spend by {BY_OPTIONS[by].lower()} ({VIEWS[view].lower()})"
-    rows = chart_rows(top)
-    chart = graph(cost_figure(rows, by)) if rows else empty("No priced requests in this window.")
     # The cards add up every group, whatever the table's filter shows.
-    return (summary_cards([top.total], by), title, chart,
-            traces_links.link_keys(top_table(top, _columns(by), NO_REQUESTS, f"{BY_OPTIONS[by].lower()}s", "cost"),
+    return (summary_cards([top.total], by), title,
+            traces_links.link_keys(top_table(top, _columns(by), NO_REQUESTS, f"{BY_OPTIONS[by].lower()}s", "cost",
+                                             COST_BARS),
                                    top.with_other(), by, lambda row: traces_links.costliest(filters, by, row[by])),
             updated_line(filters, VIEWS[view].lower()))
 
@@ -315,7 +287,7 @@ def fetch_change(source: data.DataSource, filters: data.Filters) -> list[dict[st
 
 
 def register_callbacks(app: dash.Dash) -> None:
-    register_refresh(app, "cost", ("cards", "title", "chart", "table", "updated"), fetch, render,
+    register_refresh(app, "cost", ("cards", "title", "table", "updated"), fetch, render,
                      controls=("by", "view", "search"))
     timecharts.register(app, "cost", CHARTS)
     register_refresh(app, "cost", ("cache",), fetch_cache, lambda rows, _filters: (cache_panel(rows),),
