@@ -71,9 +71,13 @@ def _sql(exprs: dict[str, str], keys: list[str], filters: list[str], bucket_s: i
     """Per slice (and time bucket of the result, `bucket`): evaluations, passed, mean
     score. `exprs`: column -> SQL over llm_requests."""
     cols = ", ".join(f"{sql} AS k_{c}" for c, sql in exprs.items())
-    firsts = ", ".join(f"argMin(k_{c}, (Timestamp, SpanId)) AS k_{c}" for c in exprs)
-    # ANY LEFT JOIN leaves hit = 0 and '' keys when nothing matched.
-    picks = "".join(f"if(s.hit = 1, s.k_{c}, if(f.hit = 1, f.k_{c}, '')) AS k_{c}, " for c in exprs)
+    names = [f"k_{c}" for c in exprs]
+    # A result takes its own span's keys, else (a result on the trace) its first request's.
+    # One pass over the requests, per trace: a CTE is inlined where it is named, so a
+    # second join on it read the requests (and the results) again (BENCHMARKS.md,
+    # "Dashboard load in the browser").
+    picks = "".join(f"if(r.hit = 1, tupleElement(if(i > 0, r.spans[i].2, r.first), {j + 1}), '') AS {name}, "
+                    for j, name in enumerate(names))
     group = ", ".join([*(f"k_{k}" for k in keys), *(["bucket"] if bucket_s else [])])
     bucket = (f"toStartOfInterval(tupleElement(ev.v, 1), INTERVAL {int(bucket_s)} SECOND) AS bucket, "
               if bucket_s else "")
@@ -88,18 +92,21 @@ def _sql(exprs: dict[str, str], keys: list[str], filters: list[str], bucket_s: i
         GROUP BY TraceId, SpanId, Name
         HAVING {window(column="tupleElement(v, 1)").sql}),
     -- A result comes after its request: the requests of [since - evaluation_delay, until + 1 h)
-    -- (an hour of clock skew) are all it can match, and only those days are read.
-    req AS (SELECT TraceId, SpanId, Timestamp, {cols} FROM llm_requests
-            WHERE {window("req_since_ns", "until_ns", after="skew_ns").sql}
-              AND TraceId IN (SELECT TraceId FROM ev))
+    -- (an hour of clock skew) are all it can match, and only those days are read; only the
+    -- traces with a result in the window (a superset of ev's).
+    req AS (SELECT TraceId, groupArray((SpanId, tuple({", ".join(names)}))) AS spans,
+                   argMin(tuple({", ".join(names)}), (Timestamp, SpanId)) AS first
+            FROM (SELECT TraceId, SpanId, Timestamp, {cols} FROM llm_requests
+                  WHERE {window("req_since_ns", "until_ns", after="skew_ns").sql}
+                    AND TraceId IN (SELECT TraceId FROM evaluations WHERE {window().sql}))
+            GROUP BY TraceId)
     SELECT {", ".join(f"k_{k} AS {k}" for k in keys)}{", " if keys else ""}{"bucket, " if bucket_s else ""}
            count() AS evaluations, countIf(passed_) AS passed, avg(score_) AS mean_score
     FROM (
-        SELECT {picks}{bucket}tupleElement(ev.v, 2) AS score_, {_PASSED} AS passed_
+        SELECT arrayFirstIndex(x -> x.1 = ev.SpanId, r.spans) AS i,
+               {picks}{bucket}tupleElement(ev.v, 2) AS score_, {_PASSED} AS passed_
         FROM ev
-        ANY LEFT JOIN (SELECT *, 1 AS hit FROM req) AS s ON ev.TraceId = s.TraceId AND ev.SpanId = s.SpanId
-        ANY LEFT JOIN (SELECT TraceId, {firsts}, 1 AS hit FROM req GROUP BY TraceId) AS f
-            ON ev.TraceId = f.TraceId)
+        ANY LEFT JOIN (SELECT *, 1 AS hit FROM req) AS r ON ev.TraceId = r.TraceId)
     WHERE {" AND ".join(filters) or "1"}
     {f"GROUP BY {group}" if group else ""}"""
 
