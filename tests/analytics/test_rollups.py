@@ -95,6 +95,13 @@ def test_pieces_cover_the_window_once() -> None:
     assert parts[0].lo_ns == since and parts[-1].hi_ns == until
     assert all(a.hi_ns == b.lo_ns for a, b in zip(parts, parts[1:]))
     assert rollups.pieces(5, 59 * ns, rollups.REQUEST_GRAINS) == [rollups.Piece("", 5, 59 * ns)]
+    # raw edges: the hour rollup's partial hours from raw rows, not the minute rollup
+    raw = rollups.pieces(since, until, rollups.REQUEST_GRAINS, raw_edges=True)
+    assert [p.table for p in raw] == ["", "rollup_requests_1h", ""]
+    assert raw[0].lo_ns == since and raw[-1].hi_ns == until and all(a.hi_ns == b.lo_ns for a, b in zip(raw, raw[1:]))
+    # a window with no whole hour still reads the minute rollup, raw within its minutes
+    short = rollups.pieces(3 * 60 * ns + 7, 50 * 60 * ns + 9, rollups.REQUEST_GRAINS, raw_edges=True)
+    assert [p.table for p in short] == ["", "rollup_requests_1m", ""]
 
 
 @pytest.mark.parametrize("window", WINDOWS, ids=["all", "off-grain", "under-an-hour", "inside-a-minute"])
@@ -142,8 +149,10 @@ def _rank_brackets(store, column: str, q: ReportQuery) -> dict:
     return {row[column]: row for row in rows}
 
 
+@pytest.mark.parametrize("edge_rows", [0, rollups.RAW_EDGE_ROWS], ids=["minute-rollup-edges", "raw-edges"])
 @pytest.mark.parametrize("window", WINDOWS[:2], ids=["all", "off-grain"])
-def test_sketched_percentiles_within_one_percent(loaded, make_settings, window) -> None:
+def test_sketched_percentiles_within_one_percent(loaded, make_settings, window, edge_rows, monkeypatch) -> None:
+    monkeypatch.setattr(rollups, "RAW_EDGE_ROWS", edge_rows)
     exact = make_settings(analytics={"use_rollups": False})
     sketch = make_settings(analytics={"exact_quantiles_up_to": 0})
     eps = rollups.SKETCH_ERROR
@@ -151,6 +160,8 @@ def test_sketched_percentiles_within_one_percent(loaded, make_settings, window) 
         params = _window(*window, by=by)
         q = ReportQuery.from_params(params)
         assert loader.sketched(loaded, sketch, q, by) and not loader.sketched(loaded, exact, q, by)
+        # 60,000 requests over three days: the partial hours hold under 2,000
+        assert rollups.edges_raw(loaded, sketch, q) == (edge_rows > 0)
         a = _by_key(run("latency", loaded, sketch, params)["rows"], by)
         b = _by_key(run("latency", loaded, exact, params)["rows"], by)
         brackets = _rank_brackets(loaded, column, q)

@@ -88,7 +88,8 @@ def _request_points(store: StoreLike, settings: Settings, q: ReportQuery, second
     # rollup row holds about one request (tens of thousands of models or regions a minute).
     # (the window's request count is read once per run: rollups.request_count)
     sketched = loader.sketched(store, settings, q, q.by)
-    sql, params = rollups.request_stats_sql(q, settings, q.by, bucket_s=seconds, rollup=sketched)
+    sql, params = rollups.request_stats_sql(q, settings, q.by, bucket_s=seconds, rollup=sketched,
+                                            raw_edges=sketched and rollups.edges_raw(store, settings, q, seconds))
     # every request metric of one grouping and bucket reads the same stats: once per run
     # (a chart of five percentiles is one query)
     stats = memo.cached(("series.request_stats", id(store), sql, repr(sorted(params.items()))),

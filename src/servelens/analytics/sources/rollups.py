@@ -60,8 +60,16 @@ class Piece:
     hi_ns: int
 
 
-def pieces(since_ns: int, until_ns: int, grains: tuple[tuple[str, int], ...]) -> list[Piece]:
-    """Cover [since, until) with the coarsest grains first; what no grain covers is raw."""
+# A window's partial hours cost ~50 ms from the minute rollup wherever they fall: a query
+# decodes a whole granule of sketch states (8,192 rows, hours of minutes) to read a few
+# hundred. Raw rows cost ~10 ms and ~1.5 us a row, so edges expected to hold fewer rows
+# than this are read raw (BENCHMARKS.md, "Dashboard load in the browser").
+RAW_EDGE_ROWS = 20_000
+
+
+def pieces(since_ns: int, until_ns: int, grains: tuple[tuple[str, int], ...], raw_edges: bool = False) -> list[Piece]:
+    """Cover [since, until) with the coarsest grains first; what no grain covers is raw.
+    `raw_edges`: what the coarsest grain that fits leaves at the edges is raw too."""
     if not grains:
         return [Piece("", since_ns, until_ns)] if since_ns < until_ns else []
     (table, seconds), finer = grains[0], grains[1:]
@@ -69,8 +77,9 @@ def pieces(since_ns: int, until_ns: int, grains: tuple[tuple[str, int], ...]) ->
     lo = -(-since_ns // step) * step  # ceil
     hi = until_ns // step * step
     if lo >= hi:
-        return pieces(since_ns, until_ns, finer)
-    return [*pieces(since_ns, lo, finer), Piece(table, lo, hi), *pieces(hi, until_ns, finer)]
+        return pieces(since_ns, until_ns, finer, raw_edges)
+    edges = () if raw_edges else finer
+    return [*pieces(since_ns, lo, edges), Piece(table, lo, hi), *pieces(hi, until_ns, edges)]
 
 
 def _default_units(settings: Settings, keys: set[str]) -> bool:
@@ -137,14 +146,15 @@ _MERGED = f"""
        {SKETCH.replace('(', 'Merge(', 1)}(Queue) AS queue"""
 
 
-def request_stats_sql(q: ReportQuery, settings: Settings, by: str | None,
-                      bucket_s: int | None = None, rollup: bool = True) -> tuple[str, dict[str, Any]]:
+def request_stats_sql(q: ReportQuery, settings: Settings, by: str | None, bucket_s: int | None = None,
+                      rollup: bool = True, raw_edges: bool = False) -> tuple[str, dict[str, Any]]:
     """Per key (and time bucket): request counts, token sums and the TTFT, latency, TPOT
     and queue sketches (p50, p95, p99), from the rollups where they answer (and `rollup`),
-    else raw rows. A bucket is a multiple of 60 s; of 3600 s to use the hour rollup."""
+    else raw rows. A bucket is a multiple of 60 s; of 3600 s to use the hour rollup.
+    `raw_edges`: the coarsest grain's edges from raw rows (edges_raw)."""
     if not (rollup and answerable(q, settings, REQUEST_DIMS, by)):
         return _raw_request_stats_sql(q, settings, by, bucket_s)
-    parts, params = _request_pieces(q, settings, by, bucket_s, _RAW_MEASURES, _ROLLUP_MEASURES)
+    parts, params = _request_pieces(q, settings, by, bucket_s, _RAW_MEASURES, _ROLLUP_MEASURES, raw_edges)
     bucket = f", toStartOfInterval(t, INTERVAL {int(bucket_s)} SECOND) AS bucket" if bucket_s else ""
     group = "key, bucket" if bucket_s else "key"
     sql = f"""
@@ -156,15 +166,30 @@ def request_stats_sql(q: ReportQuery, settings: Settings, by: str | None,
     return sql, params
 
 
+def _request_grains(bucket_s: int | None) -> tuple[tuple[str, int], ...]:
+    return tuple(g for g in REQUEST_GRAINS if bucket_s is None or bucket_s % g[1] == 0)
+
+
+def edges_raw(store: StoreLike, settings: Settings, q: ReportQuery, bucket_s: int | None = None) -> bool:
+    """Whether the partial hours at q's edges are cheaper read raw than from the minute
+    rollup: the rows they are expected to hold (the window's requests, pro rata) are
+    under RAW_EDGE_ROWS."""
+    bounds = q.bounds()
+    span = bounds["until_ns"] - bounds["since_ns"]
+    raw = sum(p.hi_ns - p.lo_ns for p in pieces(bounds["since_ns"], bounds["until_ns"], _request_grains(bucket_s),
+                                                raw_edges=True) if not p.table)
+    return span > 0 and request_count(store, settings, q) * raw / span <= RAW_EDGE_ROWS
+
+
 def _request_pieces(q: ReportQuery, settings: Settings, by: str | None, bucket_s: int | None,
-                    raw_measures: str, rollup_measures: str) -> tuple[list[str], dict[str, Any]]:
+                    raw_measures: str, rollup_measures: str,
+                    raw_edges: bool = False) -> tuple[list[str], dict[str, Any]]:
     """The window's pieces (`pieces`) as SELECTs of (key, minute t, measures): rollup rows
     where a grain covers, raw rows aggregated per minute at the edges."""
     params: dict[str, Any] = {}
     bounds = q.bounds()
-    grains = tuple(g for g in REQUEST_GRAINS if bucket_s is None or bucket_s % g[1] == 0)
     parts = []
-    for i, piece in enumerate(pieces(bounds["since_ns"], bounds["until_ns"], grains)):
+    for i, piece in enumerate(pieces(bounds["since_ns"], bounds["until_ns"], _request_grains(bucket_s), raw_edges)):
         if piece.table:
             key = REQUEST_DIMS[by] if by else "''"
             where = f"{time_range('Minute', piece, i, params, raw=False)} AND {filter_sql(q, REQUEST_DIMS, params)}"
