@@ -41,9 +41,15 @@ def rows(settings: Settings) -> list[dict[str, str]]:
         k, n = pooled(per, t.p99_drift.min_requests, most)
         # A pooled subject is read twice, each at alpha / 2: over its fewest windows and
         # over all `most` (pooling.spans); the second floor is what a change that stays sees.
+        # Each reading tests the tail at two depths, each at half its level: above the like
+        # hours' p99 and above their p99.9 (seven days of the same hours: 7 x the window's).
         split = pooling.spans_read(k, most)
-        tail = power.exceedance_floor(n, t.p99_drift.alpha / split)
-        tail_all = power.exceedance_floor(int(per * most), t.p99_drift.alpha / 2) if split == 2 else None
+        level = t.p99_drift.alpha / split / 2
+        tail = power.exceedance_floor(n, level)
+        tail_all = power.exceedance_floor(int(per * most), t.p99_drift.alpha / 4) if split == 2 else None
+        far = power.placement_floor(n, 7 * n, 0.999, level) if n >= 1 else None
+        far_all = (power.placement_floor(int(per * most), 7 * int(per * most), 0.999, t.p99_drift.alpha / 4)
+                   if split == 2 else None)
         e = t.error_rate_spike
         ke, ne = pooled(per, e.pooled_attempts(), most)
         split_e = pooling.spans_read(ke, most)
@@ -65,6 +71,7 @@ def rows(settings: Settings) -> list[dict[str, str]]:
             "requests / h": f"{volume:,}",
             "p99_drift: windows, requests": f"{k}, {n:,}",
             "tail share over baseline p99 (1 % expected)": _pct(tail, n >= 1) + _all(most, per, tail_all),
+            "over baseline p99.9 (0.1 % expected)": _pct(far, n >= 1) + _all(most, per, far_all),
             "error_rate_spike: windows, attempts": f"{ke}, {ne:,}",
             f"error rate from {BASE_ERROR_RATE:.1%}": _pct(rate, True) + _all(most, per, rate_all),
             "quality slice (3 % of requests): windows, results": f"{kq}, {nq:,}",
@@ -102,7 +109,8 @@ def main(argv: list[str] | None = None) -> int:
             "pool_windows too, each reading at half the level; the second floor is what a change that stays "
             "that long can show); each floor is the smallest "
             "change the exact test rejects at the kind's level on the pooled count (p99: binomial exceedance "
-            "of the baseline p99 at alpha; errors: binomial against the baseline rate, with min_ratio, "
+            "of the like hours' p99, and the placement test above their p99.9, each at alpha / 2, the like "
+            "hours taken as 7 days of the same windows; errors: binomial against the baseline rate, with min_ratio, "
             "min_increase and min_errors; quality: Fisher's exact test at the fdr level of one slice, against "
             "a 7-day baseline; model versions: Fisher's exact test, two-sided, Bonferroni over every (region, "
             "version), and at least min_share). '—': the minimum is not reached even pooled, or no change could be seen.\n\n"
