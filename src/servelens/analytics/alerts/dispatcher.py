@@ -161,6 +161,8 @@ class SinkWorker:
             if timeout <= 0:
                 error = DeliveryError("deadline passed", retryable=False)
                 break
+            if attempt > 1:  # counted when made: a wait that ran past the deadline retried nothing
+                self._stats.count(self.sink.name, "retried")
             try:
                 self.sink.send(alert, timeout)
             except DeliveryError as exc:
@@ -175,7 +177,6 @@ class SinkWorker:
             wait = max(policy.delay(attempt), error.retry_after or 0.0)
             if not error.retryable or attempt == policy.max_attempts or time.monotonic() + wait >= deadline:
                 break
-            self._stats.count(self.sink.name, "retried")
             log.warning("alert %s to %s failed (%s); retry %d in %.2fs", what, self.sink.name, error, attempt, wait)
             if self._halt.wait(wait):
                 break
