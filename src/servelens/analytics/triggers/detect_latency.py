@@ -264,7 +264,7 @@ def _tail_test(r: dict[str, Any], like: bool, alpha: float) -> stats.StatResult:
     hours (`like`) the tail is also read deeper, above their p99.9, each depth at half of
     alpha, the stronger kept: a slow path that touches a few percent of requests puts most
     of them beyond the p99.9 too, where chance puts a tenth as many, so a small deployment
-    shows it in fewer requests (BENCHMARKS.md, "Detection on other fleets")."""
+    shows it in fewer requests (BENCHMARKS.md, "Detection: the tail read at two depths")."""
     if not like:
         return stats.quantile_exceedance(r["over_base"], r["n"], 0.99, alpha)
     return min((stats.quantile_exceedance(r["over_like"], r["n"], 0.99, alpha / 2),
