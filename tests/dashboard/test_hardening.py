@@ -377,8 +377,7 @@ def pages(settings) -> dict[str, Any]:
 
 
 def test_every_chart_escapes_labels_from_the_data(pages):
-    cost, latency, quality, reliability, workload = (pages[n] for n in ("cost", "latency", "quality", "reliability",
-                                                                        "workload"))
+    cost, latency, quality, reliability = (pages[n] for n in ("cost", "latency", "quality", "reliability"))
     row = {"model": HOSTILE_NAME, "service": HOSTILE_NAME, "tenant": HOSTILE_NAME, "stage": HOSTILE_NAME,
            "requests": 3, "latency_p50_ms": 1.0, "latency_p95_ms": 2.0, "latency_p99_ms": 3.0, "p99_ms": 4.0,
            "ceiling_ms": 5.0, "headroom_ms": 1.0, "cost_usd": 1.0, "wasted_share": 0.5, "error_rate": 0.1,
@@ -389,8 +388,6 @@ def test_every_chart_escapes_labels_from_the_data(pages):
     top = data.Top([row], None, 1)
     # the stage bars are elements, whose text React shows as typed: the name unescaped
     assert HOSTILE_NAME in component_texts(latency.stage_bars([row]))
-    _assert_escaped(workload.tokens_figure([row]))
-    _assert_escaped(workload.arrivals_figure([row]))
     _assert_escaped(reliability.rates_figure(top))
     _assert_escaped(quality.pass_rate_figure([row], "24 h"))
     change = [{"driver": HOSTILE_NAME, "delta_usd": 1.0, "previous_cost_usd": 1.0, "current_cost_usd": 2.0,

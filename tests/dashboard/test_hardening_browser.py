@@ -107,7 +107,7 @@ def test_overview_with_thousands_of_groups_shows_the_top_n_and_one_other_row(bro
 
 def test_every_page_draws_under_the_csp_with_a_clean_console(browser, dashboard, store):
     generate(store.client(), 2000, 500)
-    charts = {"/latency": "#lat-ts-p99", "/workload": "#wl-arrivals", "/reliability": "#rel-chart"}  # model-N: unpriced
+    charts = {"/latency": "#lat-ts-p99", "/workload": "#wl-ts-arrivals", "/reliability": "#rel-chart"}  # model-N: unpriced
     for path in PAGES:
         browser.get(f"{dashboard.url}{path}")
         _wait(browser, lambda d: d.execute_script(IDLE_JS))

@@ -213,7 +213,11 @@ def test_workload(browser, dashboard, otlp_http, tmp_path):
     _open(browser, f"{dashboard.url}/workload", lambda d: input_p99 in _row(d, "wl-table", SERVICE))
     row = _row(browser, "wl-table", SERVICE)
     assert row.split()[1] == str(len(TRAFFIC)) and ratio in row
-    _wait(browser, _plots(".panels", 2))
+    # the token percentiles carry bars on one scale: the input p99's the widest of the row's
+    widths = {c: _bar_width(_cell_style(browser, "wl-table", SERVICE, c))
+              for c in ("input_tokens_p50", "input_tokens_p99", "output_tokens_p50", "output_tokens_p99")}
+    assert widths["input_tokens_p99"] == max(widths.values()) > widths["input_tokens_p50"] > 0
+    _wait(browser, _plots("#wl-ts-arrivals"))
     _finish(browser, "workload", tmp_path)
 
 

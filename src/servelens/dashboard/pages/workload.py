@@ -5,19 +5,14 @@ from __future__ import annotations
 from typing import Any
 
 import dash
-import plotly.graph_objects as go
 from dash import html
 
 from servelens.dashboard import data, timecharts
-from servelens.dashboard.components import (LOADING, NO_REQUESTS, empty, graph, integer, metric_bars, page, panel, pct,
-                                            register_refresh, search_box, top_table, updated_line)
+from servelens.dashboard.components import (LOADING, NO_REQUESTS, DataBar, integer, page, panel, pct, register_refresh,
+                                            search_box, top_table, updated_line)
 from servelens.dashboard.timecharts import Chart, Line
 
 dash.register_page(__name__, path="/workload", name="Workload", title="Workload · servelens")
-
-TOKEN_SERIES = (("input_tokens_p50", "Input p50"), ("input_tokens_p99", "Input p99"),
-                ("output_tokens_p50", "Output p50"), ("output_tokens_p99", "Output p99"))
-ARRIVAL_SERIES = (("arrival_rps_mean", "Mean"), ("arrival_rps_peak", "Peak second"))
 
 
 def _rps(value: float) -> str:
@@ -52,14 +47,12 @@ COLUMNS = (
 )
 
 
-def tokens_figure(rows: list[dict[str, Any]]) -> go.Figure:
-    return metric_bars(rows, "service", TOKEN_SERIES, _tokens, rangemode="tozero", title_text="tokens per request")
-
-
-def arrivals_figure(rows: list[dict[str, Any]]) -> go.Figure:
-    # log: the mean and the peak second are often orders of magnitude apart
-    return metric_bars(rows, "service", ARRIVAL_SERIES, _rps, type="log", dtick=1,
-                       title_text="requests per second (log)")
+# The table's token percentiles carry bars on one scale (prompts against answers); the
+# arrivals are read over time in their chart, where a bar of the mean beside the peak
+# second (often 100x apart) showed little.
+TOKEN_BARS = tuple(DataBar(key, lambda row, key=key, color=color: ((row.get(key), color),))
+                   for key, color in (("input_tokens_p50", "#a9c1f5"), ("input_tokens_p99", "#2f6fed"),
+                                      ("output_tokens_p50", "#b9e0c6"), ("output_tokens_p99", "#2d9a5b")))
 
 
 CHARTS = (
@@ -74,10 +67,6 @@ def layout(**_query: str) -> html.Div:
         timecharts.charts_row("wl", CHARTS),
         panel("By service", search_box("wl-search", "services"), html.Div(id="wl-table", children=LOADING),
               extra_class="gap-below"),
-        html.Div(className="panels", children=[
-            panel("Arrivals", html.Div(id="wl-arrivals")),
-            panel("Tokens per request", html.Div(id="wl-tokens")),
-        ]),
     )
 
 
@@ -86,13 +75,9 @@ def fetch(source: data.DataSource, filters: data.Filters, search: str | None) ->
 
 
 def render(top: data.Top, filters: data.Filters) -> tuple:
-    # The charts draw the busiest services only: peaks and percentiles do not add up.
-    rows = top.rows
-    return (top_table(top, COLUMNS, NO_REQUESTS, "services", "requests"),
-            graph(arrivals_figure(rows)) if rows else empty(NO_REQUESTS),
-            graph(tokens_figure(rows)) if rows else empty(NO_REQUESTS), updated_line(filters))
+    return top_table(top, COLUMNS, NO_REQUESTS, "services", "requests", TOKEN_BARS), updated_line(filters)
 
 
 def register_callbacks(app: dash.Dash) -> None:
-    register_refresh(app, "wl", ("table", "arrivals", "tokens", "updated"), fetch, render, controls=("search",))
+    register_refresh(app, "wl", ("table", "updated"), fetch, render, controls=("search",))
     timecharts.register(app, "wl", CHARTS)
