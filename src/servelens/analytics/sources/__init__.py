@@ -51,13 +51,6 @@ def background() -> Iterator[None]:
         _BACKGROUND.reset(token)
 
 
-# A query under a deadline (the dashboard's and the API's) whose GROUP BY state grows past
-# this spills it to disk, so one large window cannot take the process's memory: 30 days of
-# per-trace stages at 10 M requests peaked at 3.3 GiB, spilled 1.7 GiB, at 1.5x the time;
-# 7 days stay in memory (BENCHMARKS.md, "Fleet scale").
-SPILL_GROUP_BY_BYTES = 2**30
-
-
 def _query_settings() -> dict[str, Any]:
     settings: dict[str, Any] = {"max_threads": 1} if _BACKGROUND.get() else {}
     ends = _DEADLINE.get()
@@ -67,8 +60,7 @@ def _query_settings() -> dict[str, Any]:
     if left <= 0:
         raise DeadlineExceeded("the report's deadline passed")
     # The engine stops the query itself: work abandoned by a caller that gave up ends too.
-    return {**settings, "max_execution_time": round(max(left, 0.001), 3),
-            "max_bytes_before_external_group_by": SPILL_GROUP_BY_BYTES}
+    return {**settings, "max_execution_time": round(max(left, 0.001), 3)}
 
 
 def frame(store: StoreLike, sql: str, params: dict[str, Any]) -> pl.DataFrame:
