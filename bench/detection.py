@@ -665,6 +665,17 @@ def fleet_trial(store: Store, settings: Settings, fleet: Fleet, base: Base, chan
         empty(store)
 
 
+def trial_seed(ki: int, gi: int, i: int) -> int:
+    """The seed of a --fleets trial: kind ki, stream group gi, its i-th trial. Unique per
+    trial, so no inserted block repeats (deduplication); bench/trial_seeds.py reruns one."""
+    return 7919 * (ki + 1) + 131 * gi + i
+
+
+def base_seed(fi: int, d: int) -> int:
+    """The seed of fleet fi's clean history before its d-th trial day."""
+    return 100 + 10 * fi + d
+
+
 def fleet_injections(store: Store, settings: Settings, fleet: Fleet, bases: list[Base], kinds: list[str],
                      per_group: int, offset: int, before: int, debug: bool = False) -> list[BandTrial]:
     """Per kind and group of streams, `per_group` trials: magnitudes cycled (starting at
@@ -679,7 +690,7 @@ def fleet_injections(store: Store, settings: Settings, fleet: Fleet, bases: list
                 base = bases[i % len(bases)]
                 hour = fleet.onset_hours[(ki + gi + i) % len(fleet.onset_hours)]
                 onset = base.day + max(hour, change.lead()) * HOUR
-                seed = 7919 * (ki + 1) + 131 * gi + i  # unique per trial: no block repeats (deduplication)
+                seed = trial_seed(ki, gi, i)
                 started = time.perf_counter()
                 trials = fleet_trial(store, settings, fleet, base, change, group, onset, seed, before, debug)
                 got = ", ".join(f"{t.stream} {t.delay}{' EARLY' if t.early else ''}" for t in trials)
@@ -879,7 +890,7 @@ def run_fleets(args: argparse.Namespace, argv: list[str] | None) -> int:
         for fi, fleet in enumerate(chosen):
             days = [fleets.TRIAL_DAY] if args.quick else [fleets.TRIAL_DAY, fleets.SATURDAY]
             t0 = time.perf_counter()
-            bases = [base_history(eng, fleet, day, seed=100 + 10 * fi + d) for d, day in enumerate(days)]
+            bases = [base_history(eng, fleet, day, seed=base_seed(fi, d)) for d, day in enumerate(days)]
             print(f"{fleet.name}: history in {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
             store, settings = eng.database("work", fleet.config())  # the trials' and the clean run's
             trials += fleet_injections(store, settings, fleet, bases, kinds, per_group,

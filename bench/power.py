@@ -47,7 +47,7 @@ def rows(settings: Settings) -> list[dict[str, str]]:
         level = t.p99_drift.alpha / split / 2
         tail = power.exceedance_floor(n, level)
         tail_all = power.exceedance_floor(int(per * most), t.p99_drift.alpha / 4) if split == 2 else None
-        far = power.placement_floor(n, 7 * n, 0.999, level) if n >= 1 else None
+        far = power.placement_floor(n, 7 * n, 0.999, level)
         far_all = (power.placement_floor(int(per * most), 7 * int(per * most), 0.999, t.p99_drift.alpha / 4)
                    if split == 2 else None)
         e = t.error_rate_spike

@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 
 from bench import fleets
-from bench.detection import HOUR, KINDS, Engine, base_history, fleet_trial
+from bench.detection import HOUR, KINDS, Engine, base_history, base_seed, fleet_trial, trial_seed
 
 
 def full_run_seed(fleet: fleets.Fleet, kind: str, group: int, rank: int, day: str, hour: int) -> int | None:
@@ -26,7 +26,7 @@ def full_run_seed(fleet: fleets.Fleet, kind: str, group: int, rank: int, day: st
     for i in range(6):
         if (i % len(plan[kind]) == rank and ("sat" if i % 2 else "tue") == day
                 and fleet.onset_hours[(ki + group + i) % len(fleet.onset_hours)] == hour):
-            return 7919 * (ki + 1) + 131 * group + i
+            return trial_seed(ki, group, i)
     return None
 
 
@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
         eng = Engine(scratch)
         day = fleets.SATURDAY if args.day == "sat" else fleets.TRIAL_DAY
         fi = list(fleets.FLEETS).index(args.fleet)
-        base = base_history(eng, fleet, day, seed=100 + 10 * fi + (args.day == "sat"))  # the full run's
+        base = base_history(eng, fleet, day, seed=base_seed(fi, args.day == "sat"))  # the full run's
         store, settings = eng.database("work", fleet.config())
         onset = base.day + max(args.hour, change.lead()) * HOUR
         seen: dict[str, list[int]] = {name: [] for name in group}

@@ -72,6 +72,7 @@ def _sql(exprs: dict[str, str], keys: list[str], filters: list[str], bucket_s: i
     score. `exprs`: column -> SQL over llm_requests."""
     cols = ", ".join(f"{sql} AS k_{c}" for c, sql in exprs.items())
     names = [f"k_{c}" for c in exprs]
+    keys_tuple = f"tuple({', '.join(names)})"
     # A result takes its own span's keys, else (a result on the trace) its first request's.
     # One pass over the requests, per trace: a CTE is inlined where it is named, so a
     # second join on it read the requests (and the results) again (BENCHMARKS.md,
@@ -94,8 +95,8 @@ def _sql(exprs: dict[str, str], keys: list[str], filters: list[str], bucket_s: i
     -- A result comes after its request: the requests of [since - evaluation_delay, until + 1 h)
     -- (an hour of clock skew) are all it can match, and only those days are read; only the
     -- traces with a result in the window (a superset of ev's).
-    req AS (SELECT TraceId, groupArray((SpanId, tuple({", ".join(names)}))) AS spans,
-                   argMin(tuple({", ".join(names)}), (Timestamp, SpanId)) AS first
+    req AS (SELECT TraceId, groupArray((SpanId, {keys_tuple})) AS spans,
+                   argMin({keys_tuple}, (Timestamp, SpanId)) AS first
             FROM (SELECT TraceId, SpanId, Timestamp, {cols} FROM llm_requests
                   WHERE {window("req_since_ns", "until_ns", after="skew_ns").sql}
                     AND TraceId IN (SELECT TraceId FROM evaluations WHERE {window().sql}))

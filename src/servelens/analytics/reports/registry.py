@@ -8,6 +8,7 @@ from typing import Any, Callable, Mapping
 
 import polars as pl
 
+from servelens.analytics import memo
 from servelens.analytics.query import QueryError, ReportQuery, iso
 from servelens.analytics.reports import (cache, context, cost, cost_change, ingest, latency, overview, quality, reliability, slo,
                                          stages, utilization, workload)
@@ -45,7 +46,8 @@ def run(name: str, store: StoreLike, settings: Settings, params: Mapping[str, An
     if name not in REPORTS:
         raise QueryError(f"unknown report {name!r}; available: {sorted(REPORTS)}")
     q = ReportQuery.from_params(params, default_by=REPORTS[name][1])
-    frame = compute(name, store, settings, q)
+    with memo.run():  # one call, one run: what its parts share (the window's count, GPU frames) is read once
+        frame = compute(name, store, settings, q)
     return {"report": name, **q.window_params(), "rows": to_records(frame)}
 
 

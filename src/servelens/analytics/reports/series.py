@@ -221,4 +221,5 @@ def _iso(t: int) -> str:
 def run(metric: str, store: StoreLike, settings: Settings, params: dict[str, Any]) -> dict[str, Any]:
     """The API document for `GET /api/v1/series/<metric>?by=&bucket=&…filters`."""
     q = ReportQuery.from_params(params)
-    return {**series(store, settings, metric, q, params.get("bucket")), **q.window_params()}
+    with memo.run():  # one call, one run (registry.run)
+        return {**series(store, settings, metric, q, params.get("bucket")), **q.window_params()}
