@@ -73,11 +73,42 @@ def measure(current: pl.DataFrame, baseline: pl.DataFrame, keys: list[str], mask
             "expected_rate": expected}
 
 
+def measure_all(current: pl.DataFrame, baseline: pl.DataFrame, keys: list[str],
+                key_sets: list[list[str]]) -> dict[tuple[tuple[str, str], ...], dict[str, Any]]:
+    """`measure` of every slice of `key_sets` at once (a group-by per key set, not a filter
+    per slice), keyed by the slice's items; slices without results on a side are left out."""
+    cells = current.lazy().join(
+        baseline.lazy().select(*keys, pl.col("evaluations").alias("b_n"), pl.col("passed").alias("b_x")),
+        on=keys, how="left").with_columns(pl.col("b_n", "b_x").fill_null(0))
+    queries = []
+    for ks in key_sets:
+        base = (baseline.lazy().group_by(ks).agg(pl.col("evaluations").sum().alias("base_n"),
+                                                 pl.col("passed").sum().alias("base_passed"))
+                .filter(pl.col("base_n") > 0).with_columns((pl.col("base_passed") / pl.col("base_n")).alias("base_rate")))
+        cell_rate = (pl.col("b_x") + SHRINK * pl.col("base_rate")) / (pl.col("b_n") + SHRINK)
+        queries.append(cells.join(base, on=ks, how="inner")
+                       .group_by(ks).agg(pl.col("evaluations").sum().alias("n"), pl.col("passed").sum(),
+                                         pl.first("base_n", "base_passed", "base_rate"),
+                                         (pl.col("evaluations") * cell_rate).sum().alias("weighted"))
+                       .filter(pl.col("n") > 0))
+    out = {}
+    for ks, table in zip(key_sets, pl.collect_all(queries)):
+        for row in table.iter_rows(named=True):
+            out[tuple((k, row[k]) for k in ks)] = {
+                "n": int(row["n"]), "passed": int(row["passed"]), "base_n": int(row["base_n"]),
+                "base_passed": int(row["base_passed"]), "base_rate": row["base_rate"],
+                "expected_rate": float(row["weighted"]) / int(row["n"])}
+    return out
+
+
+def key_sets(keys: list[str], pairs: bool) -> list[list[str]]:
+    return [[k] for k in keys] + ([list(p) for p in combinations(keys, 2)] if pairs else [])
+
+
 def slices(current: pl.DataFrame, keys: list[str], pairs: bool) -> list[dict[str, str]]:
     """Every value of each key (and pair of keys) seen in the window; unset ('') is no slice."""
-    key_sets = [[k] for k in keys] + ([list(p) for p in combinations(keys, 2)] if pairs else [])
     out = []
-    for ks in key_sets:
+    for ks in key_sets(keys, pairs):
         values = current.select(ks).unique().filter(pl.all_horizontal(pl.col(k) != "" for k in ks)).sort(ks)
         out.extend(dict(zip(ks, row)) for row in values.iter_rows())
     return out
@@ -206,13 +237,16 @@ def regressions(current: pl.DataFrame, baseline: pl.DataFrame, cfg: Any,
     `wider`: the slice tables of a longer span (`wider_windows` windows), where a slice short
     of `min_evaluations` in (current, baseline) is measured instead."""
     keys = list(cfg.keys)
+    sets = key_sets(keys, cfg.pairs)
+    near = measure_all(current, baseline, keys, sets)
+    far = measure_all(*wider, keys, sets) if wider is not None else {}
     measured = []
     for s in slices(wider[0] if wider is not None else current, keys, cfg.pairs):
         frames, windows = (current, baseline), None
-        m = measure(current, baseline, keys, _matches(s))
+        m = near.get(tuple(s.items()))
         if wider is not None and (m is None or m["n"] < cfg.min_evaluations):
             frames, windows = wider, wider_windows
-            m = measure(*wider, keys, _matches(s))
+            m = far.get(tuple(s.items()))
         if m is not None:
             measured.append({"slice": s, **m, "frames": frames, "pooled_windows": windows})
     tested = []
