@@ -235,3 +235,42 @@ def test_upgrade_backfills_rows_stored_before(make_settings, tmp_path) -> None:
             assert tuple(client.query(f"SELECT sum(Requests), sum(InputTokens) FROM {table}").result_rows[0]) == raw
     finally:
         store.client().command("DROP DATABASE IF EXISTS rollup_upgrade")
+
+
+# Trigger windows (analytics/triggers/sources.py): whole hours read the hour rollup, a
+# half hour at :30 the minute rollup, a window off every grain raw rows only.
+TRIGGER_WINDOWS = [
+    (END.replace(minute=0, second=0) - timedelta(hours=1), timedelta(hours=1), timedelta(days=2), "rollup_requests_1h"),
+    (END.replace(minute=30, second=0) - timedelta(hours=2), timedelta(minutes=30), timedelta(hours=30),
+     "rollup_requests_1m"),
+    (END.replace(second=0) - timedelta(hours=3, seconds=17), timedelta(minutes=7, seconds=13), timedelta(hours=40), None),
+]
+
+
+@pytest.mark.parametrize("since, length, baseline, table", TRIGGER_WINDOWS, ids=["hours", "half-hours", "off-grain"])
+def test_trigger_counts_equal_with_and_without_rollups(loaded, make_settings, since, length, baseline, table) -> None:
+    """The detectors' count queries (reliability, error breakdown, cost token groups, load
+    buckets) give the same frames from the rollups as from raw rows, like hours included."""
+    from servelens.analytics.pricing import Catalog
+    from servelens.analytics.query import _ns
+    from servelens.analytics.triggers import sources as trigger_sources
+    from servelens.analytics.triggers.base import Evaluation
+    from servelens.analytics.triggers.detect_quality_load import arrivals
+
+    at = Evaluation(since=since, until=since + length, baseline_since=since - baseline)
+    on, off = make_settings(), make_settings(analytics={"use_rollups": False})
+    sql, _ = rollups.request_counts_sql(on, _ns(at.baseline_since), _ns(at.until), trigger_sources._align(at))
+    assert (table in sql) if table else ("rollup_" not in sql), sql
+    boundaries = Catalog.of(on.pricing.models).boundaries()
+    reads = {
+        "reliability": lambda s: trigger_sources.reliability_counts(loaded, s, at),
+        "errors": lambda s: trigger_sources.error_breakdown(loaded, s, at, ["chat-api", "rag", "agent"]),
+        "cost": lambda s: trigger_sources.cost_token_groups(loaded, s, at, boundaries, 24),
+        "arrivals": lambda s: arrivals(loaded, s, at.baseline_since, at.until, timedelta(minutes=15)),
+    }
+    for name, read in reads.items():
+        a, b = read(on), read(off)
+        assert a.height > 0, name
+        assert a.sort(a.columns).equals(b.sort(b.columns)), name
+    counts = trigger_sources.reliability_counts(loaded, on, at)
+    assert counts.get_column("like_n").sum() > 0 and counts.get_column("n").sum() > 0

@@ -324,3 +324,62 @@ def request_count(store: StoreLike, settings: Settings, q: ReportQuery) -> int:
     bounds = q.bounds()
     return memo.cached(memo.key("rollups.request_count", store, settings, bounds["since_ns"], bounds["until_ns"],
                                 repr(sorted(q.filters.items()))), count)
+
+
+# --- counts for the trigger detectors -----------------------------------------------------
+
+# llm_requests' columns that request_counts_sql can group by: each is a rollup column as it is.
+COUNT_COLUMNS = ("ServiceName", "Deployment", "Model")
+_COUNT_RAW = "1 AS Requests, toUInt64(IsError) AS Errors, toUInt64(RetryAttempt > 0) AS Retries"
+
+
+def request_counts_sql(settings: Settings, since_ns: int, until_ns: int, align_ns: int) -> tuple[str, dict[str, Any]]:
+    """[since, until) of llm_requests as rows of (Timestamp, ServiceName, Deployment, Model,
+    Requests, Errors, Retries): whole hours and minutes from the request rollups, each row
+    stamped with its grain's start, and raw rows (one per request) for what they leave.
+
+    A grain is used only where it divides `align_ns` (the caller's window bounds and length):
+    then each rollup row lies wholly on one side of every bound, and a caller's predicate
+    on Timestamp (the evaluation window, its like hours) counts exactly what it counts on
+    raw rows. A trigger window of whole hours reads 7 days of baseline as 168 hours of
+    rollup rows instead of every request (BENCHMARKS.md, "Trigger windows")."""
+    grains = tuple(g for g in REQUEST_GRAINS if align_ns % (g[1] * NS) == 0) if settings.analytics.use_rollups else ()
+    params: dict[str, Any] = {}
+    parts = []
+    for i, piece in enumerate(pieces(since_ns, until_ns, grains)):
+        if piece.table:
+            parts.append(f"SELECT toDateTime64(Minute, 9) AS Timestamp, {', '.join(COUNT_COLUMNS)}, "
+                         f"Requests, Errors, Retries FROM {piece.table} "
+                         f"WHERE {time_range('Minute', piece, i, params, raw=False)}")
+        else:
+            parts.append(f"SELECT Timestamp, {', '.join(COUNT_COLUMNS)}, {_COUNT_RAW} FROM llm_requests "
+                         f"WHERE {time_range('Timestamp', piece, i, params, raw=True)}")
+    if not parts:
+        parts.append(f"SELECT Timestamp, {', '.join(COUNT_COLUMNS)}, {_COUNT_RAW} FROM llm_requests WHERE 0")
+    return "(" + " UNION ALL ".join(parts) + ")", params
+
+
+_COST_COUNT_COLUMNS = "ServiceName, Model, Deployment"
+
+
+def cost_counts_sql(settings: Settings, since_ns: int, until_ns: int, align_ns: int,
+                    boundaries_ns: list[int]) -> tuple[str, dict[str, Any]]:
+    """[since, until) of llm_requests as rows of (Timestamp, ServiceName, Model, Deployment,
+    Retry, Error, Requests, InputTokens, OutputTokens, CachedTokens): whole 15 minutes from
+    the cost rollup, stamped with their start, where the grain divides `align_ns` and every
+    price boundary lies on it (request_counts_sql's reasoning); raw rows for the rest."""
+    grid = COST_GRAINS[0][1] * NS
+    usable = settings.analytics.use_rollups and align_ns % grid == 0 and all(b % grid == 0 for b in boundaries_ns)
+    raw = (f"SELECT Timestamp, {_COST_COUNT_COLUMNS}, RetryAttempt > 0 AS Retry, IsError AS Error, 1 AS Requests, "
+           "toUInt64(InputTokens) AS InputTokens, toUInt64(OutputTokens) AS OutputTokens, "
+           "toUInt64(least(CachedInputTokens, llm_requests.InputTokens)) AS CachedTokens FROM llm_requests WHERE ")
+    params: dict[str, Any] = {}
+    parts = []
+    for i, piece in enumerate(pieces(since_ns, until_ns, COST_GRAINS if usable else ())):
+        if piece.table:
+            parts.append(f"SELECT toDateTime64(Bucket, 9) AS Timestamp, {_COST_COUNT_COLUMNS}, Retry, Error, Requests, "
+                         f"InputTokens, OutputTokens, CachedTokens FROM {piece.table} "
+                         f"WHERE {time_range('Bucket', piece, i, params, raw=False)}")
+        else:
+            parts.append(raw + time_range("Timestamp", piece, i, params, raw=True))
+    return "(" + " UNION ALL ".join(parts or [raw + "0"]) + ")", params

@@ -82,7 +82,7 @@ def window_unit_costs(store: StoreLike, settings: Settings, at: Evaluation, rece
     analytics.cost (catalog prices; busy GPU cost shared by weighted tokens)."""
     catalog = Catalog.of(settings.pricing.models)
     boundaries = catalog.boundaries()
-    groups = sources.cost_token_groups(store, at, boundaries, recent)
+    groups = sources.cost_token_groups(store, settings, at, boundaries, recent)
     schema = {"w": pl.Int64, "service": pl.String, "requests": pl.Int64, "cost_usd": pl.Float64}
     if groups.is_empty():
         return pl.DataFrame(schema=schema)

@@ -40,6 +40,7 @@ which p99_drift and queue_wait_growth report.
 
 from __future__ import annotations
 
+import math
 from datetime import datetime, timedelta, timezone
 from typing import Any, Literal
 
@@ -48,7 +49,7 @@ from pydantic import Field, field_validator, model_validator
 
 from servelens.analytics.query import _ns, iso
 from servelens.analytics.reports import quality
-from servelens.analytics.sources import frame
+from servelens.analytics.sources import frame, rollups
 from servelens.analytics.sql import window
 from servelens.analytics.triggers.base import Evaluation, Finding, detector
 from servelens.analytics.triggers.common import clean, ms, severity
@@ -68,16 +69,16 @@ def span(until: datetime, cfg: Any) -> tuple[datetime, datetime]:
     return end - cfg.lookback, end
 
 
-def arrivals(store: StoreLike, since: datetime, until: datetime, bucket: timedelta) -> pl.DataFrame:
+def arrivals(store: StoreLike, settings: Settings, since: datetime, until: datetime, bucket: timedelta) -> pl.DataFrame:
     """Per deployment and bucket (start, ns since the epoch): arrivals, retries included."""
+    bucket_ns = int(bucket.total_seconds()) * 10**9
+    rows, p = rollups.request_counts_sql(settings, _ns(since), _ns(until), math.gcd(_ns(since), bucket_ns))
     sql = f"""
-        SELECT toString(Deployment) AS deployment, {_BUCKET} AS bucket_ns, count() AS arrivals
-        FROM llm_requests
-        WHERE {window("since_ns", "until_ns").sql}
+        SELECT toString(Deployment) AS deployment, {_BUCKET} AS bucket_ns, sum(Requests) AS arrivals
+        FROM {rows}
         GROUP BY deployment, bucket_ns
         ORDER BY deployment, bucket_ns"""
-    return frame(store, sql, {"since_ns": _ns(since), "until_ns": _ns(until),
-                              "bucket_ns": int(bucket.total_seconds()) * 10**9})
+    return frame(store, sql, {**p, "bucket_ns": bucket_ns})
 
 
 def load_sides(buckets: pl.DataFrame) -> pl.DataFrame:
@@ -190,7 +191,7 @@ def quality_under_load(store: StoreLike, settings: Settings, at: Evaluation) -> 
                                   bucket_s=int(cfg.bucket.total_seconds()))
     if results.is_empty():
         return []
-    sides = load_sides(arrivals(store, since, until, cfg.bucket))
+    sides = load_sides(arrivals(store, settings, since, until, cfg.bucket))
     load = (sides.filter(pl.col("side") != MID).group_by("deployment", "side")
             .agg(pl.len().alias("buckets"), pl.col("arrivals").mean().alias("mean_arrivals")))
     loads = {(d, s): (b, m) for d, s, b, m in load.iter_rows()}

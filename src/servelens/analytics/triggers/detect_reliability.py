@@ -29,7 +29,7 @@ def pooled_counts(store: StoreLike, settings: Settings, at: Evaluation, count: s
     needed = pooling.needed_windows(counts, most, lambda c: c[count] >= minimum, ["n", "originals"])
     groups = pooling.spans(needed, most) if every else pooling.by_span(needed)
     for k, services in groups.items():
-        for r in sources.reliability_counts(store, pooling.span(at, k), services).iter_rows(named=True):
+        for r in sources.reliability_counts(store, settings, pooling.span(at, k), services).iter_rows(named=True):
             yield k, pooling.readings(needed, most, r["service"]) if every else 1, r
 
 
@@ -157,7 +157,7 @@ def error_rate_spike(store: StoreLike, settings: Settings, at: Evaluation) -> li
         subject: dict[str, str] = {"service": r["service"]}
         extra: dict[str, Any] = {}
         if s.firing:
-            parts = sources.error_breakdown(store, pooling.span(at, k), [r["service"]]).to_dicts()
+            parts = sources.error_breakdown(store, settings, pooling.span(at, k), [r["service"]]).to_dicts()
             specific = most_specific(cfg, r, parts)
             if "part" in specific:
                 part = specific["part"]

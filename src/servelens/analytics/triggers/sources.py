@@ -13,13 +13,15 @@ Nothing returns one row per request: at most one per (subject, minute).
 
 from __future__ import annotations
 
+import math
 from datetime import datetime, timedelta
+from typing import Any
 
 import polars as pl
 
 from servelens.analytics import memo
 from servelens.analytics.query import _ns
-from servelens.analytics.sources import frame
+from servelens.analytics.sources import frame, rollups
 from servelens.analytics.sql import (DAY_NS, bind, fallback, gpu_busy_readings, gpu_deployment, length_class,
                                      like_hours, not_before, window)
 from servelens.analytics.triggers.base import Evaluation
@@ -102,47 +104,62 @@ def queue_series(store: StoreLike, series_since: datetime, until: datetime, step
     return frame(store, sql, p)
 
 
-def reliability_counts(store: StoreLike, at: Evaluation, services: list[str] | None = None) -> pl.DataFrame:
+def reliability_counts(store: StoreLike, settings: Settings, at: Evaluation,
+                       services: list[str] | None = None) -> pl.DataFrame:
     """Per service: attempts, errors, retries and originals in the window and the baseline
     (errors also in the like hours). Every attempt is a row, retries included.
     `services`: only these."""
-    key = memo.key("sources.reliability_counts", store, None, at, None if services is None else tuple(services))
-    return memo.cached(key, lambda: _reliability_counts(store, at, services))
+    key = memo.key("sources.reliability_counts", store, settings, at, None if services is None else tuple(services))
+    return memo.cached(key, lambda: _reliability_counts(store, settings, at, services))
 
 
-def _reliability_counts(store: StoreLike, at: Evaluation, services: list[str] | None) -> pl.DataFrame:
-    only = "AND ServiceName IN {services:Array(String)}" if services is not None else ""
+def _counts(settings: Settings, at: Evaluation) -> tuple[str, dict[str, Any]]:
+    """The baseline and window's requests as count rows (rollups.request_counts_sql)."""
+    rows, p = rollups.request_counts_sql(settings, _ns(at.baseline_since), _ns(at.until), _align(at))
+    return rows, {**p, **params(at)}
+
+
+def _align(at: Evaluation) -> int:
+    """What divides every bound the detectors' predicates draw (the window's start and
+    length, a day): a rollup grain that divides it puts each row wholly on one side."""
+    return math.gcd(_ns(at.since), _ns(at.until) - _ns(at.since), DAY_NS)
+
+
+def _reliability_counts(store: StoreLike, settings: Settings, at: Evaluation, services: list[str] | None) -> pl.DataFrame:
+    only = "WHERE ServiceName IN {services:Array(String)}" if services is not None else ""
+    rows, p = _counts(settings, at)
     sql = f"""
         SELECT service,
-               countIf(cur) AS n, countIf(cur AND IsError) AS errors,
-               countIf(cur AND RetryAttempt > 0) AS retries, countIf(cur AND RetryAttempt = 0) AS originals,
-               countIf(NOT cur) AS base_n, countIf(NOT cur AND IsError) AS base_errors,
-               countIf(NOT cur AND like_) AS like_n, countIf(NOT cur AND like_ AND IsError) AS like_errors,
-               countIf(NOT cur AND RetryAttempt > 0) AS base_retries,
-               countIf(NOT cur AND RetryAttempt = 0) AS base_originals
-        FROM (SELECT toString(ServiceName) AS service, IsError, RetryAttempt,
+               sumIf(Requests, cur) AS n, sumIf(Errors, cur) AS errors,
+               sumIf(Retries, cur) AS retries, sumIf(Requests - Retries, cur) AS originals,
+               sumIf(Requests, NOT cur) AS base_n, sumIf(Errors, NOT cur) AS base_errors,
+               sumIf(Requests, NOT cur AND like_) AS like_n, sumIf(Errors, NOT cur AND like_) AS like_errors,
+               sumIf(Retries, NOT cur) AS base_retries,
+               sumIf(Requests - Retries, NOT cur) AS base_originals
+        FROM (SELECT toString(ServiceName) AS service, Requests, Errors, Retries,
                      {CURRENT} AS cur, {LIKE_HOURS} AS like_
-              FROM llm_requests WHERE {window("base_ns", "until_ns").sql} {only})
+              FROM {rows} {only})
         GROUP BY service
         ORDER BY service"""
-    return frame(store, sql, {**params(at), **({"services": services} if services is not None else {})})
+    return frame(store, sql, {**p, **({"services": services} if services is not None else {})})
 
 
-def error_breakdown(store: StoreLike, at: Evaluation, services: list[str]) -> pl.DataFrame:
+def error_breakdown(store: StoreLike, settings: Settings, at: Evaluation, services: list[str]) -> pl.DataFrame:
     """Per (service, deployment, model) of `services`: attempts and errors in the window, in
     the baseline's like hours and in the whole baseline (what error_rate_spike tests, per part)."""
+    rows, p = _counts(settings, at)
     sql = f"""
-        SELECT toString(ServiceName) AS service, toString(Deployment) AS deployment, Model AS model,
-               countIf(cur) AS n, countIf(cur AND IsError) AS errors,
-               countIf(NOT cur) AS base_n, countIf(NOT cur AND IsError) AS base_errors,
-               countIf(NOT cur AND like_) AS like_n, countIf(NOT cur AND like_ AND IsError) AS like_errors
-        FROM (SELECT ServiceName, Deployment, Model, IsError,
+        SELECT toString(ServiceName) AS service, toString(Deployment) AS deployment, toString(Model) AS model,
+               sumIf(Requests, cur) AS n, sumIf(Errors, cur) AS errors,
+               sumIf(Requests, NOT cur) AS base_n, sumIf(Errors, NOT cur) AS base_errors,
+               sumIf(Requests, NOT cur AND like_) AS like_n, sumIf(Errors, NOT cur AND like_) AS like_errors
+        FROM (SELECT ServiceName, Deployment, Model, Requests, Errors,
                      {CURRENT} AS cur, {LIKE_HOURS} AS like_
-              FROM llm_requests
-              WHERE {window("base_ns", "until_ns").sql} AND ServiceName IN {{services:Array(String)}})
+              FROM {rows}
+              WHERE ServiceName IN {{services:Array(String)}})
         GROUP BY service, deployment, model
         ORDER BY service, deployment, model"""
-    return frame(store, sql, {**params(at), "services": services})
+    return frame(store, sql, {**p, "services": services})
 
 
 def fallback_tails(store: StoreLike, settings: Settings, at: Evaluation, budgets: dict[str, float]) -> pl.DataFrame:
@@ -235,21 +252,23 @@ _WINDOW_INDEX = f"toInt64(floor(({_T} - {{since_ns:Int64}}) / {{window_ns:Int64}
 _KEPT = "(w >= -{recent:Int64} OR positiveModulo(w * {window_ns:Int64}, {day_ns:Int64}) = 0)"
 
 
-def cost_token_groups(store: StoreLike, at: Evaluation, boundaries: list[datetime], recent: int) -> pl.DataFrame:
+def cost_token_groups(store: StoreLike, settings: Settings, at: Evaluation, boundaries: list[datetime],
+                      recent: int) -> pl.DataFrame:
     """Token sums per (window index w, service, model, deployment, price period, retry,
     error): the columns analytics.cost.priced prices, one window at a time."""
-    p = {**params(at), "recent": recent, "bounds": [_ns(b) for b in boundaries]}
+    bounds = [_ns(b) for b in boundaries]
+    rows, p = rollups.cost_counts_sql(settings, _ns(at.baseline_since), _ns(at.until), _align(at), bounds)
     sql = f"""
-        SELECT {_WINDOW_INDEX} AS w, toString(ServiceName) AS service, Model AS model,
+        SELECT {_WINDOW_INDEX} AS w, toString(ServiceName) AS service, toString(Model) AS model,
                toString(Deployment) AS deployment,
                arrayCount(b -> fromUnixTimestamp64Nano(b) <= Timestamp, {{bounds:Array(Int64)}}) AS period,
-               RetryAttempt > 0 AS retry, IsError AS error,
-               count() AS requests, sum(InputTokens) AS input_tokens, sum(OutputTokens) AS output_tokens,
-               sum(least(CachedInputTokens, InputTokens)) AS cached_tokens
-        FROM llm_requests
-        WHERE {window("base_ns", "until_ns").sql} AND {_KEPT}
+               toUInt8(Retry) AS retry, Error AS error,
+               sum(Requests) AS requests, sum(InputTokens) AS input_tokens, sum(OutputTokens) AS output_tokens,
+               sum(CachedTokens) AS cached_tokens
+        FROM {rows}
+        WHERE {_KEPT}
         GROUP BY w, service, model, deployment, period, retry, error"""
-    return frame(store, sql, p)
+    return frame(store, sql, {**p, **params(at), "recent": recent, "bounds": bounds})
 
 
 def cost_gpu_windows(store: StoreLike, settings: Settings, at: Evaluation, recent: int) -> pl.DataFrame:
