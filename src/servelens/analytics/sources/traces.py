@@ -74,8 +74,7 @@ def _sql(where: str, by: str) -> str:
         SELECT key, t.1 AS stage, {"anyHeavy(trace_deployment)" if service else "key"} AS deployment, count() AS traces,
                quantilesExactInclusive(0.5, 0.99)(t.2) AS q
         FROM (
-            SELECT TraceId,
-                   max(llm) AS has_llm,
+            SELECT max(llm) AS has_llm,
                    argMax(deployment, latency) AS trace_deployment,{per_service}
                    max(latency) AS llm_max,
                    sum(queue) AS queue_s, sum(prefill) AS prefill_s, sum(decode) AS decode_s,
@@ -83,7 +82,9 @@ def _sql(where: str, by: str) -> str:
                    groupArrayIf((stage, seconds), stage NOT IN ('', 'root')) AS spans
             FROM ({_LLM_ROWS.replace("{where}", where)}
                   UNION ALL {_SPAN_ROWS})
-            GROUP BY TraceId
+            -- keyed by a 128-bit hash of the id, not the 32-character string: a smaller
+            -- hash table for millions of traces (BENCHMARKS.md, "Fleet scale")
+            GROUP BY sipHash128(TraceId)
             HAVING has_llm)
         ARRAY JOIN arrayFilter(s -> s.3, arrayConcat(
             [('queue', ifNull(queue_s, 0), queue_s IS NOT NULL),
