@@ -25,7 +25,7 @@ import time
 from datetime import datetime, timezone
 from typing import Any
 
-from servelens.analytics import memo
+from servelens.analytics import memo, stage_hours
 from servelens.analytics.leases import Leases, aligned, heartbeat, runner_alive, runner_id
 from servelens.analytics.query import DEFAULT_WINDOW, ReportQuery, iso
 from servelens.analytics.reports import registry as reports
@@ -39,7 +39,8 @@ log = logging.getLogger(__name__)
 
 def run_all(store: StoreLike, settings: Settings, now: datetime | None = None, scheduled: bool = False,
             owner: str | None = None, stop: threading.Event | None = None) -> dict[str, Any]:
-    """{"jobs": {name: {"rows": n, "seconds": s}}} as SPEC 5's analytics/run returns it.
+    """{"jobs": {name: {"rows": n, "seconds": s}}} as SPEC 5's analytics/run returns it
+    ("stage_hours": the settled hours stored for the stage reports, analytics.stage_hours).
 
     Scheduled runs skip the reports another runner holds the window of ("skipped": true).
     Once `stop` is set no further report starts (the process is stopping).
@@ -49,6 +50,10 @@ def run_all(store: StoreLike, settings: Settings, now: datetime | None = None, s
     until = aligned(now, settings.analytics.interval) if scheduled else now
     leases = Leases(store, owner)
     jobs: dict[str, Any] = {}
+    # The settled hours' stage sketches first: the reports below read them (stage_hours).
+    if stop is None or not stop.is_set():
+        filled = stage_hours.fill(store, settings, now, owner=owner, stop=stop)
+        jobs[stage_hours.JOB] = {"rows": filled["hours"], "seconds": filled["seconds"]}
     # The jobs share one window: what several of them need (GPU frames, stage quantiles)
     # is computed once (analytics.memo) and dropped when the run ends.
     with memo.run():

@@ -24,15 +24,27 @@ instead, it is cheaper only while every part is merged (3x faster after OPTIMIZE
 faster with the parts the next inserts add), and trace ids share no order with time, so
 a window cannot prune it. Within a run of the report jobs the result is shared
 (analytics.memo): `stages` and the overview's binding constraint ask the same question.
+
+Long windows read settled hours instead (`sketched`): the analytics job stores each hour
+once its spans are in (analytics.stage_hours, rollup_stages_1h), per (service, deployment,
+stage) with a quantilesDD sketch, and a window takes its stored whole hours from there and
+the rest (its edges, the last hours not yet settled) from raw rows through the same
+per-hour SQL, merged. There a trace belongs to the hour of its first LLM request and
+counts every LLM request and span within the slack of that hour (the exact path counts
+the LLM requests inside the window); percentiles are within the request rollups' bound
+(1 % of an exact value at most one rank from the percentile). Windows with filters, or
+with at most `analytics.exact_quantiles_up_to` requests, stay exact.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import polars as pl
 
 from servelens.analytics import memo
 from servelens.analytics.query import ReportQuery
-from servelens.analytics.sources import frame
+from servelens.analytics.sources import frame, rollups
 from servelens.analytics.sql import window
 from servelens.core.config import Settings
 from servelens.core.store import StoreLike
@@ -40,26 +52,54 @@ from servelens.core.store import StoreLike
 # Root and stage spans may start before / end after the LLM span that puts the trace in
 # the window; look this far around it for them.
 SLACK_NS = 3600 * 10**9
+NS = 10**9
+HOUR_NS = 3600 * NS
+_NO_LLM_NS = 2**63 - 1  # a span row's "first LLM request" time: never the trace's first
 
 # Per-row contributions. LLM rows: the vLLM timings (Nullable: a sum over a trace is null
 # when no row had the timing, which is how "the trace has this stage" is known), the
-# deployment and service with the latency that picks the trace's (argMax); span rows: a
-# latency of -inf, so they never win that argMax, and their stage and seconds.
+# deployment and service with the latency that picks the trace's (argMax), and the time
+# (the first LLM request's decides a trace's hour); span rows: a latency of -inf, so they
+# never win that argMax, and their stage and seconds.
 _LLM_ROWS = """
     SELECT TraceId, true AS llm, Deployment AS deployment, ServiceName AS service, LatencySeconds AS latency,
            QueueSeconds IS NOT NULL OR PrefillSeconds IS NOT NULL OR DecodeSeconds IS NOT NULL AS vllm,
            QueueSeconds AS queue,
            if(vllm, PrefillSeconds, TtftSeconds) AS prefill,
            if(vllm, DecodeSeconds, toNullable(greatest(0, LatencySeconds - ifNull(TtftSeconds, 0)))) AS decode,
-           '' AS stage, 0. AS root, '' AS root_service, -1. AS root_weight, 0. AS seconds
+           '' AS stage, 0. AS root, '' AS root_service, -1. AS root_weight, 0. AS seconds,
+           toUnixTimestamp64Nano(Timestamp) AS at_ns
     FROM llm_requests
     WHERE {where}"""
-_SPAN_ROWS = f"""
+
+
+def _span_rows(lo: str = "since_ns", hi: str = "until_ns") -> str:
+    return f"""
     SELECT TraceId, false, '', '', -inf, false, NULL, NULL, NULL,
            Stage, if(Stage = 'root', Seconds, 0.), if(Stage = 'root', ServiceName, ''),
-           if(Stage = 'root', Seconds, -1.), Seconds
+           if(Stage = 'root', Seconds, -1.), Seconds, {_NO_LLM_NS}
     FROM stage_spans
-    WHERE {window(before="slack_ns", after="slack_ns").sql}"""
+    WHERE {window(lo, hi, before="slack_ns", after="slack_ns").sql}"""
+
+
+# One trace's per-trace aggregates -> its (stage, seconds) values: queue/prefill/decode
+# where it had them, each span stage summed, `other` (with a root) and `total`.
+_STAGES = """arrayFilter(s -> s.3, arrayConcat(
+            [('queue', ifNull(queue_s, 0), queue_s IS NOT NULL),
+             ('prefill', ifNull(prefill_s, 0), prefill_s IS NOT NULL),
+             ('decode', ifNull(decode_s, 0), decode_s IS NOT NULL)],
+            arrayMap((n, s) -> (n, s, true), arrayDistinct(arrayMap(x -> x.1, spans)) AS names,
+                     arrayMap(n -> arraySum(arrayMap(x -> x.2, arrayFilter(x -> x.1 = n, spans))), names) AS secs),
+            [('other', greatest(0, (if(root_s > 0, root_s, llm_max) AS total) - ifNull(queue_s, 0)
+                                   - ifNull(prefill_s, 0) - ifNull(decode_s, 0) - arraySum(secs)), root_s > 0),
+             ('total', total, true)]))"""
+_TRACE_SUMS = """max(latency) AS llm_max,
+                   sum(queue) AS queue_s, sum(prefill) AS prefill_s, sum(decode) AS decode_s,
+                   max(root) AS root_s,
+                   groupArrayIf((stage, seconds), stage NOT IN ('', 'root')) AS spans"""
+# keyed by a 128-bit hash of the id, not the 32-character string: a smaller hash table for
+# millions of traces (BENCHMARKS.md, "Fleet scale")
+_PER_TRACE = "GROUP BY sipHash128(TraceId)"
 
 
 def _sql(where: str, by: str) -> str:
@@ -76,33 +116,120 @@ def _sql(where: str, by: str) -> str:
         FROM (
             SELECT max(llm) AS has_llm,
                    argMax(deployment, latency) AS trace_deployment,{per_service}
-                   max(latency) AS llm_max,
-                   sum(queue) AS queue_s, sum(prefill) AS prefill_s, sum(decode) AS decode_s,
-                   max(root) AS root_s,
-                   groupArrayIf((stage, seconds), stage NOT IN ('', 'root')) AS spans
+                   {_TRACE_SUMS}
             FROM ({_LLM_ROWS.replace("{where}", where)}
-                  UNION ALL {_SPAN_ROWS})
-            -- keyed by a 128-bit hash of the id, not the 32-character string: a smaller
-            -- hash table for millions of traces (BENCHMARKS.md, "Fleet scale")
-            GROUP BY sipHash128(TraceId)
+                  UNION ALL {_span_rows()})
+            {_PER_TRACE}
             HAVING has_llm)
-        ARRAY JOIN arrayFilter(s -> s.3, arrayConcat(
-            [('queue', ifNull(queue_s, 0), queue_s IS NOT NULL),
-             ('prefill', ifNull(prefill_s, 0), prefill_s IS NOT NULL),
-             ('decode', ifNull(decode_s, 0), decode_s IS NOT NULL)],
-            arrayMap((n, s) -> (n, s, true), arrayDistinct(arrayMap(x -> x.1, spans)) AS names,
-                     arrayMap(n -> arraySum(arrayMap(x -> x.2, arrayFilter(x -> x.1 = n, spans))), names) AS secs),
-            [('other', greatest(0, (if(root_s > 0, root_s, llm_max) AS total) - ifNull(queue_s, 0)
-                                   - ifNull(prefill_s, 0) - ifNull(decode_s, 0) - arraySum(secs)), root_s > 0),
-             ('total', total, true)])) AS t
+        ARRAY JOIN {_STAGES} AS t
         GROUP BY {key} AS key, stage
         ORDER BY key, stage"""
 
 
+# --- hours: the sketched path for long windows ----------------------------------------------
+
+SKETCH = "quantilesDD(0.0025, 0.5, 0.99)"  # rollup_stages_1h's state (migration 0028)
+JOB = "stage_hours"  # its name in analytics_results / analytics_leases (analytics/stage_hours.py)
+
+
+def hour_states_sql(lo: str = "since_ns", hi: str = "until_ns") -> str:
+    """Per (ServiceName, Deployment, Stage) of the traces whose first LLM request lies in
+    [{lo}, {hi}): Traces and a sketch state of their seconds (rollup_stages_1h's columns).
+    A trace's LLM requests and spans are read within the slack around that span, so a
+    trace is whole, whichever hour it is cut at. No report filters: a rollup row is a
+    whole trace's."""
+    llm_where = window(lo, hi, before="slack_ns", after="slack_ns").sql
+    return f"""
+        SELECT if(root_service != '', root_service, llm_service) AS ServiceName, trace_deployment AS Deployment,
+               t.1 AS Stage, count() AS Traces, {SKETCH.replace('(', 'State(', 1)}(t.2) AS Seconds
+        FROM (
+            SELECT min(at_ns) AS first_ns,
+                   argMax(deployment, latency) AS trace_deployment,
+                   argMax(service, latency) AS llm_service,
+                   argMax(root_service, root_weight) AS root_service,
+                   {_TRACE_SUMS}
+            FROM ({_LLM_ROWS.replace("{where}", llm_where)}
+                  UNION ALL {_span_rows(lo, hi)})
+            {_PER_TRACE}
+            HAVING first_ns >= {{{lo}:Int64}} AND first_ns < {{{hi}:Int64}})
+        ARRAY JOIN {_STAGES} AS t
+        GROUP BY ServiceName, Deployment, Stage"""
+
+
+def hours_stored(store: StoreLike) -> tuple[int, int] | None:
+    """[first, last) hour (ns) that rollup_stages_1h holds whole, None when it holds none or
+    its hours are not one unbroken run (then nothing is read from it)."""
+    row = store.client().query(
+        "SELECT toUnixTimestamp64Nano(min(since)), toUnixTimestamp64Nano(max(until)), uniqExact(since) "
+        "FROM analytics_results WHERE report = {job:String}", parameters={"job": JOB}).first_row
+    if not row or not row[2]:
+        return None
+    lo, hi, count = int(row[0]), int(row[1]), int(row[2])
+    return (lo, hi) if (hi - lo) // HOUR_NS == count else None
+
+
+def _hour_pieces(since_ns: int, until_ns: int, stored: tuple[int, int]) -> list[tuple[bool, int, int]]:
+    """[since, until) as (from the rollup, lo, hi): the stored whole hours inside it, raw around them."""
+    lo = max(-(-since_ns // HOUR_NS) * HOUR_NS, stored[0])
+    hi = min(until_ns // HOUR_NS * HOUR_NS, stored[1])
+    if lo >= hi:
+        return [(False, since_ns, until_ns)]
+    return [p for p in ((False, since_ns, lo), (True, lo, hi), (False, hi, until_ns)) if p[1] < p[2]]
+
+
+def _sketched_sql(pieces: list[tuple[bool, int, int]], by: str, params: dict[str, Any]) -> str:
+    parts = []
+    for i, (stored, lo, hi) in enumerate(pieces):
+        params[f"lo_{i}"], params[f"hi_{i}"] = lo, hi
+        parts.append(f"SELECT ServiceName, Deployment, Stage, Traces, Seconds FROM rollup_stages_1h "
+                     f"WHERE Hour >= toDateTime(intDiv({{lo_{i}:Int64}}, {NS})) "
+                     f"AND Hour < toDateTime(intDiv({{hi_{i}:Int64}}, {NS}))"
+                     if stored else hour_states_sql(f"lo_{i}", f"hi_{i}"))
+    key = "Deployment" if by == "deployment" else "ServiceName"
+    # per deployment first: a group's deployment is the one most of its traces ran on
+    return f"""
+        SELECT key, stage, argMax(Deployment, n) AS deployment, sum(n) AS traces,
+               {SKETCH.replace('(', 'Merge(', 1)}(st) AS q
+        FROM (SELECT toString({key}) AS key, toString(Stage) AS stage, toString(Deployment) AS Deployment,
+                     sum(Traces) AS n, {SKETCH.replace('(', 'MergeState(', 1)}(Seconds) AS st
+              FROM ({' UNION ALL '.join(parts)})
+              GROUP BY key, stage, Deployment)
+        GROUP BY key, stage
+        ORDER BY key, stage"""
+
+
+def sketched(store: StoreLike, settings: Settings, q: ReportQuery) -> tuple[int, int] | None:
+    """The stored hours q's stage quantiles read (analytics.stage_hours), or None when they
+    come exactly from raw rows: report filters (a rollup row is a whole trace's, unfiltered),
+    a window small enough to rank exactly (analytics.exact_quantiles_up_to requests), or no
+    whole stored hour inside it."""
+    if q.filters or not settings.analytics.use_rollups:
+        return None
+    limit = settings.analytics.exact_quantiles_up_to
+    if limit and rollups.request_count(store, settings, q) <= limit:
+        return None
+    stored = memo.cached(memo.key("traces.hours_stored", store, None), lambda: hours_stored(store))
+    if stored is None:
+        return None
+    bounds = q.bounds()
+    return stored if any(p[0] for p in _hour_pieces(bounds["since_ns"], bounds["until_ns"], stored)) else None
+
+
 def stage_quantiles(store: StoreLike, settings: Settings, q: ReportQuery, by: str) -> pl.DataFrame:
-    """key, stage, deployment (the group's most frequent), traces, p50, p99 (seconds)."""
+    """key, stage, deployment (the group's most frequent), traces, p50, p99 (seconds): exact
+    from raw rows, or for long unfiltered windows from the stored hours' sketches (`sketched`)."""
     where, params = q.where(settings.attributes)
     params["slack_ns"] = SLACK_NS
     key = memo.key("traces.stage_quantiles", store, settings, params["since_ns"], params["until_ns"],
                    tuple(sorted(q.filters.items())), by)
-    return memo.cached(key, lambda: frame(store, _sql(where, by), params))
+
+    def compute() -> pl.DataFrame:
+        stored = sketched(store, settings, q)
+        if stored is None:
+            return frame(store, _sql(where, by), params)
+        bounds = q.bounds()
+        sketch_params = {"slack_ns": SLACK_NS}
+        sql = _sketched_sql(_hour_pieces(bounds["since_ns"], bounds["until_ns"], stored), by, sketch_params)
+        return frame(store, sql, sketch_params)
+
+    return memo.cached(key, compute)

@@ -1,0 +1,84 @@
+"""Fill rollup_stages_1h (migration 0028): each settled hour's per-stage sketches, once.
+
+The stages report and the overview's binding constraint aggregate every trace of their
+window (analytics/sources/traces.py); at a month of a busy fleet that is millions of
+traces held at once. This job aggregates one hour at a time instead, after the hour has
+settled (its traces' spans may arrive up to the slack after it: SLACK_NS plus
+triggers.settle), and readers take the stored hours as they are.
+
+Hours go in order from the first stored request, `limit` per call, so the stored hours
+are one unbroken run that `traces.hours_stored` can read from analytics_results. Each hour
+is taken under a lease (analytics_leases) and recorded in analytics_results once inserted;
+its insert carries a deduplication token, so an hour inserted by a runner that died before
+recording it is not counted twice when it is taken again.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from servelens.analytics.leases import Leases, aligned, runner_id
+from servelens.analytics.sources import frame
+from servelens.analytics.sources.traces import HOUR_NS, JOB, SLACK_NS, hour_states_sql, hours_stored
+from servelens.core.config import Settings
+from servelens.core.store import StoreLike
+
+log = logging.getLogger(__name__)
+
+HOUR = timedelta(hours=1)
+LIMIT = 48  # hours per call: a scheduler tick stays short while a month is filled in
+
+
+def settled(settings: Settings, now: datetime) -> datetime:
+    """The end of the last hour whose traces are complete at `now`."""
+    return aligned(now - timedelta(microseconds=SLACK_NS // 1000) - settings.triggers.settle, HOUR)
+
+
+def _first_hour(store: StoreLike) -> datetime | None:
+    row = frame(store, "SELECT toUnixTimestamp64Nano(min(Timestamp)) AS t, count() AS n FROM llm_requests", {})
+    if not row.height or not row.item(0, "n"):
+        return None
+    return datetime.fromtimestamp(row.item(0, "t") // HOUR_NS * 3600, tz=timezone.utc)
+
+
+def due(store: StoreLike, settings: Settings, now: datetime) -> list[datetime]:
+    """Starts of the hours to fill, oldest first: after the stored run, or from the first
+    stored request, up to the last settled hour."""
+    stored = hours_stored(store)
+    first = (datetime.fromtimestamp(stored[1] / 1e9, tz=timezone.utc) if stored is not None
+             else _first_hour(store))
+    if first is None:
+        return []
+    end = settled(settings, now)
+    return [first + i * HOUR for i in range(max(0, int((end - first) / HOUR)))]
+
+
+def fill(store: StoreLike, settings: Settings, now: datetime | None = None, *, owner: str | None = None,
+         limit: int = LIMIT, stop: threading.Event | None = None) -> dict[str, Any]:
+    """Store up to `limit` due hours. {"hours": n, "seconds": s};
+    stops at an hour another runner holds (the run must stay unbroken)."""
+    started = time.perf_counter()
+    now = now or datetime.now(timezone.utc)
+    owner = owner or runner_id()
+    leases = Leases(store, owner)
+    hours = 0
+    for hour in due(store, settings, now)[:limit]:
+        if stop is not None and stop.is_set():
+            break
+        until = hour + HOUR
+        if not leases.acquire(JOB, until, now):
+            break
+        lo = int(hour.timestamp()) * 10**9
+        store.client().command(
+            f"INSERT INTO rollup_stages_1h (ServiceName, Deployment, Stage, Traces, Seconds, Hour) "
+            f"SELECT *, toDateTime(intDiv({{since_ns:Int64}}, 1000000000)) FROM ({hour_states_sql()})",
+            parameters={"since_ns": lo, "until_ns": lo + HOUR_NS, "slack_ns": SLACK_NS},
+            settings={"insert_deduplication_token": f"{JOB}:{hour.isoformat()}", "insert_deduplicate": 1})
+        store.client().insert("analytics_results", [[JOB, hour, until, datetime.now(timezone.utc), owner, "{}"]],
+                              column_names=["report", "since", "until", "computed_at", "owner", "rows"])
+        hours += 1
+    return {"hours": hours, "seconds": round(time.perf_counter() - started, 4)}

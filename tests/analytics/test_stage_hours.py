@@ -1,0 +1,123 @@
+"""The settled hours' stage sketches (analytics/stage_hours.py, migration 0028) against the
+exact per-trace stage quantiles of the same traces (analytics/sources/traces.py).
+
+The traffic is test_stages' (every trace shape: vLLM timings, API calls with and without
+TTFT, retries, RAG and agent spans, a root from another service), without its edge cases
+that straddle the window: a trace belongs to the hour of its first LLM request and counts
+all of its LLM requests, where the exact path counts only those inside the window.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter, defaultdict
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from servelens.analytics import stage_hours
+from servelens.analytics.query import ReportQuery
+from servelens.analytics.reports.registry import run
+from servelens.analytics.sources import traces
+from tests.analytics.test_stages import DEPLOYMENTS, SINCE, UNTIL, WINDOW, decompose, insert, traffic
+
+pytestmark = pytest.mark.integration
+
+
+def _whole() -> list:
+    return [t for t in traffic() if not t.id.startswith("e")]
+
+
+@pytest.fixture
+def stored(store):
+    insert(store, _whole())
+    return store
+
+
+def _brackets(by: str) -> dict:
+    """Per (key, stage): the exact values one rank below and above each percentile's rank
+    (p50, p99): a sketch answers one of the values near it, to its accuracy; and the
+    deployment that holds a majority of its traces, where one does."""
+    values, deployments = defaultdict(list), defaultdict(Counter)
+    for t in _whole():
+        stages, deployment, llm_service, root_service = decompose(t)
+        key = deployment if by == "deployment" else (root_service or llm_service)
+        for stage, v in stages.items():
+            values[(key, stage)].append(v)
+            deployments[(key, stage)][deployment] += 1
+    out = {}
+    for key, v in values.items():
+        v.sort()
+        out[key] = [(v[max(0, math.floor(q * (len(v) - 1)) - 1)], v[min(len(v) - 1, math.ceil(q * (len(v) - 1)) + 1)])
+                    for q in (0.5, 0.99)]
+    # the group's deployment where one holds a majority (the exact path's anyHeavy is exact then)
+    majority = {k: c.most_common(1)[0][0] for k, c in deployments.items() if c.most_common(1)[0][1] * 2 > sum(c.values())}
+    return out, majority
+
+
+def _rows(frame) -> dict:
+    return {(r["key"], r["stage"]): r for r in frame.iter_rows(named=True)}
+
+
+@pytest.mark.parametrize("by", ["deployment", "service"])
+def test_stored_hours_answer_within_the_sketch_bound(stored, make_settings, by) -> None:
+    settings = make_settings(deployments=DEPLOYMENTS, analytics={"exact_quantiles_up_to": 0})
+    exact_settings = make_settings(deployments=DEPLOYMENTS, analytics={"use_rollups": False})
+    q = ReportQuery(SINCE, UNTIL)
+    assert traces.sketched(stored, settings, q) is None  # nothing stored yet: exact
+    done = stage_hours.fill(stored, settings)
+    assert done["hours"] >= 2
+    assert traces.sketched(stored, settings, q) is not None
+
+    got, want = _rows(traces.stage_quantiles(stored, settings, q, by)), \
+        _rows(traces.stage_quantiles(stored, exact_settings, q, by))
+    brackets, majority = _brackets(by)
+    assert set(got) == set(want) == set(brackets) and want
+    for key, w in want.items():
+        g = got[key]
+        assert g["traces"] == w["traces"], key
+        # the request rollups' bound (rollups.SKETCH_ERROR): within 1 % of an exact value
+        # at most one rank from the percentile (the exact path interpolates between ranks)
+        for value, (lo, hi) in zip(g["q"], brackets[key]):
+            assert lo * 0.99 - 1e-9 <= value <= hi * 1.01 + 1e-9, (key, lo, value, hi)
+        if key in majority:
+            assert g["deployment"] == w["deployment"] == majority[key], key
+
+    # the report reads them the same way
+    report = {(r[by], r["stage"]): r for r in run("stages", stored, settings, {**WINDOW, "by": by})["rows"]}
+    assert set(report) == set(want)
+
+
+def test_hours_are_stored_once_in_one_unbroken_run(stored, make_settings) -> None:
+    settings = make_settings(deployments=DEPLOYMENTS)
+    client = stored.client()
+    first = stage_hours.fill(stored, settings, limit=2)
+    assert first["hours"] == 2  # `limit` per call
+    rest = stage_hours.fill(stored, settings)
+    lo, hi = traces.hours_stored(stored)
+    end = stage_hours.settled(settings, datetime.now(timezone.utc))
+    assert hi == int(end.timestamp()) * 10**9 and (hi - lo) // traces.HOUR_NS == first["hours"] + rest["hours"]
+    assert stage_hours.fill(stored, settings)["hours"] == 0  # nothing left until the next hour settles
+    before = client.query("SELECT sum(Traces), count() FROM rollup_stages_1h").first_row
+
+    # A runner that died after inserting its hour but before recording it: the hour is
+    # taken again once the lease expires, and its insert is deduplicated.
+    busy = client.query("SELECT max(since) FROM analytics_results WHERE report = 'stage_hours' "
+                        "AND since < {u:DateTime64(3)} AND since IN (SELECT DISTINCT Hour FROM rollup_stages_1h)",
+                        parameters={"u": UNTIL}).first_row[0]
+    client.command("DELETE FROM analytics_results WHERE report = 'stage_hours' AND since >= {h:DateTime64(3)}",
+                   parameters={"h": busy})
+    later = datetime.now(timezone.utc) + timedelta(minutes=10)  # past the lease
+    again = stage_hours.fill(stored, settings, later)
+    assert again["hours"] >= 1
+    assert client.query("SELECT sum(Traces), count() FROM rollup_stages_1h").first_row == before
+
+
+def test_filters_and_small_windows_stay_exact(stored, make_settings) -> None:
+    settings = make_settings(deployments=DEPLOYMENTS)  # exact up to 200,000 requests
+    stage_hours.fill(stored, settings)
+    assert traces.sketched(stored, settings, ReportQuery(SINCE, UNTIL)) is None
+    sketchy = make_settings(deployments=DEPLOYMENTS, analytics={"exact_quantiles_up_to": 0})
+    assert traces.sketched(stored, sketchy, ReportQuery(SINCE, UNTIL, filters={"service": "svc-chat"})) is None
+    inside = ReportQuery(SINCE + timedelta(minutes=10), SINCE + timedelta(minutes=50))  # no whole hour
+    assert traces.sketched(stored, sketchy, inside) is None
