@@ -72,7 +72,7 @@ def series(store: StoreLike, settings: Settings, metric: str, q: ReportQuery, bu
         raise QueryError(f"unknown metric {metric!r}; available: {sorted(METRICS)}")
     seconds = bucket_seconds(bucket, q)
     if metric in _REQUEST_METRICS:
-        points = _request_points(store, settings, q, seconds, _REQUEST_METRICS[metric]())
+        points = _request_points(store, settings, q, seconds, metric)
     elif metric in COST_METRICS:
         points = _cost_points(store, settings, q, max(seconds, 900), metric)
         seconds = max(seconds, 900)
@@ -83,22 +83,23 @@ def series(store: StoreLike, settings: Settings, metric: str, q: ReportQuery, bu
     return {"metric": metric, "bucket": _name(seconds), **_shape(points, q, seconds, metric)}
 
 
-def _request_points(store: StoreLike, settings: Settings, q: ReportQuery, seconds: int, value: pl.Expr) -> pl.DataFrame:
+def _request_points(store: StoreLike, settings: Settings, q: ReportQuery, seconds: int, metric: str) -> pl.DataFrame:
     # A small window sketches its raw rows: cheaper than merging the rollup's states when a
     # rollup row holds about one request (tens of thousands of models or regions a minute).
     # (the window's request count is read once per run: rollups.request_count)
     sketched = loader.sketched(store, settings, q, q.by)
     sql, params = rollups.request_stats_sql(q, settings, q.by, bucket_s=seconds, rollup=sketched,
-                                            raw_edges=sketched and rollups.edges_raw(store, settings, q, seconds))
-    # every request metric of one grouping and bucket reads the same stats: once per run
-    # (a chart of five percentiles is one query)
+                                            raw_edges=sketched and rollups.edges_raw(store, settings, q, seconds),
+                                            sketches=tuple(k for k in rollups.SKETCHES if metric.startswith(f"{k}_")))
+    # every request metric of one grouping, bucket and percentile column reads the same
+    # stats: once per run (a chart of p50, p95 and p99 is one query; a count reads no sketch)
     stats = memo.cached(("series.request_stats", id(store), sql, repr(sorted(params.items()))),
                         lambda: frame(store, sql, params))
     if not stats.height:
         return _EMPTY
     return (_seconds(stats).with_columns(pl.lit(float(seconds)).alias("_bucket_s"))
             .select(pl.col("key"), "t", pl.col("requests").cast(pl.Float64).alias("_weight"),
-                    value.cast(pl.Float64).alias("value")))
+                    _REQUEST_METRICS[metric]().cast(pl.Float64).alias("value")))
 
 
 def _costed(store: StoreLike, settings: Settings, q: ReportQuery, seconds: int) -> pl.DataFrame:

@@ -34,7 +34,8 @@ def latency_groups(store: StoreLike, settings: Settings, q: ReportQuery) -> pl.D
     """Per group: request count and p50/p95/p99 of TTFT, latency and TPOT (seconds):
     exact from raw rows, or from the rollups' sketches for large windows (`sketched`)."""
     if sketched(store, settings, q, q.by):
-        sql, params = rollups.request_stats_sql(q, settings, q.by, raw_edges=rollups.edges_raw(store, settings, q))
+        sql, params = rollups.request_stats_sql(q, settings, q.by, raw_edges=rollups.edges_raw(store, settings, q),
+                                                sketches=("ttft", "latency", "tpot"))
         return frame(store, f"SELECT key, requests, ttft, latency, tpot FROM ({sql}) ORDER BY requests DESC, key",
                      params)
     where, params = q.where(settings.attributes)
@@ -280,7 +281,8 @@ def deployment_tokens(store: StoreLike, q: ReportQuery, deployments: list[str]) 
 
 def overview_totals(store: StoreLike, settings: Settings, q: ReportQuery) -> pl.DataFrame:
     if sketched(store, settings, q, None):
-        sql, params = rollups.request_stats_sql(q, settings, None, raw_edges=rollups.edges_raw(store, settings, q))
+        sql, params = rollups.request_stats_sql(q, settings, None, raw_edges=rollups.edges_raw(store, settings, q),
+                                                sketches=("ttft", "latency"))
         return frame(store, f"""
             SELECT sum(requests) AS requests, any(ttft)[3] AS ttft_p99, any(latency)[3] AS latency_p99,
                    sum(errors) AS errors, sum(retries) AS retries

@@ -135,30 +135,39 @@ _ROLLUP_MEASURES = """Requests, Errors, Retries, Fallbacks, RateLimited, WithTtf
        InputTokens AS InputTokens_, OutputTokens AS OutputTokens_, CachedInputTokens AS CachedInputTokens_,
        LatencySum, Ttft, Latency, Tpot, Queue"""
 _EXACT = "quantilesExactInclusive(0.5, 0.95, 0.99)"  # as the exact reports rank (sources/requests.py)
-_MERGED = f"""
+_SUMS = """
        sum(Requests) AS requests, sum(Errors) AS errors, sum(Retries) AS retries,
        sum(Fallbacks) AS fallbacks, sum(RateLimited) AS rate_limited, sum(WithTtft) AS with_ttft,
        sum(InputTokens_) AS input_tokens, sum(OutputTokens_) AS output_tokens,
-       sum(CachedInputTokens_) AS cached_tokens, sum(LatencySum) AS latency_sum,
-       {SKETCH.replace('(', 'Merge(', 1)}(Ttft) AS ttft,
-       {SKETCH.replace('(', 'Merge(', 1)}(Latency) AS latency,
-       {SKETCH.replace('(', 'Merge(', 1)}(Tpot) AS tpot,
-       {SKETCH.replace('(', 'Merge(', 1)}(Queue) AS queue"""
+       sum(CachedInputTokens_) AS cached_tokens, sum(LatencySum) AS latency_sum"""
+# The four percentile columns, each a sketch column of the rollups. Merging a sketch state
+# costs ~2.5 us a rollup row, nearly all of such a query (a day of minutes at 10 M requests:
+# 0.30 s with four, 0.12 s with one, 0.01 s with none; BENCHMARKS.md "Fleet scale"), so
+# a caller names the ones it reads; the others are empty lists.
+SKETCHES = {"ttft": "Ttft", "latency": "Latency", "tpot": "Tpot", "queue": "Queue"}
+_UNREAD = "CAST([], 'Array(Float64)')"
+
+
+def _merged(sketches: tuple[str, ...]) -> str:
+    return _SUMS + "".join(f",\n       {SKETCH.replace('(', 'Merge(', 1)}({column}) AS {name}" if name in sketches
+                           else f",\n       {_UNREAD} AS {name}" for name, column in SKETCHES.items())
 
 
 def request_stats_sql(q: ReportQuery, settings: Settings, by: str | None, bucket_s: int | None = None,
-                      rollup: bool = True, raw_edges: bool = False) -> tuple[str, dict[str, Any]]:
+                      rollup: bool = True, raw_edges: bool = False,
+                      sketches: tuple[str, ...] = tuple(SKETCHES)) -> tuple[str, dict[str, Any]]:
     """Per key (and time bucket): request counts, token sums and the TTFT, latency, TPOT
     and queue sketches (p50, p95, p99), from the rollups where they answer (and `rollup`),
     else raw rows. A bucket is a multiple of 60 s; of 3600 s to use the hour rollup.
-    `raw_edges`: the coarsest grain's edges from raw rows (edges_raw)."""
+    `raw_edges`: the coarsest grain's edges from raw rows (edges_raw). `sketches`: the
+    percentile columns computed; the others are empty lists."""
     if not (rollup and answerable(q, settings, REQUEST_DIMS, by)):
-        return _raw_request_stats_sql(q, settings, by, bucket_s)
+        return _raw_request_stats_sql(q, settings, by, bucket_s, sketches)
     parts, params = _request_pieces(q, settings, by, bucket_s, _RAW_MEASURES, _ROLLUP_MEASURES, raw_edges)
     bucket = f", toStartOfInterval(t, INTERVAL {int(bucket_s)} SECOND) AS bucket" if bucket_s else ""
     group = "key, bucket" if bucket_s else "key"
     sql = f"""
-        SELECT toString(key) AS key{bucket}, {_MERGED}
+        SELECT toString(key) AS key{bucket}, {_merged(sketches)}
         FROM ({' UNION ALL '.join(parts)})
         GROUP BY {group}
         HAVING requests > 0
@@ -212,21 +221,26 @@ def _request_pieces(q: ReportQuery, settings: Settings, by: str | None, bucket_s
 # request_stats_sql's columns straight from raw rows, percentiles exact: the window is
 # small or not in the rollups, and building a sketch state per minute only to merge it
 # again cost 8x the exact ranking (BENCHMARKS.md "Dashboard cardinality").
-_RAW_STATS = f"""
+_RAW_SUMS = """
        count() AS requests, countIf(IsError) AS errors, countIf(RetryAttempt > 0) AS retries,
        countIf(Fallback) AS fallbacks, countIf(HttpStatusCode = 429) AS rate_limited,
        countIf(TtftSeconds IS NOT NULL) AS with_ttft,
        sum(toUInt64(InputTokens)) AS input_tokens, sum(toUInt64(OutputTokens)) AS output_tokens,
-       sum(toUInt64(CachedInputTokens)) AS cached_tokens, sum(LatencySeconds) AS latency_sum,
-       {_EXACT}(TtftSeconds) AS ttft,
-       {_EXACT}(LatencySeconds) AS latency,
-       {_EXACT}(if(OutputTokens > 1 AND TtftSeconds IS NOT NULL AND LatencySeconds > assumeNotNull(TtftSeconds),
-                   (LatencySeconds - assumeNotNull(TtftSeconds)) / (OutputTokens - 1), NULL)) AS tpot,
-       {_EXACT}(QueueSeconds) AS queue"""
+       sum(toUInt64(CachedInputTokens)) AS cached_tokens, sum(LatencySeconds) AS latency_sum"""
+_RAW_VALUES = {
+    "ttft": "TtftSeconds", "latency": "LatencySeconds",
+    "tpot": "if(OutputTokens > 1 AND TtftSeconds IS NOT NULL AND LatencySeconds > assumeNotNull(TtftSeconds), "
+            "(LatencySeconds - assumeNotNull(TtftSeconds)) / (OutputTokens - 1), NULL)",
+    "queue": "QueueSeconds"}
 
 
-def _raw_request_stats_sql(q: ReportQuery, settings: Settings, by: str | None,
-                           bucket_s: int | None) -> tuple[str, dict[str, Any]]:
+def _raw_stats(sketches: tuple[str, ...]) -> str:
+    return _RAW_SUMS + "".join(f",\n       {_EXACT}({value}) AS {name}" if name in sketches
+                               else f",\n       {_UNREAD} AS {name}" for name, value in _RAW_VALUES.items())
+
+
+def _raw_request_stats_sql(q: ReportQuery, settings: Settings, by: str | None, bucket_s: int | None,
+                           sketches: tuple[str, ...]) -> tuple[str, dict[str, Any]]:
     where, params = ReportQuery(q.since, q.until, filters=q.filters).where(settings.attributes)  # window + filters
     key, kparams = _raw_key(by, settings)
     params.update(kparams)
@@ -234,7 +248,7 @@ def _raw_request_stats_sql(q: ReportQuery, settings: Settings, by: str | None,
               if bucket_s else "")
     group = "key, bucket" if bucket_s else "key"
     sql = f"""
-        SELECT toString({key}) AS key{bucket}, {_RAW_STATS}
+        SELECT toString({key}) AS key{bucket}, {_raw_stats(sketches)}
         FROM llm_requests
         WHERE {where}
         GROUP BY {group}
