@@ -52,8 +52,11 @@ def run_all(store: StoreLike, settings: Settings, now: datetime | None = None, s
     jobs: dict[str, Any] = {}
     # The settled hours' stage sketches first: the reports below read them (stage_hours).
     if stop is None or not stop.is_set():
-        filled = stage_hours.fill(store, settings, now, owner=owner, stop=stop)
-        jobs[stage_hours.JOB] = {"rows": filled["hours"], "seconds": filled["seconds"]}
+        try:
+            filled = stage_hours.fill(store, settings, now, owner=owner, stop=stop)
+            jobs[stage_hours.JOB] = {"rows": filled["hours"], "seconds": filled["seconds"]}
+        except Exception:  # noqa: BLE001 - the reports read raw rows where no hour is stored
+            log.exception("storing the settled hours' stage sketches failed")
     # The jobs share one window: what several of them need (GPU frames, stage quantiles)
     # is computed once (analytics.memo) and dropped when the run ends.
     with memo.run():

@@ -15,7 +15,6 @@ recording it is not counted twice when it is taken again.
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from datetime import datetime, timedelta, timezone
@@ -26,8 +25,6 @@ from servelens.analytics.sources import frame
 from servelens.analytics.sources.traces import HOUR_NS, JOB, SLACK_NS, hour_states_sql, hours_stored
 from servelens.core.config import Settings
 from servelens.core.store import StoreLike
-
-log = logging.getLogger(__name__)
 
 HOUR = timedelta(hours=1)
 LIMIT = 48  # hours per call: a scheduler tick stays short while a month is filled in

@@ -23,7 +23,7 @@ from servelens.analytics import sql
 from servelens.analytics.query import QueryError, ReportQuery, _ns, json_safe, parse_time
 from servelens.analytics.reports import utilization
 from servelens.analytics.sources import frame
-from servelens.analytics.sources.rollups import REQUEST_GRAINS, pieces, time_range
+from servelens.analytics.sources.rollups import REQUEST_GRAINS, piece_selects
 from servelens.core.store import StoreLike
 
 DEFAULT_WINDOW = timedelta(days=7)  # what a plan measures unless since/until say otherwise
@@ -82,16 +82,12 @@ _WINDOW = DEPLOYMENT_WINDOW
 def _peak_sql(lo_ns: int, hi_ns: int, params: dict[str, Any]) -> str:
     """The busiest clock hour of [lo, hi): whole hours and minutes from the request rollups,
     the partial minutes at the edges from raw rows (a week at 50 req/s is 30 M rows)."""
-    parts = []
-    for i, piece in enumerate(pieces(lo_ns, hi_ns, REQUEST_GRAINS)):
-        if piece.table:
-            parts.append(f"SELECT toStartOfHour(Minute) AS h, sum(Requests) AS n FROM {piece.table} "
-                         f"WHERE Deployment = {{deployment:String}} AND "
-                         f"{time_range('Minute', piece, i, params, raw=False)} GROUP BY h")
-        else:
-            parts.append(f"SELECT toStartOfHour(Timestamp) AS h, count() AS n FROM llm_requests "
-                         f"WHERE Deployment = {{deployment:String}} AND "
-                         f"{time_range('Timestamp', piece, i, params, raw=True)} GROUP BY h")
+    parts = piece_selects(
+        lo_ns, hi_ns, REQUEST_GRAINS, params,
+        lambda table, where: (f"SELECT toStartOfHour(Minute) AS h, sum(Requests) AS n FROM {table} "
+                              f"WHERE Deployment = {{deployment:String}} AND {where} GROUP BY h"),
+        lambda where: (f"SELECT toStartOfHour(Timestamp) AS h, count() AS n FROM llm_requests "
+                       f"WHERE Deployment = {{deployment:String}} AND {where} GROUP BY h"))
     return (f"SELECT toUnixTimestamp(h) AS hour, sum(n) AS n FROM ({' UNION ALL '.join(parts)}) "
             "GROUP BY hour HAVING n > 0 ORDER BY n DESC, hour DESC LIMIT 1")
 

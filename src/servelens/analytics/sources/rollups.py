@@ -22,7 +22,7 @@ exactly from raw rows instead, where that is cheap.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from servelens.analytics import memo
 from servelens.analytics.model_names import served_model_sql
@@ -110,6 +110,15 @@ def time_range(column: str, piece: Piece, i: int, params: dict[str, Any], raw: b
     # rollup time columns are DateTime (seconds); pieces are whole grains
     return (f"{column} >= toDateTime(intDiv({{lo_{i}:Int64}}, {NS})) "
             f"AND {column} < toDateTime(intDiv({{hi_{i}:Int64}}, {NS}))")
+
+
+def piece_selects(since_ns: int, until_ns: int, grains: tuple[tuple[str, int], ...], params: dict[str, Any],
+                  rollup: Callable[[str, str], str], raw: Callable[[str], str], column: str = "Minute") -> list[str]:
+    """One SELECT per piece of [since, until) (`pieces`): rollup(table, its time range on
+    `column`) where a grain covers it, raw(its time range on Timestamp) for the rest."""
+    return [rollup(p.table, time_range(column, p, i, params, raw=False)) if p.table
+            else raw(time_range("Timestamp", p, i, params, raw=True))
+            for i, p in enumerate(pieces(since_ns, until_ns, grains))]
 
 
 # --- latency and volume -------------------------------------------------------------------
@@ -358,18 +367,15 @@ def request_counts_sql(settings: Settings, since_ns: int, until_ns: int, align_n
     raw rows. A trigger window of whole hours reads 7 days of baseline as 168 hours of
     rollup rows instead of every request (BENCHMARKS.md, "Trigger windows")."""
     grains = tuple(g for g in REQUEST_GRAINS if align_ns % (g[1] * NS) == 0) if settings.analytics.use_rollups else ()
+    columns = ", ".join(COUNT_COLUMNS)
     params: dict[str, Any] = {}
-    parts = []
-    for i, piece in enumerate(pieces(since_ns, until_ns, grains)):
-        if piece.table:
-            parts.append(f"SELECT toDateTime64(Minute, 9) AS Timestamp, {', '.join(COUNT_COLUMNS)}, "
-                         f"Requests, Errors, Retries FROM {piece.table} "
-                         f"WHERE {time_range('Minute', piece, i, params, raw=False)}")
-        else:
-            parts.append(f"SELECT Timestamp, {', '.join(COUNT_COLUMNS)}, {_COUNT_RAW} FROM llm_requests "
-                         f"WHERE {time_range('Timestamp', piece, i, params, raw=True)}")
+    parts = piece_selects(
+        since_ns, until_ns, grains, params,
+        lambda table, where: (f"SELECT toDateTime64(Minute, 9) AS Timestamp, {columns}, Requests, Errors, Retries "
+                              f"FROM {table} WHERE {where}"),
+        lambda where: f"SELECT Timestamp, {columns}, {_COUNT_RAW} FROM llm_requests WHERE {where}")
     if not parts:
-        parts.append(f"SELECT Timestamp, {', '.join(COUNT_COLUMNS)}, {_COUNT_RAW} FROM llm_requests WHERE 0")
+        parts.append(f"SELECT Timestamp, {columns}, {_COUNT_RAW} FROM llm_requests WHERE 0")
     return "(" + " UNION ALL ".join(parts) + ")", params
 
 
@@ -388,12 +394,9 @@ def cost_counts_sql(settings: Settings, since_ns: int, until_ns: int, align_ns: 
            "toUInt64(InputTokens) AS InputTokens, toUInt64(OutputTokens) AS OutputTokens, "
            "toUInt64(least(CachedInputTokens, llm_requests.InputTokens)) AS CachedTokens FROM llm_requests WHERE ")
     params: dict[str, Any] = {}
-    parts = []
-    for i, piece in enumerate(pieces(since_ns, until_ns, COST_GRAINS if usable else ())):
-        if piece.table:
-            parts.append(f"SELECT toDateTime64(Bucket, 9) AS Timestamp, {_COST_COUNT_COLUMNS}, Retry, Error, Requests, "
-                         f"InputTokens, OutputTokens, CachedTokens FROM {piece.table} "
-                         f"WHERE {time_range('Bucket', piece, i, params, raw=False)}")
-        else:
-            parts.append(raw + time_range("Timestamp", piece, i, params, raw=True))
+    parts = piece_selects(
+        since_ns, until_ns, COST_GRAINS if usable else (), params,
+        lambda table, where: (f"SELECT toDateTime64(Bucket, 9) AS Timestamp, {_COST_COUNT_COLUMNS}, Retry, Error, "
+                              f"Requests, InputTokens, OutputTokens, CachedTokens FROM {table} WHERE {where}"),
+        lambda where: raw + where, column="Bucket")
     return "(" + " UNION ALL ".join(parts or [raw + "0"]) + ")", params
