@@ -151,7 +151,7 @@ _SUMS = """
        sum(CachedInputTokens_) AS cached_tokens, sum(LatencySum) AS latency_sum"""
 # The four percentile columns, each a sketch column of the rollups. Merging a sketch state
 # costs ~2.5 us a rollup row, nearly all of such a query (a day of minutes at 10 M requests:
-# 0.30 s with four, 0.12 s with one, 0.01 s with none; BENCHMARKS.md "Fleet scale"), so
+# 0.30 s with four, 0.12 s with one, 0.01 s with none; BENCHMARKS.md "Stage hours"), so
 # a caller names the ones it reads; the others are empty lists.
 SKETCHES = {"ttft": "Ttft", "latency": "Latency", "tpot": "Tpot", "queue": "Queue"}
 _UNREAD = "CAST([], 'Array(Float64)')"
