@@ -91,13 +91,14 @@ def test_stored_hours_answer_within_the_sketch_bound(stored, make_settings, by) 
 def test_hours_are_stored_once_in_one_unbroken_run(stored, make_settings) -> None:
     settings = make_settings(deployments=DEPLOYMENTS)
     client = stored.client()
-    first = stage_hours.fill(stored, settings, limit=2)
+    now = datetime.now(timezone.utc)  # one instant: the last settled hour must not move under the test
+    first = stage_hours.fill(stored, settings, now, limit=2)
     assert first["hours"] == 2  # `limit` per call
-    rest = stage_hours.fill(stored, settings)
+    rest = stage_hours.fill(stored, settings, now)
     lo, hi = traces.hours_stored(stored)
-    end = stage_hours.settled(settings, datetime.now(timezone.utc))
+    end = stage_hours.settled(settings, now)
     assert hi == int(end.timestamp()) * 10**9 and (hi - lo) // traces.HOUR_NS == first["hours"] + rest["hours"]
-    assert stage_hours.fill(stored, settings)["hours"] == 0  # nothing left until the next hour settles
+    assert stage_hours.fill(stored, settings, now)["hours"] == 0  # nothing left until the next hour settles
     before = client.query("SELECT sum(Traces), count() FROM rollup_stages_1h").first_row
 
     # A runner that died after inserting its hour but before recording it: the hour is
@@ -107,7 +108,7 @@ def test_hours_are_stored_once_in_one_unbroken_run(stored, make_settings) -> Non
                         parameters={"u": UNTIL}).first_row[0]
     client.command("DELETE FROM analytics_results WHERE report = 'stage_hours' AND since >= {h:DateTime64(3)}",
                    parameters={"h": busy})
-    later = datetime.now(timezone.utc) + timedelta(minutes=10)  # past the lease
+    later = now + timedelta(minutes=11)  # past the lease (leases.LEASE_SECONDS)
     again = stage_hours.fill(stored, settings, later)
     assert again["hours"] >= 1
     assert client.query("SELECT sum(Traces), count() FROM rollup_stages_1h").first_row == before
