@@ -22,7 +22,7 @@ from typing import Any
 
 from servelens.analytics.leases import Leases, aligned, runner_id
 from servelens.analytics.sources import frame
-from servelens.analytics.sources.traces import HOUR_NS, JOB, SLACK_NS, hour_states_sql, hours_stored
+from servelens.analytics.sources.traces import HOUR_NS, JOB, ROLLUP, SLACK_NS, hour_states_sql, hours_stored
 from servelens.core.config import Settings
 from servelens.core.store import StoreLike
 
@@ -71,7 +71,7 @@ def fill(store: StoreLike, settings: Settings, now: datetime | None = None, *, o
             break
         lo = int(hour.timestamp()) * 10**9
         store.client().command(
-            f"INSERT INTO rollup_stages_1h (ServiceName, Deployment, Stage, Traces, Seconds, Hour) "
+            f"INSERT INTO {ROLLUP} (ServiceName, Deployment, Stage, Traces, Seconds, Hour) "
             f"SELECT *, toDateTime(intDiv({{since_ns:Int64}}, 1000000000)) FROM ({hour_states_sql()})",
             parameters={"since_ns": lo, "until_ns": lo + HOUR_NS, "slack_ns": SLACK_NS},
             settings={"insert_deduplication_token": f"{JOB}:{hour.isoformat()}", "insert_deduplicate": 1})

@@ -52,8 +52,7 @@ from servelens.core.store import StoreLike
 # Root and stage spans may start before / end after the LLM span that puts the trace in
 # the window; look this far around it for them.
 SLACK_NS = 3600 * 10**9
-NS = 10**9
-HOUR_NS = 3600 * NS
+HOUR_NS = 3600 * rollups.NS
 _NO_LLM_NS = 2**63 - 1  # a span row's "first LLM request" time: never the trace's first
 
 # Per-row contributions. LLM rows: the vLLM timings (Nullable: a sum over a trace is null
@@ -130,6 +129,7 @@ def _sql(where: str, by: str) -> str:
 
 SKETCH = "quantilesDD(0.0025, 0.5, 0.99)"  # rollup_stages_1h's state (migration 0028)
 JOB = "stage_hours"  # its name in analytics_results / analytics_leases (analytics/stage_hours.py)
+ROLLUP = "rollup_stages_1h"
 
 
 def hour_states_sql(lo: str = "since_ns", hi: str = "until_ns") -> str:
@@ -168,23 +168,25 @@ def hours_stored(store: StoreLike) -> tuple[int, int] | None:
     return (lo, hi) if (hi - lo) // HOUR_NS == count else None
 
 
-def _hour_pieces(since_ns: int, until_ns: int, stored: tuple[int, int]) -> list[tuple[bool, int, int]]:
-    """[since, until) as (from the rollup, lo, hi): the stored whole hours inside it, raw around them."""
+def _hour_pieces(since_ns: int, until_ns: int, stored: tuple[int, int]) -> list[rollups.Piece]:
+    """[since, until) as pieces: the stored whole hours inside it, raw ("") around them."""
     lo = max(-(-since_ns // HOUR_NS) * HOUR_NS, stored[0])
     hi = min(until_ns // HOUR_NS * HOUR_NS, stored[1])
     if lo >= hi:
-        return [(False, since_ns, until_ns)]
-    return [p for p in ((False, since_ns, lo), (True, lo, hi), (False, hi, until_ns)) if p[1] < p[2]]
+        return [rollups.Piece("", since_ns, until_ns)]
+    return [p for p in (rollups.Piece("", since_ns, lo), rollups.Piece(ROLLUP, lo, hi), rollups.Piece("", hi, until_ns))
+            if p.lo_ns < p.hi_ns]
 
 
-def _sketched_sql(pieces: list[tuple[bool, int, int]], by: str, params: dict[str, Any]) -> str:
+def _sketched_sql(pieces: list[rollups.Piece], by: str, params: dict[str, Any]) -> str:
     parts = []
-    for i, (stored, lo, hi) in enumerate(pieces):
-        params[f"lo_{i}"], params[f"hi_{i}"] = lo, hi
-        parts.append(f"SELECT ServiceName, Deployment, Stage, Traces, Seconds FROM rollup_stages_1h "
-                     f"WHERE Hour >= toDateTime(intDiv({{lo_{i}:Int64}}, {NS})) "
-                     f"AND Hour < toDateTime(intDiv({{hi_{i}:Int64}}, {NS}))"
-                     if stored else hour_states_sql(f"lo_{i}", f"hi_{i}"))
+    for i, piece in enumerate(pieces):
+        if piece.table:
+            parts.append(f"SELECT ServiceName, Deployment, Stage, Traces, Seconds FROM {piece.table} "
+                         f"WHERE {rollups.time_range('Hour', piece, i, params, raw=False)}")
+        else:
+            params[f"lo_{i}"], params[f"hi_{i}"] = piece.lo_ns, piece.hi_ns
+            parts.append(hour_states_sql(f"lo_{i}", f"hi_{i}"))
     key = "Deployment" if by == "deployment" else "ServiceName"
     # per deployment first: a group's deployment is the one most of its traces ran on
     return f"""
@@ -212,7 +214,7 @@ def sketched(store: StoreLike, settings: Settings, q: ReportQuery) -> tuple[int,
     if stored is None:
         return None
     bounds = q.bounds()
-    return stored if any(p[0] for p in _hour_pieces(bounds["since_ns"], bounds["until_ns"], stored)) else None
+    return stored if any(p.table for p in _hour_pieces(bounds["since_ns"], bounds["until_ns"], stored)) else None
 
 
 def stage_quantiles(store: StoreLike, settings: Settings, q: ReportQuery, by: str) -> pl.DataFrame:

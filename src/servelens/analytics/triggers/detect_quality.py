@@ -58,19 +58,14 @@ def _matches(slice_: dict[str, str]) -> pl.Expr:
 
 def measure(current: pl.DataFrame, baseline: pl.DataFrame, keys: list[str], mask: pl.Expr) -> dict[str, Any] | None:
     """Window and baseline counts of the rows under `mask`, and the baseline rate
-    standardized to the window's mix over the finest cells (module doc)."""
-    cur, base = current.filter(mask), baseline.filter(mask)
-    n, base_n = int(cur.get_column("evaluations").sum()), int(base.get_column("evaluations").sum())
-    if n == 0 or base_n == 0:
-        return None
-    passed, base_passed = int(cur.get_column("passed").sum()), int(base.get_column("passed").sum())
-    rate = base_passed / base_n
-    cells = cur.join(base.select(*keys, pl.col("evaluations").alias("b_n"), pl.col("passed").alias("b_x")),
-                     on=keys, how="left").with_columns(pl.col("b_n", "b_x").fill_null(0))
-    cell_rate = (pl.col("b_x") + SHRINK * rate) / (pl.col("b_n") + SHRINK)
-    expected = float(cells.select((pl.col("evaluations") * cell_rate).sum()).item()) / n
-    return {"n": n, "passed": passed, "base_n": base_n, "base_passed": base_passed, "base_rate": rate,
-            "expected_rate": expected}
+    standardized to the window's mix over the finest cells (module doc): `measure_all`
+    of those rows taken as one slice; None without results on a side."""
+    whole = pl.lit("").alias(_WHOLE)
+    return measure_all(current.filter(mask).with_columns(whole), baseline.filter(mask).with_columns(whole),
+                       keys, [[_WHOLE]]).get(((_WHOLE, ""),))
+
+
+_WHOLE = "_whole"  # measure's one slice: a constant key
 
 
 def measure_all(current: pl.DataFrame, baseline: pl.DataFrame, keys: list[str],
