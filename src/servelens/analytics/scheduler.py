@@ -25,7 +25,7 @@ import time
 from datetime import datetime, timezone
 from typing import Any
 
-from servelens.analytics import memo, stage_hours
+from servelens.analytics import memo, quality_hours, stage_hours
 from servelens.analytics.leases import Leases, aligned, heartbeat, runner_alive, runner_id
 from servelens.analytics.query import DEFAULT_WINDOW, ReportQuery, iso
 from servelens.analytics.reports import registry as reports
@@ -40,7 +40,8 @@ log = logging.getLogger(__name__)
 def run_all(store: StoreLike, settings: Settings, now: datetime | None = None, scheduled: bool = False,
             owner: str | None = None, stop: threading.Event | None = None) -> dict[str, Any]:
     """{"jobs": {name: {"rows": n, "seconds": s}}} as SPEC 5's analytics/run returns it
-    ("stage_hours": the settled hours stored for the stage reports, analytics.stage_hours).
+    ("stage_hours", "quality_hours": the settled hours stored for the stage and quality
+    readers, analytics.stage_hours and analytics.quality_hours).
 
     Scheduled runs skip the reports another runner holds the window of ("skipped": true).
     Once `stop` is set no further report starts (the process is stopping).
@@ -50,13 +51,15 @@ def run_all(store: StoreLike, settings: Settings, now: datetime | None = None, s
     until = aligned(now, settings.analytics.interval) if scheduled else now
     leases = Leases(store, owner)
     jobs: dict[str, Any] = {}
-    # The settled hours' stage sketches first: the reports below read them (stage_hours).
-    if stop is None or not stop.is_set():
+    # The settled hours first: the reports below read them.
+    for job, fill in ((stage_hours.JOB, stage_hours.fill), (quality_hours.JOB, quality_hours.fill)):
+        if stop is not None and stop.is_set():
+            break
         try:
-            filled = stage_hours.fill(store, settings, now, owner=owner, stop=stop)
-            jobs[stage_hours.JOB] = {"rows": filled["hours"], "seconds": filled["seconds"]}
+            filled = fill(store, settings, now, owner=owner, stop=stop)
+            jobs[job] = {"rows": filled["hours"], "seconds": filled["seconds"]}
         except Exception:  # noqa: BLE001 - the reports read raw rows where no hour is stored
-            log.exception("storing the settled hours' stage sketches failed")
+            log.exception("storing the settled hours of %s failed", job)
     # The jobs share one window: what several of them need (GPU frames, stage quantiles)
     # is computed once (analytics.memo) and dropped when the run ends.
     with memo.run():

@@ -1,0 +1,255 @@
+"""Evaluation results per slice (SPEC 3 Quality): each result with its request's keys,
+from raw rows or from the settled hours the analytics run stores.
+
+A result passes when `passed` is true, or its label is pass/correct/good (any case), or
+its score >= the evaluation's `quality.evaluations.<name>.pass_threshold`; an evaluation
+not configured there uses the config default, 0.5. This is SPEC 3's rule read literally,
+an OR: `passed: false` with a score over the threshold passes.
+
+A result belongs to the LLM request with its (trace, span); without a span id, or when
+its span is no LLM request (an evaluator's or the root span), to the trace's first LLM
+request (earliest, ties by span id). The requests it can match are those from
+`quality.evaluation_delay` before the hour it lies in (before the start of a raw window)
+to an hour after; a result with no request found has '' for every key.
+
+Stored hours (rollup_quality_1h, migration 0029; analytics/quality_hours.py fills them):
+the join above, made once per settled hour, per combination of the keys. A window reads
+the stored hours it holds whole, and from raw rows the rest: its edges, hours not stored
+yet, and hours a result was ingested into after they were filled (a late result, or a new
+version of one: the stored hour no longer says what the raw rows say). Results are exact
+either way; only the scores' sum is added in another order.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from servelens.analytics import memo
+from servelens.analytics.model_names import served_model_sql
+from servelens.analytics.query import MIN_TIME, _ns, key_expr
+from servelens.analytics.sources import context, frame
+from servelens.analytics.sql import length_class, window
+from servelens.core.config import EvaluationConfig, Settings
+from servelens.core.store import StoreLike
+
+SLICE_KEYS = ("task_type", "language", "length_class", "model", "deployment", "tenant")
+CONTEXT_SIZE = "context_size"  # the context report's size class (1-based); not a quality slice
+PASS_LABELS = ["pass", "correct", "good"]
+DEFAULT_THRESHOLD = EvaluationConfig().pass_threshold
+SKEW_NS = 3600 * 10**9  # clock skew allowed between a result and its request
+HOUR_S = 3600
+
+ROLLUP = "rollup_quality_1h"
+JOB = "quality_hours"  # analytics_results / analytics_leases: f"{JOB}:{config_id(settings)}"
+# key -> its rollup column. The model is stored as it was (with the model asked for) and
+# mapped to the served one when read, over the reader's window (analytics.model_names).
+COLUMNS = {"service": "Service", "feature": "Feature", "task_type": "TaskType", "language": "Language",
+           "length_class": "LengthClass", "model": "Model", "request_model": "RequestModel",
+           "deployment": "Deployment", "tenant": "Tenant", CONTEXT_SIZE: "ContextSize"}
+# A window whose raw hours fall in more runs than this reads them all raw in one pass:
+# each run is a join of its own.
+MAX_RAW_RUNS = 6
+
+
+def key_sql(key: str, settings: Settings) -> tuple[str, dict[str, Any]]:
+    """SQL over llm_requests for a slice or filter key (always a String)."""
+    if key == "length_class":
+        return length_class(settings.quality.length_classes)
+    if key == CONTEXT_SIZE:
+        expr, params = context.size_class(settings.context.size_bounds)
+        return f"toString({expr})", params
+    if key == "request_model":
+        return "toString(RequestModel)", {}
+    expr, params = key_expr(key, settings.attributes)
+    return f"toString({expr})", params
+
+
+def thresholds(settings: Settings) -> dict[str, Any]:
+    names = list(settings.quality.evaluations) or [""]  # transform() wants non-empty arrays
+    values = [settings.quality.evaluations[n].pass_threshold if n else DEFAULT_THRESHOLD for n in names]
+    return {"thr_names": names, "thr_values": values, "thr_default": DEFAULT_THRESHOLD, "pass_labels": PASS_LABELS}
+
+
+# An explicit `passed` decides (a caller that says false means false); otherwise SPEC 3's
+# rule: a pass label, or a score at or above the evaluation's threshold.
+_PASSED = """if(tupleElement(ev.v, 4) IS NOT NULL, assumeNotNull(tupleElement(ev.v, 4)),
+    lower(trimBoth(tupleElement(ev.v, 3))) IN {pass_labels:Array(String)}
+    OR ifNull(tupleElement(ev.v, 2) >= transform(toString(ev.Name), {thr_names:Array(String)},
+                                                 {thr_values:Array(Float64)}, {thr_default:Float64}), false))"""
+
+MEASURES = ("evaluations", "passed", "scored", "score_sum")
+
+
+def raw_sql(exprs: dict[str, str], keys: list[str], filters: list[str], bucket_s: int | None = None,
+            lo: str = "since_ns", hi: str = "until_ns", req_lo: str = "req_since_ns") -> str:
+    """Per slice (and time bucket of the result, `bucket`) of the results in [{lo}, {hi}):
+    MEASURES. `exprs`: column -> SQL over llm_requests; `filters`: conditions on k_<column>."""
+    cols = ", ".join(f"{sql} AS k_{c}" for c, sql in exprs.items())
+    names = [f"k_{c}" for c in exprs]
+    keys_tuple = f"tuple({', '.join(names)})"
+    # A result takes its own span's keys, else (a result on the trace) its first request's.
+    # One pass over the requests, per trace: a CTE is inlined where it is named, so a
+    # second join on it read the requests (and the results) again (BENCHMARKS.md,
+    # "Dashboard load in the browser").
+    picks = "".join(f"if(r.hit = 1, tupleElement(if(i > 0, r.spans[i].2, r.first), {j + 1}), '') AS {name}, "
+                    for j, name in enumerate(names))
+    group = ", ".join([*(f"k_{k}" for k in keys), *(["bucket"] if bucket_s else [])])
+    bucket = (f"toStartOfInterval(tupleElement(ev.v, 1), INTERVAL {int(bucket_s)} SECOND) AS bucket, "
+              if bucket_s else "")
+    return f"""
+    WITH ev AS (
+        -- The latest version of each result by IngestedAt: exact whether or not the
+        -- ReplacingMergeTree parts have merged; that version decides window membership.
+        SELECT TraceId, SpanId, Name, argMax((Timestamp, ScoreValue, ScoreLabel, Passed), IngestedAt) AS v
+        FROM evaluations
+        WHERE (TraceId, SpanId, Name) IN (SELECT TraceId, SpanId, Name FROM evaluations
+                                          WHERE {window(lo, hi).sql})
+        GROUP BY TraceId, SpanId, Name
+        HAVING {window(lo, hi, column="tupleElement(v, 1)").sql}),
+    -- A result comes after its request: the requests of [lo - evaluation_delay, hi + 1 h)
+    -- (an hour of clock skew) are all it can match, and only those days are read; only the
+    -- traces with a result in the window (a superset of ev's).
+    req AS (SELECT TraceId, groupArray((SpanId, {keys_tuple})) AS spans,
+                   argMin({keys_tuple}, (Timestamp, SpanId)) AS first
+            FROM (SELECT TraceId, SpanId, Timestamp, {cols} FROM llm_requests
+                  WHERE {window(req_lo, hi, after="skew_ns").sql}
+                    AND TraceId IN (SELECT TraceId FROM evaluations WHERE {window(lo, hi).sql}))
+            GROUP BY TraceId)
+    SELECT {"".join(f"k_{k} AS {k}, " for k in keys)}{"bucket, " if bucket_s else ""}
+           count() AS evaluations, countIf(passed_) AS passed, countIf(score_ IS NOT NULL) AS scored,
+           sumIf(assumeNotNull(score_), score_ IS NOT NULL) AS score_sum
+    FROM (
+        SELECT arrayFirstIndex(x -> x.1 = ev.SpanId, r.spans) AS i,
+               {picks}{bucket}tupleElement(ev.v, 2) AS score_, {_PASSED} AS passed_
+        FROM ev
+        ANY LEFT JOIN (SELECT *, 1 AS hit FROM req) AS r ON ev.TraceId = r.TraceId)
+    WHERE {" AND ".join(filters) or "1"}
+    {f"GROUP BY {group}" if group else ""}"""
+
+
+def request_side(settings: Settings, lo_ns: int) -> int:
+    """Where the requests a result of [lo, ...) can match start: evaluation_delay before."""
+    delay = int(settings.quality.evaluation_delay.total_seconds() * 1e9)
+    # Clamped like every bound (analytics.query._ns): the store holds nothing before it.
+    return max(lo_ns - delay, _ns(MIN_TIME))
+
+
+# --- stored hours ---------------------------------------------------------------------------
+
+def fill_exprs(settings: Settings) -> dict[str, tuple[str, dict[str, Any]]]:
+    """Every stored column's SQL over llm_requests (the model as stored: see COLUMNS)."""
+    return {key: (("toString(Model)", {}) if key == "model" else key_sql(key, settings)) for key in COLUMNS}
+
+
+def fill_sql(settings: Settings) -> tuple[str, dict[str, Any]]:
+    """The rows of the hours of [{since_ns}, {until_ns}) (request side from
+    {req_since_ns}): rollup_quality_1h's key and measure columns, in its order, and the
+    hour, `bucket`."""
+    exprs, params = {}, {}
+    for key, (sql, extra) in fill_exprs(settings).items():
+        exprs[key] = sql
+        params.update(extra)
+    params.update(thresholds(settings))
+    inner = raw_sql(exprs, list(COLUMNS), [], bucket_s=HOUR_S)
+    return f"SELECT bucket, {', '.join(COLUMNS)}, {', '.join(MEASURES)} FROM ({inner})", params
+
+
+def config_id(settings: Settings) -> str:
+    """What the stored rows depend on besides the data: the fill's SQL with its settings'
+    parameters (keys, length and size classes, the pass rule, the evaluation delay)."""
+    sql, params = fill_sql(settings)
+    text = json.dumps([sql, sorted(params.items()), settings.quality.evaluation_delay.total_seconds()],
+                      default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def job_name(settings: Settings) -> str:
+    return f"{JOB}:{config_id(settings)}"
+
+
+def recorded(store: StoreLike, job: str) -> dict[int, int]:
+    """Hour start (s) -> Filled (ns) of every hour stored under `job`."""
+    rows = store.client().query(
+        "SELECT toUInt32(since), max(JSONExtractInt(rows, 'filled_ns')) FROM analytics_results "
+        "WHERE report = {job:String} GROUP BY since", parameters={"job": job}).result_rows
+    return {int(h): int(f) for h, f in rows}
+
+
+def late_hours(store: StoreLike, filled: dict[int, int], lo_ns: int, hi_ns: int) -> set[int]:
+    """Hours (s) of [lo, hi) with a version of a result that was ingested after an hour
+    holding one of its versions was filled: its stored hour, and the hour it lies in now,
+    no longer say what the raw rows say. A row of an hour not stored counts as ingested
+    after every fill of the window (a version of it may sit in a stored hour)."""
+    inside = [f for h, f in filled.items() if lo_ns <= h * 10**9 < hi_ns]
+    if not inside:
+        return set()
+    rows = store.client().query(f"""
+        SELECT DISTINCT toUInt32(toStartOfHour(Timestamp)) FROM evaluations
+        WHERE {window().sql}
+          AND (TraceId, SpanId, Name) IN (
+              SELECT TraceId, SpanId, Name FROM evaluations
+              WHERE toUnixTimestamp64Nano(IngestedAt) > transform(toUInt32(toStartOfHour(Timestamp)),
+                        {{hours:Array(UInt32)}}, {{filled:Array(Int64)}}, {{other:Int64}}))""",
+        parameters={"since_ns": lo_ns, "until_ns": hi_ns, "hours": list(filled), "filled": list(filled.values()),
+                    "other": min(inside)}).result_rows
+    return {int(h) for (h,) in rows}
+
+
+def plan(store: StoreLike, settings: Settings, lo_ns: int, hi_ns: int,
+         bucket_s: int | None = None) -> tuple[dict[int, int], list[tuple[int, int]]] | None:
+    """The stored hours [lo, hi) reads (hour start s -> Filled ns) and its raw runs
+    [(lo, hi) ns]; None when it reads nothing stored."""
+    if not settings.analytics.use_rollups or (bucket_s and bucket_s % HOUR_S):
+        return None
+    job = job_name(settings)
+    filled = memo.cached(memo.key("results.recorded", store, None, job), lambda: recorded(store, job))
+    first, last = -(-lo_ns // (HOUR_S * 10**9)), hi_ns // (HOUR_S * 10**9)
+    candidates = {h * HOUR_S for h in range(first, last)} & set(filled)
+    if not candidates:
+        return None
+    late = memo.cached(memo.key("results.late_hours", store, None, job, lo_ns, hi_ns),
+                       lambda: late_hours(store, filled, lo_ns, hi_ns))
+    clean = sorted(candidates - late)
+    if not clean:
+        return None
+    runs, at = [], lo_ns
+    for h in clean:
+        if h * 10**9 > at:
+            runs.append((at, h * 10**9))
+        at = (h + HOUR_S) * 10**9
+    if at < hi_ns:
+        runs.append((at, hi_ns))
+    if len(runs) > MAX_RAW_RUNS:
+        return None
+    return {h: filled[h] for h in clean}, runs
+
+
+def stored_sql(keys: list[str], filters: list[str], bucket_s: int | None) -> str:
+    """rollup_quality_1h's rows of the hours {st_hours} as they were filled ({st_filled}),
+    per slice (and bucket): MEASURES. `filters`: keys equal to {flt_<key>:String}."""
+    def column(key: str) -> str:
+        if key == "model":  # mapped over the reader's window: {since_ns}, {until_ns}
+            return served_model_sql(service="Service", model="Model", request_model="RequestModel")
+        return f"toString({COLUMNS[key]})"
+
+    where = [f"{column(k)} = {{flt_{k}:String}}" for k in filters]
+    bucket = f"toDateTime64(toStartOfInterval(Hour, INTERVAL {int(bucket_s)} SECOND), 9) AS bucket, " if bucket_s else ""
+    group = ", ".join([*keys, *(["bucket"] if bucket_s else [])])
+    return f"""
+    SELECT {"".join(f"{column(k)} AS {k}, " for k in keys)}{bucket}
+           sum(Evaluations) AS evaluations, sum(Passed) AS passed, sum(Scored) AS scored, sum(ScoreSum) AS score_sum
+    FROM {ROLLUP}
+    WHERE Config = {{st_config:String}}
+      AND Hour >= toDateTime({{st_first:UInt32}}) AND Hour <= toDateTime({{st_last:UInt32}})
+      AND toUnixTimestamp64Nano(Filled) = transform(toUInt32(Hour), {{st_hours:Array(UInt32)}},
+                                                    {{st_filled:Array(Int64)}}, toInt64(-1))
+      {"".join(f" AND {w}" for w in where)}
+    {f"GROUP BY {group}" if group else ""}"""
+
+
+def stored_params(settings: Settings, hours: dict[int, int]) -> dict[str, Any]:
+    return {"st_config": config_id(settings), "st_first": min(hours), "st_last": max(hours),
+            "st_hours": list(hours), "st_filled": list(hours.values())}
+
