@@ -8,8 +8,8 @@ remaining arguments on (`--quick`, `--no-write`, ...).
 import sys
 
 from bench import (analytics, dashboard_scale, detection, fleet_data, ingest, ingest_default, insert_cost,
-                   plan_accuracy, plan_backtest, plan_replay, plan_replay_store, power, rollup_cost, trial_seeds,
-                   trigger_windows)
+                   plan_accuracy, plan_backtest, plan_replay, plan_replay_store, power, quality_hours, rollup_cost,
+                   trial_seeds, trigger_windows)
 
 BENCHES = {"ingest_default": ingest_default.main, "ingest": ingest.main, "analytics": analytics.main,
            "detection": detection.main}
@@ -19,8 +19,10 @@ FLEET = {"fleet_data": fleet_data.main, "dashboard_scale": dashboard_scale.main,
 # capacity planning against simulation.
 TABLES = {"power": power.main, "trial_seeds": trial_seeds.main, "plan_accuracy": plan_accuracy.main,
           "plan_replay": plan_replay.main, "plan_replay_store": plan_replay_store.main, "insert_cost": insert_cost.main}
-# On a fleet directory fleet_data wrote: the replay's backtest; seconds per trigger window.
-FLEET_TABLES = {"plan_backtest": plan_backtest.main, "trigger_windows": trigger_windows.main}
+# On a fleet directory fleet_data wrote: the replay's backtest; seconds per trigger window;
+# quality slices from the stored hours against raw rows.
+FLEET_TABLES = {"plan_backtest": plan_backtest.main, "trigger_windows": trigger_windows.main,
+                "quality_hours": quality_hours.main}
 
 
 def main(argv: list[str]) -> int:

@@ -30,6 +30,9 @@ pytestmark = pytest.mark.integration
 NOW = datetime.now(timezone.utc).replace(minute=0, second=0, microsecond=0)
 START = NOW - timedelta(hours=12)
 END = NOW - timedelta(hours=4)  # settled: an hour of skew, an hour of slack, triggers.settle
+# Results come seconds after their requests here. A short evaluation_delay makes a window's
+# raw edges cheap enough (results.plan) for the windows below to read the stored hours.
+QUALITY = {"length_classes": [1000, 8000], "evaluation_delay": "30m"}
 
 
 def _traffic() -> list[Segment]:
@@ -64,14 +67,14 @@ def _api_results(store, rng: random.Random) -> int:
 def filled(store, make_settings):
     insert_all(store, _traffic())
     _api_results(store, random.Random(7))
-    settings = make_settings(quality={"length_classes": [1000, 8000]})
+    settings = make_settings(quality=QUALITY)
     done = quality_hours.fill(store, settings, NOW, margin=timedelta(0))  # nothing is ingested meanwhile
     assert done["hours"] >= 8 and not done["refilled"]
     return store, settings
 
 
 def _raw(make_settings):
-    return make_settings(quality={"length_classes": [1000, 8000]}, analytics={"use_rollups": False})
+    return make_settings(quality=QUALITY, analytics={"use_rollups": False})
 
 
 def _same(got: pl.DataFrame, want: pl.DataFrame, keys: list[str]) -> None:
@@ -90,10 +93,10 @@ CASES = [
     (["length_class"], {}, 3600),
     (["model"], {"tenant": "globex"}, None),
     (["deployment"], {}, 86400),
-    (["tenant"], {"feature": "search"}, None),
+    (["tenant"], {"feature": "search"}, 900),
     (["task_type", "language"], {}, None),
     (["model", "tenant"], {"model": "gpt-4o"}, 7200),
-    ([quality.CONTEXT_SIZE], {}, None),
+    ([quality.CONTEXT_SIZE], {}, 1800),
 ]
 
 
@@ -108,11 +111,21 @@ def test_stored_hours_answer_what_the_raw_rows_answer(filled, make_settings, key
               quality.slice_table(store, _raw(make_settings), since, until, keys, filters, bucket_s), keys)
 
 
-def test_sub_hour_buckets_and_windows_read_raw_rows(filled) -> None:
+def test_what_reads_raw_rows(filled, make_settings) -> None:
+    """Buckets finer than the rollup's, windows holding no whole stored hour, and windows
+    whose raw edges would cost more than one raw pass (the default evaluation_delay of 3
+    days before each edge, against a day and a half of the window)."""
     store, settings = filled
     lo, hi = (int(t.timestamp()) * 10**9 for t in (START, END))
     assert results.plan(store, settings, lo, hi, 300) is None
     assert results.plan(store, settings, lo + 60 * 10**9, lo + 3000 * 10**9) is None
+    assert results.plan(store, settings, lo, hi) is not None
+    assert results.plan(store, settings, lo - 30 * 60 * 10**9, hi + 30 * 60 * 10**9) is not None
+    wide = make_settings(quality={**QUALITY, "evaluation_delay": "3d"})
+    assert results.plan(store, wide, lo, hi) is None  # no whole hour stored under its config
+    quality_hours.fill(store, wide, NOW, margin=timedelta(0))
+    assert results.plan(store, wide, lo, hi) is not None  # no raw edge
+    assert results.plan(store, wide, lo - 30 * 60 * 10**9, hi + 30 * 60 * 10**9) is None
 
 
 def _tables(store, settings, make_settings) -> tuple[pl.DataFrame, pl.DataFrame]:
@@ -154,13 +167,13 @@ def test_a_result_of_a_stored_hour_ingested_late_is_counted(filled, make_setting
 
 def test_a_config_change_reads_no_rows_stored_under_the_old_one(filled, make_settings) -> None:
     store, settings = filled
-    other = make_settings(quality={"length_classes": [500, 2000]})
+    other = make_settings(quality={**QUALITY, "length_classes": [500, 2000]})
     assert results.config_id(other) != results.config_id(settings)
     lo, hi = (int(t.timestamp()) * 10**9 for t in (START, END))
     assert results.plan(store, other, lo, hi) is None
     assert quality_hours.fill(store, other, NOW, margin=timedelta(0))["hours"] >= 8
     assert results.plan(store, other, lo, hi) is not None
-    raw = make_settings(quality={"length_classes": [500, 2000]}, analytics={"use_rollups": False})
+    raw = make_settings(quality={**QUALITY, "length_classes": [500, 2000]}, analytics={"use_rollups": False})
     args = (START, END, ["length_class"])
     _same(quality.slice_table(store, other, *args), quality.slice_table(store, raw, *args), ["length_class"])
 

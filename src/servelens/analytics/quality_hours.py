@@ -1,4 +1,4 @@
-"""Fill rollup_quality_1h (migration 0029): each settled hour's results per slice, once.
+"""Fill rollup_quality_15m (migration 0029): each settled hour's results per slice, once.
 
 The quality readers join every result of their window to its request
 (analytics/sources/results.py); at a week or a month of a busy fleet that join is most
@@ -111,11 +111,11 @@ def _store_hours(store: StoreLike, settings: Settings, hours: list[datetime], ow
     now_ns = int(client.query("SELECT toUnixTimestamp64Nano(now64(9))").first_row[0])
     filled = now_ns - int(margin.total_seconds() * 1e9)
     client.command(
-        f"INSERT INTO {results.ROLLUP} (Hour, Config, Filled, {', '.join(results.COLUMNS.values())}, "
+        f"INSERT INTO {results.ROLLUP} (Bucket, Config, Filled, {', '.join(results.COLUMNS.values())}, "
         "Evaluations, Passed, Scored, ScoreSum) "
         f"SELECT toDateTime(bucket), {{config:String}}, fromUnixTimestamp64Nano({{filled:Int64}}), "
         f"* EXCEPT (bucket) FROM ({sql})",
-        parameters={**params, "since_ns": lo, "until_ns": lo + len(hours) * HOUR_NS, "skew_ns": results.SKEW_NS,
+        parameters={**params, "since_ns": lo, "until_ns": lo + len(hours) * HOUR_NS,
                     "req_since_ns": results.request_side(settings, lo), "config": results.config_id(settings),
                     "filled": filled})
     job, computed = results.job_name(settings), datetime.now(timezone.utc)

@@ -37,7 +37,7 @@ TTL_COLUMNS = {
     "rollup_requests_1h": "toDate(Minute)",
     "rollup_costs_15m": "toDate(Bucket)",
     "rollup_stages_1h": "toDate(Hour)",
-    "rollup_quality_1h": "toDate(Hour)",
+    "rollup_quality_15m": "toDate(Bucket)",
 }
 
 _TTL = re.compile(r" TTL (.+?)(?: SETTINGS |$)")

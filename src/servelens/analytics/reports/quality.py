@@ -49,8 +49,7 @@ def _slices_sql(store: StoreLike, settings: Settings, keys: list[str], filters: 
         clauses.append(f"k_{key} = {{flt_{key}:String}}")
         params[f"flt_{key}"] = value
     exprs = exprs or {"none": "''"}  # the joins need one column
-    params.update(results.thresholds(settings))
-    params["skew_ns"] = results.SKEW_NS
+    params.update(results.match_params(settings))
     since_ns, until_ns = params["since_ns"], params["until_ns"]
     planned = results.plan(store, settings, since_ns, until_ns, bucket_s)
     if planned is None:

@@ -8,11 +8,12 @@ an OR: `passed: false` with a score over the threshold passes.
 
 A result belongs to the LLM request with its (trace, span); without a span id, or when
 its span is no LLM request (an evaluator's or the root span), to the trace's first LLM
-request (earliest, ties by span id). The requests it can match are those from
-`quality.evaluation_delay` before the hour it lies in (before the start of a raw window)
-to an hour after; a result with no request found has '' for every key.
+request (earliest, ties by span id). The requests it can match lie from
+`quality.evaluation_delay` before the start of its hour to an hour (of clock skew) after
+its end, whichever window reads it; a result with no request found there has '' for
+every key (it counts in the totals, under no slice).
 
-Stored hours (rollup_quality_1h, migration 0029; analytics/quality_hours.py fills them):
+Stored hours (rollup_quality_15m, per quarter hour, migration 0029; analytics/quality_hours.py fills them):
 the join above, made once per settled hour, per combination of the keys. A window reads
 the stored hours it holds whole, and from raw rows the rest: its edges, hours not stored
 yet, and hours a result was ingested into after they were filled (a late result, or a new
@@ -40,17 +41,16 @@ PASS_LABELS = ["pass", "correct", "good"]
 DEFAULT_THRESHOLD = EvaluationConfig().pass_threshold
 SKEW_NS = 3600 * 10**9  # clock skew allowed between a result and its request
 HOUR_S = 3600
+HOUR_NS = HOUR_S * 10**9
+GRAIN_S = 900  # the rollup's buckets: a reader's buckets must be whole multiples of it
 
-ROLLUP = "rollup_quality_1h"
+ROLLUP = "rollup_quality_15m"
 JOB = "quality_hours"  # analytics_results / analytics_leases: f"{JOB}:{config_id(settings)}"
 # key -> its rollup column. The model is stored as it was (with the model asked for) and
 # mapped to the served one when read, over the reader's window (analytics.model_names).
 COLUMNS = {"service": "Service", "feature": "Feature", "task_type": "TaskType", "language": "Language",
            "length_class": "LengthClass", "model": "Model", "request_model": "RequestModel",
            "deployment": "Deployment", "tenant": "Tenant", CONTEXT_SIZE: "ContextSize"}
-# A window whose raw hours fall in more runs than this reads them all raw in one pass:
-# each run is a join of its own.
-MAX_RAW_RUNS = 6
 
 
 def key_sql(key: str, settings: Settings) -> tuple[str, dict[str, Any]]:
@@ -93,7 +93,7 @@ def raw_sql(exprs: dict[str, str], keys: list[str], filters: list[str], bucket_s
     # One pass over the requests, per trace: a CTE is inlined where it is named, so a
     # second join on it read the requests (and the results) again (BENCHMARKS.md,
     # "Dashboard load in the browser").
-    picks = "".join(f"if(r.hit = 1, tupleElement(if(i > 0, r.spans[i].2, r.first), {j + 1}), '') AS {name}, "
+    picks = "".join(f"if(r.hit = 1 AND i > 0, tupleElement(r.spans[i].2, {j + 1}), '') AS {name}, "
                     for j, name in enumerate(names))
     group = ", ".join([*(f"k_{k}" for k in keys), *(["bucket"] if bucket_s else [])])
     bucket = (f"toStartOfInterval(tupleElement(ev.v, 1), INTERVAL {int(bucket_s)} SECOND) AS bucket, "
@@ -111,8 +111,8 @@ def raw_sql(exprs: dict[str, str], keys: list[str], filters: list[str], bucket_s
     -- A result comes after its request: the requests of [lo - evaluation_delay, hi + 1 h)
     -- (an hour of clock skew) are all it can match, and only those days are read; only the
     -- traces with a result in the window (a superset of ev's).
-    req AS (SELECT TraceId, groupArray((SpanId, {keys_tuple})) AS spans,
-                   argMin({keys_tuple}, (Timestamp, SpanId)) AS first
+    req AS (SELECT TraceId,
+                   arraySort(x -> (x.3, x.1), groupArray((SpanId, {keys_tuple}, toUnixTimestamp64Nano(Timestamp)))) AS spans
             FROM (SELECT TraceId, SpanId, Timestamp, {cols} FROM llm_requests
                   WHERE {window(req_lo, hi, after="skew_ns").sql}
                     AND TraceId IN (SELECT TraceId FROM evaluations WHERE {window(lo, hi).sql}))
@@ -121,7 +121,13 @@ def raw_sql(exprs: dict[str, str], keys: list[str], filters: list[str], bucket_s
            count() AS evaluations, countIf(passed_) AS passed, countIf(score_ IS NOT NULL) AS scored,
            sumIf(assumeNotNull(score_), score_ IS NOT NULL) AS score_sum
     FROM (
-        SELECT arrayFirstIndex(x -> x.1 = ev.SpanId, r.spans) AS i,
+        -- the requests this result can match: from evaluation_delay before its hour to an
+        -- hour of skew after it, whichever window reads it (so the stored hours agree)
+        SELECT intDiv(toUnixTimestamp64Nano(tupleElement(ev.v, 1)), {{hour_ns:Int64}}) * {{hour_ns:Int64}} AS hour_,
+               arrayFirstIndex(x -> x.3 >= hour_ - {{delay_ns:Int64}} AND x.3 < hour_ + {{hour_ns:Int64}} + {{skew_ns:Int64}}
+                                    AND x.1 = ev.SpanId, r.spans) AS own_,
+               if(own_ > 0, own_, arrayFirstIndex(x -> x.3 >= hour_ - {{delay_ns:Int64}}
+                                                     AND x.3 < hour_ + {{hour_ns:Int64}} + {{skew_ns:Int64}}, r.spans)) AS i,
                {picks}{bucket}tupleElement(ev.v, 2) AS score_, {_PASSED} AS passed_
         FROM ev
         ANY LEFT JOIN (SELECT *, 1 AS hit FROM req) AS r ON ev.TraceId = r.TraceId)
@@ -130,10 +136,19 @@ def raw_sql(exprs: dict[str, str], keys: list[str], filters: list[str], bucket_s
 
 
 def request_side(settings: Settings, lo_ns: int) -> int:
-    """Where the requests a result of [lo, ...) can match start: evaluation_delay before."""
-    delay = int(settings.quality.evaluation_delay.total_seconds() * 1e9)
+    """Where the requests a result of [lo, ...) can match start: evaluation_delay before
+    its hour."""
     # Clamped like every bound (analytics.query._ns): the store holds nothing before it.
-    return max(lo_ns - delay, _ns(MIN_TIME))
+    return max(lo_ns // HOUR_NS * HOUR_NS - delay_ns(settings), _ns(MIN_TIME))
+
+
+def delay_ns(settings: Settings) -> int:
+    return int(settings.quality.evaluation_delay.total_seconds() * 1e9)
+
+
+def match_params(settings: Settings) -> dict[str, Any]:
+    """raw_sql's parameters besides its bounds: the pass rule's and the request match's."""
+    return {**thresholds(settings), "skew_ns": SKEW_NS, "delay_ns": delay_ns(settings), "hour_ns": HOUR_NS}
 
 
 # --- stored hours ---------------------------------------------------------------------------
@@ -145,14 +160,14 @@ def fill_exprs(settings: Settings) -> dict[str, tuple[str, dict[str, Any]]]:
 
 def fill_sql(settings: Settings) -> tuple[str, dict[str, Any]]:
     """The rows of the hours of [{since_ns}, {until_ns}) (request side from
-    {req_since_ns}): rollup_quality_1h's key and measure columns, in its order, and the
-    hour, `bucket`."""
+    {req_since_ns}): rollup_quality_15m's key and measure columns, in its order, and the
+    quarter hour, `bucket`."""
     exprs, params = {}, {}
     for key, (sql, extra) in fill_exprs(settings).items():
         exprs[key] = sql
         params.update(extra)
-    params.update(thresholds(settings))
-    inner = raw_sql(exprs, list(COLUMNS), [], bucket_s=HOUR_S)
+    params.update(match_params(settings))
+    inner = raw_sql(exprs, list(COLUMNS), [], bucket_s=GRAIN_S)
     return f"SELECT bucket, {', '.join(COLUMNS)}, {', '.join(MEASURES)} FROM ({inner})", params
 
 
@@ -160,8 +175,7 @@ def config_id(settings: Settings) -> str:
     """What the stored rows depend on besides the data: the fill's SQL with its settings'
     parameters (keys, length and size classes, the pass rule, the evaluation delay)."""
     sql, params = fill_sql(settings)
-    text = json.dumps([sql, sorted(params.items()), settings.quality.evaluation_delay.total_seconds()],
-                      default=str)
+    text = json.dumps([sql, sorted(params.items())], default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -201,7 +215,7 @@ def plan(store: StoreLike, settings: Settings, lo_ns: int, hi_ns: int,
          bucket_s: int | None = None) -> tuple[dict[int, int], list[tuple[int, int]]] | None:
     """The stored hours [lo, hi) reads (hour start s -> Filled ns) and its raw runs
     [(lo, hi) ns]; None when it reads nothing stored."""
-    if not settings.analytics.use_rollups or (bucket_s and bucket_s % HOUR_S):
+    if not settings.analytics.use_rollups or (bucket_s and bucket_s % GRAIN_S):
         return None
     job = job_name(settings)
     filled = memo.cached(memo.key("results.recorded", store, None, job), lambda: recorded(store, job))
@@ -221,13 +235,16 @@ def plan(store: StoreLike, settings: Settings, lo_ns: int, hi_ns: int,
         at = (h + HOUR_S) * 10**9
     if at < hi_ns:
         runs.append((at, hi_ns))
-    if len(runs) > MAX_RAW_RUNS:
+    # Each raw run is a join of its own, reading the requests from evaluation_delay before
+    # it: a few stored hours between long raw runs cost more than one raw pass.
+    widen = delay_ns(settings) + SKEW_NS
+    if sum(hi - lo + widen for lo, hi in runs) >= hi_ns - lo_ns + widen:
         return None
     return {h: filled[h] for h in clean}, runs
 
 
 def stored_sql(keys: list[str], filters: list[str], bucket_s: int | None) -> str:
-    """rollup_quality_1h's rows of the hours {st_hours} as they were filled ({st_filled}),
+    """rollup_quality_15m's rows of the hours {st_hours} as they were filled ({st_filled}),
     per slice (and bucket): MEASURES. `filters`: keys equal to {flt_<key>:String}."""
     def column(key: str) -> str:
         if key == "model":  # mapped over the reader's window: {since_ns}, {until_ns}
@@ -235,15 +252,15 @@ def stored_sql(keys: list[str], filters: list[str], bucket_s: int | None) -> str
         return f"toString({COLUMNS[key]})"
 
     where = [f"{column(k)} = {{flt_{k}:String}}" for k in filters]
-    bucket = f"toDateTime64(toStartOfInterval(Hour, INTERVAL {int(bucket_s)} SECOND), 9) AS bucket, " if bucket_s else ""
+    bucket = f"toDateTime64(toStartOfInterval(Bucket, INTERVAL {int(bucket_s)} SECOND), 9) AS bucket, " if bucket_s else ""
     group = ", ".join([*keys, *(["bucket"] if bucket_s else [])])
     return f"""
     SELECT {"".join(f"{column(k)} AS {k}, " for k in keys)}{bucket}
            sum(Evaluations) AS evaluations, sum(Passed) AS passed, sum(Scored) AS scored, sum(ScoreSum) AS score_sum
     FROM {ROLLUP}
     WHERE Config = {{st_config:String}}
-      AND Hour >= toDateTime({{st_first:UInt32}}) AND Hour <= toDateTime({{st_last:UInt32}})
-      AND toUnixTimestamp64Nano(Filled) = transform(toUInt32(Hour), {{st_hours:Array(UInt32)}},
+      AND Bucket >= toDateTime({{st_first:UInt32}}) AND Bucket < toDateTime({{st_last:UInt32}} + 3600)
+      AND toUnixTimestamp64Nano(Filled) = transform(toUInt32(toStartOfHour(Bucket)), {{st_hours:Array(UInt32)}},
                                                     {{st_filled:Array(Int64)}}, toInt64(-1))
       {"".join(f" AND {w}" for w in where)}
     {f"GROUP BY {group}" if group else ""}"""
