@@ -55,11 +55,14 @@ def _first_hour(store: StoreLike) -> datetime | None:
 
 def due(store: StoreLike, settings: Settings, now: datetime) -> list[datetime]:
     """Starts of the hours to fill, oldest first: after the last stored one, or from the
-    first stored result, up to the last settled hour."""
+    first stored result (within the retention), up to the last settled hour."""
     stored = results.recorded(store, results.job_name(settings))
     first = (datetime.fromtimestamp(max(stored) + 3600, tz=timezone.utc) if stored else _first_hour(store))
     if first is None:
         return []
+    # nothing older than the retention is kept (a result stamped in the distant past would
+    # otherwise be a long run of empty hours to walk through)
+    first = max(first, aligned(now - timedelta(days=settings.store.retention_days), HOUR))
     end = settled(settings, now)
     return [first + i * HOUR for i in range(max(0, int((end - first) / HOUR)))]
 
