@@ -156,6 +156,32 @@ def test_results_ingested_after_their_hour_was_filled_send_it_back_to_raw_rows(f
     assert planned is not None and not hours & set(planned[0]), "the changed hours are read raw"
 
 
+def test_a_result_moved_into_an_hour_not_stored_yet(filled, make_settings) -> None:
+    """A new version of a stored hour's result, stamped in an hour not stored yet: the
+    stored hour is read raw meanwhile; when the new hour is stored, the old one is taken
+    again (it no longer holds the result)."""
+    store, settings = filled
+    job = results.job_name(settings)
+    trace, span, name, ts, passed = store.client().query(
+        "SELECT TraceId, SpanId, Name, Timestamp, Passed FROM evaluations WHERE Name = 'faithfulness' "
+        "ORDER BY Timestamp LIMIT 1 OFFSET 100").first_row
+    old_hour = int(ts.replace(tzinfo=timezone.utc).timestamp()) // 3600 * 3600
+    store_items(store, [Item(trace, span, name, None, "", not passed, NOW - timedelta(minutes=90), "")])
+    assert old_hour in results.recorded(store, job)
+    lo, hi = (int(t.timestamp()) * 10**9 for t in (START, END))
+    assert old_hour in results.late_hours(store, results.recorded(store, job), lo, hi)
+    got, want = _tables(store, settings, make_settings)
+    _same(got, want, ["task_type", "tenant"])
+
+    done = quality_hours.fill(store, settings, NOW + timedelta(hours=3), margin=timedelta(0))
+    assert done["refilled"] >= 1 and int((NOW - timedelta(hours=2)).timestamp()) in results.recorded(store, job)
+    assert old_hour not in results.late_hours(store, results.recorded(store, job), lo, hi)
+    until = NOW + timedelta(minutes=1)
+    assert results.plan(store, settings, lo, int(until.timestamp()) * 10**9) is not None
+    _same(quality.slice_table(store, settings, START, until, ["task_type"]),
+          quality.slice_table(store, _raw(make_settings), START, until, ["task_type"]), ["task_type"])
+
+
 def test_a_result_of_a_stored_hour_ingested_late_is_counted(filled, make_settings) -> None:
     store, settings = filled
     trace, span, ts = store.client().query(

@@ -81,6 +81,15 @@ def fill(store: StoreLike, settings: Settings, now: datetime | None = None, *, o
         if stop is not None and stop.is_set() or not leases.acquire(job, hour + HOUR, now):
             break
         taken.append(hour)
+    # The due hours' rows go in first, recorded only at the end: until then readers take
+    # those hours raw. A result in them may be a newer version of one a stored hour
+    # counted (its timestamp moved): late_hours, which counts the rows of hours not
+    # recorded against every fill, finds that stored hour too, and it is taken again.
+    inserted = []
+    for run in _runs(taken):
+        if stop is not None and stop.is_set():
+            break
+        inserted.append((run, _insert(store, settings, run, margin)))
     late: list[datetime] = []
     stored = results.recorded(store, job)
     if stored and len(taken) < limit:
@@ -88,11 +97,12 @@ def fill(store: StoreLike, settings: Settings, now: datetime | None = None, *, o
         # read the one recorded last, whole.
         found = results.late_hours(store, stored, min(stored) * 10**9, (max(stored) + 3600) * 10**9) & set(stored)
         late = [datetime.fromtimestamp(h, tz=timezone.utc) for h in sorted(found, reverse=True)[:limit - len(taken)]]
-    for run in _runs(sorted(taken + late)):
-        if stop is not None and stop.is_set():
-            break
-        _store_hours(store, settings, run, leases.owner, margin)
-    return {"hours": len(taken) + len(late), "refilled": len(late), "seconds": round(time.perf_counter() - started, 4)}
+    for run in _runs(sorted(late)):
+        _record(store, settings, run, _insert(store, settings, run, margin), leases.owner)
+    for run, filled in inserted:
+        _record(store, settings, run, filled, leases.owner)
+    return {"hours": sum(len(r) for r, _ in inserted) + len(late), "refilled": len(late),
+            "seconds": round(time.perf_counter() - started, 4)}
 
 
 def _runs(hours: list[datetime]) -> list[list[datetime]]:
@@ -106,8 +116,8 @@ def _runs(hours: list[datetime]) -> list[list[datetime]]:
     return out
 
 
-def _store_hours(store: StoreLike, settings: Settings, hours: list[datetime], owner: str, margin: timedelta) -> None:
-    """Insert the consecutive hours' rows as read now (Filled), then record each."""
+def _insert(store: StoreLike, settings: Settings, hours: list[datetime], margin: timedelta) -> int:
+    """Insert the consecutive hours' rows as read now; returns their Filled (ns)."""
     sql, params = results.fill_sql(settings)
     client = store.client()
     lo = int(hours[0].timestamp()) * 10**9
@@ -121,7 +131,12 @@ def _store_hours(store: StoreLike, settings: Settings, hours: list[datetime], ow
         parameters={**params, "since_ns": lo, "until_ns": lo + len(hours) * HOUR_NS,
                     "req_since_ns": results.request_side(settings, lo), "config": results.config_id(settings),
                     "filled": filled})
+    return filled
+
+
+def _record(store: StoreLike, settings: Settings, hours: list[datetime], filled: int, owner: str) -> None:
+    """Record the hours as stored with `filled`: readers read those rows of them from now."""
     job, computed = results.job_name(settings), datetime.now(timezone.utc)
-    client.insert("analytics_results",
-                  [[job, h, h + HOUR, computed, owner, json.dumps({"filled_ns": filled})] for h in hours],
-                  column_names=["report", "since", "until", "computed_at", "owner", "rows"])
+    store.client().insert("analytics_results",
+                          [[job, h, h + HOUR, computed, owner, json.dumps({"filled_ns": filled})] for h in hours],
+                          column_names=["report", "since", "until", "computed_at", "owner", "rows"])
