@@ -112,20 +112,26 @@ def test_stored_hours_answer_what_the_raw_rows_answer(filled, make_settings, key
 
 
 def test_what_reads_raw_rows(filled, make_settings) -> None:
-    """Buckets finer than the rollup's, windows holding no whole stored hour, and windows
-    whose raw edges would cost more than one raw pass (the default evaluation_delay of 3
-    days before each edge, against a day and a half of the window)."""
+    """Buckets finer than the rollup's and windows holding no whole stored hour read raw
+    rows only; raw runs whose request sides overlap (evaluation_delay before each) are
+    read in one pass."""
     store, settings = filled
     lo, hi = (int(t.timestamp()) * 10**9 for t in (START, END))
     assert results.plan(store, settings, lo, hi, 300) is None
     assert results.plan(store, settings, lo + 60 * 10**9, lo + 3000 * 10**9) is None
     assert results.plan(store, settings, lo, hi) is not None
-    assert results.plan(store, settings, lo - 30 * 60 * 10**9, hi + 30 * 60 * 10**9) is not None
+    half = 30 * 60 * 10**9
+    hours, runs = results.plan(store, settings, lo - half, hi + half)
+    assert runs == [(lo - half, lo), (hi, hi + half)] and len(hours) == (hi - lo) // (3600 * 10**9)
+    assert results.raw_groups(settings, runs) == [[runs[0]], [runs[1]]]  # 30 min of delay: apart
     wide = make_settings(quality={**QUALITY, "evaluation_delay": "3d"})
-    assert results.plan(store, wide, lo, hi) is None  # no whole hour stored under its config
+    assert results.raw_groups(wide, runs) == [runs]
     quality_hours.fill(store, wide, NOW, margin=timedelta(0))
-    assert results.plan(store, wide, lo, hi) is not None  # no raw edge
-    assert results.plan(store, wide, lo - 30 * 60 * 10**9, hi + 30 * 60 * 10**9) is None
+    raw = make_settings(quality={**QUALITY, "evaluation_delay": "3d"}, analytics={"use_rollups": False})
+    since, until = START - timedelta(minutes=30), END + timedelta(minutes=30)
+    for keys, bucket_s in ((["task_type", "tenant"], None), (["language"], 900)):
+        _same(quality.slice_table(store, wide, since, until, keys, bucket_s=bucket_s),
+              quality.slice_table(store, raw, since, until, keys, bucket_s=bucket_s), keys)
 
 
 def _tables(store, settings, make_settings) -> tuple[pl.DataFrame, pl.DataFrame]:

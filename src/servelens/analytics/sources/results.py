@@ -83,9 +83,14 @@ MEASURES = ("evaluations", "passed", "scored", "score_sum")
 
 
 def raw_sql(exprs: dict[str, str], keys: list[str], filters: list[str], bucket_s: int | None = None,
-            lo: str = "since_ns", hi: str = "until_ns", req_lo: str = "req_since_ns") -> str:
-    """Per slice (and time bucket of the result, `bucket`) of the results in [{lo}, {hi}):
-    MEASURES. `exprs`: column -> SQL over llm_requests; `filters`: conditions on k_<column>."""
+            runs: tuple[tuple[str, str], ...] = (("since_ns", "until_ns"),), req_lo: str = "req_since_ns") -> str:
+    """Per slice (and time bucket of the result, `bucket`) of the results in the `runs`
+    ([{lo}, {hi}) parameter pairs, in order): MEASURES, joined to the requests from {req_lo}
+    to the last run's end (one pass for all runs). `exprs`: column -> SQL over
+    llm_requests; `filters`: conditions on k_<column>."""
+    def inside(column: str = "Timestamp") -> str:
+        return " OR ".join(f"({window(lo, hi, column=column).sql})" for lo, hi in runs)
+    hi = runs[-1][1]
     cols = ", ".join(f"{sql} AS k_{c}" for c, sql in exprs.items())
     names = [f"k_{c}" for c in exprs]
     keys_tuple = f"tuple({', '.join(names)})"
@@ -104,10 +109,9 @@ def raw_sql(exprs: dict[str, str], keys: list[str], filters: list[str], bucket_s
         -- ReplacingMergeTree parts have merged; that version decides window membership.
         SELECT TraceId, SpanId, Name, argMax((Timestamp, ScoreValue, ScoreLabel, Passed), IngestedAt) AS v
         FROM evaluations
-        WHERE (TraceId, SpanId, Name) IN (SELECT TraceId, SpanId, Name FROM evaluations
-                                          WHERE {window(lo, hi).sql})
+        WHERE (TraceId, SpanId, Name) IN (SELECT TraceId, SpanId, Name FROM evaluations WHERE {inside()})
         GROUP BY TraceId, SpanId, Name
-        HAVING {window(lo, hi, column="tupleElement(v, 1)").sql}),
+        HAVING {inside("tupleElement(v, 1)")}),
     -- A result comes after its request: the requests of [lo - evaluation_delay, hi + 1 h)
     -- (an hour of clock skew) are all it can match, and only those days are read; only the
     -- traces with a result in the window (a superset of ev's).
@@ -115,7 +119,7 @@ def raw_sql(exprs: dict[str, str], keys: list[str], filters: list[str], bucket_s
                    arraySort(x -> (x.3, x.1), groupArray((SpanId, {keys_tuple}, toUnixTimestamp64Nano(Timestamp)))) AS spans
             FROM (SELECT TraceId, SpanId, Timestamp, {cols} FROM llm_requests
                   WHERE {window(req_lo, hi, after="skew_ns").sql}
-                    AND TraceId IN (SELECT TraceId FROM evaluations WHERE {window(lo, hi).sql}))
+                    AND TraceId IN (SELECT TraceId FROM evaluations WHERE {inside()}))
             GROUP BY TraceId)
     SELECT {"".join(f"k_{k} AS {k}, " for k in keys)}{"bucket, " if bucket_s else ""}
            count() AS evaluations, countIf(passed_) AS passed, countIf(score_ IS NOT NULL) AS scored,
@@ -235,12 +239,20 @@ def plan(store: StoreLike, settings: Settings, lo_ns: int, hi_ns: int,
         at = (h + HOUR_S) * 10**9
     if at < hi_ns:
         runs.append((at, hi_ns))
-    # Each raw run is a join of its own, reading the requests from evaluation_delay before
-    # it: a few stored hours between long raw runs cost more than one raw pass.
-    widen = delay_ns(settings) + SKEW_NS
-    if sum(hi - lo + widen for lo, hi in runs) >= hi_ns - lo_ns + widen:
-        return None
     return {h: filled[h] for h in clean}, runs
+
+
+def raw_groups(settings: Settings, runs: list[tuple[int, int]]) -> list[list[tuple[int, int]]]:
+    """The raw runs, joined in groups whose request sides overlap: one pass over the
+    requests per group, so a window's raw part never reads more requests than the whole
+    window read raw would."""
+    groups: list[list[tuple[int, int]]] = []
+    for lo, hi in runs:
+        if groups and request_side(settings, lo) < groups[-1][-1][1] + SKEW_NS:
+            groups[-1].append((lo, hi))
+        else:
+            groups.append([(lo, hi)])
+    return groups
 
 
 def stored_sql(keys: list[str], filters: list[str], bucket_s: int | None) -> str:
