@@ -151,17 +151,17 @@ def gpu_allocation(store: StoreLike, settings: Settings, q: ReportQuery) -> pl.D
 
 
 def costed_groups(store: StoreLike, settings: Settings, q: ReportQuery, per_model: bool = True,
-                  bucket_s: int | None = None) -> pl.LazyFrame:
+                  bucket_s: int | None = None, flags: bool = True) -> pl.LazyFrame:
     """Token groups of the window with their cost (the input of cost, cost-change and the
     spend series). per_model=False: the groups are per price entry, not per model
     (loader.cost_groups' `entries`), for callers that add cost up by key only: it takes a
     query for the window's models first, so it pays where a key's groups span many models
     and few keys (the spend series: a bucket is a key), not per tenant or for one total
-    (BENCHMARKS.md "Dashboard cardinality")."""
+    (BENCHMARKS.md "Dashboard cardinality"). flags=False: see loader.cost_groups."""
     catalog = Catalog.of(settings.pricing.models, settings.pricing.catalog)
     cuts = catalog.cuts(q.since, q.until)
     entries = None if per_model else priced_pairs(catalog, loader.cost_models(store, settings, q, cuts))
-    groups = loader.cost_groups(store, settings, q, cuts, bucket_s=bucket_s, entries=entries)
+    groups = loader.cost_groups(store, settings, q, cuts, bucket_s=bucket_s, entries=entries, flags=flags)
     prices = group_prices(catalog, groups, cuts.tier_starts)
     return priced(groups.lazy(), prices.lazy(), gpu_allocation(store, settings, q).lazy())
 

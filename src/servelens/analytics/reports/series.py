@@ -112,7 +112,8 @@ def _costed(store: StoreLike, settings: Settings, q: ReportQuery, seconds: int) 
     if q.by is None and read:
         return next(iter(read.values())).with_columns(pl.lit("").alias("key"))
     if q.by not in read:
-        read[q.by] = cost.costed_groups(store, settings, q, per_model=q.by == "model", bucket_s=seconds).collect()
+        read[q.by] = cost.costed_groups(store, settings, q, per_model=q.by == "model", bucket_s=seconds,
+                                        flags=False).collect()
     return read[q.by]
 
 

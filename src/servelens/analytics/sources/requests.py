@@ -143,9 +143,12 @@ def _price_cut_columns(cuts: PriceCuts, params: dict[str, Any], time_sql: str = 
 
 
 def cost_groups(store: StoreLike, settings: Settings, q: ReportQuery, cuts: PriceCuts,
-                bucket_s: int | None = None, entries: pl.DataFrame | None = None) -> pl.DataFrame:
+                bucket_s: int | None = None, entries: pl.DataFrame | None = None,
+                flags: bool = True) -> pl.DataFrame:
     """Token sums per (key, model, provider, deployment, price period, time of day, tier,
     retry?, error?), with one request's time (any: all in a group pay one price).
+    flags=False: retry and error are not split on (false throughout), for callers that add
+    cost up without them (a spend series): fewer groups.
 
     Prices do not change inside a group (period, daypart and tier are where they can:
     `_price_cut_columns`), so pricing it in Polars, at any one of its requests, is exact.
@@ -161,7 +164,7 @@ def cost_groups(store: StoreLike, settings: Settings, q: ReportQuery, cuts: Pric
     is a few rows instead of one per model (BENCHMARKS.md "Dashboard cardinality").
     """
     if rollups.cost_answerable(q, settings, cuts) and (bucket_s is None or bucket_s % 900 == 0):
-        return _cost_groups_rollup(store, settings, q, cuts, bucket_s, entries)
+        return _cost_groups_rollup(store, settings, q, cuts, bucket_s, entries, flags)
     where, params = q.where(settings.attributes)
     key_sql, join, key_params = _key(q, settings)
     params.update(key_params)
@@ -174,8 +177,7 @@ def cost_groups(store: StoreLike, settings: Settings, q: ReportQuery, cuts: Pric
                {models},
                Deployment AS deployment,
                {_price_cut_columns(cuts, params)},
-               RetryAttempt > 0 AS retry,
-               IsError AS error,
+               {_flags(flags, "RetryAttempt > 0", "IsError")},
                count() AS requests,
                toUnixTimestamp64Nano(any(Timestamp)) AS at_ns,
                sum(InputTokens) AS input_tokens,
@@ -185,8 +187,12 @@ def cost_groups(store: StoreLike, settings: Settings, q: ReportQuery, cuts: Pric
                sum(least(ReasoningOutputTokens, OutputTokens)) AS reasoning_tokens{bucket}
         FROM llm_requests {join}
         WHERE {where}
-        GROUP BY key, {model_key}, deployment, period, daypart, tier, retry, error{bucket_key}"""
+        GROUP BY key, {model_key}, deployment, period, daypart, tier{", retry, error" if flags else ""}{bucket_key}"""
     return frame(store, sql, params)
+
+
+def _flags(flags: bool, retry: str, error: str) -> str:
+    return f"{retry} AS retry, {error} AS error" if flags else "false AS retry, false AS error"
 
 
 def cost_models(store: StoreLike, settings: Settings, q: ReportQuery, cuts: PriceCuts) -> pl.DataFrame:
@@ -225,7 +231,7 @@ def _bucket_sql(bucket_s: int | None, time_sql: str) -> tuple[str, str]:
 
 
 def _cost_groups_rollup(store: StoreLike, settings: Settings, q: ReportQuery, cuts: PriceCuts,
-                        bucket_s: int | None, entries: pl.DataFrame | None) -> pl.DataFrame:
+                        bucket_s: int | None, entries: pl.DataFrame | None, flags: bool) -> pl.DataFrame:
     """cost_groups from rollup_costs_15m (+ raw rows at the window's edges): every price
     cut is on its grid, so a quarter hour's start prices all of its requests."""
     params: dict[str, Any] = {}
@@ -238,8 +244,7 @@ def _cost_groups_rollup(store: StoreLike, settings: Settings, q: ReportQuery, cu
                {models},
                toString(Deployment) AS deployment,
                {_price_cut_columns(cuts, params, at, ("InputFloor", ">="))},
-               Retry AS retry,
-               Error AS error,
+               {_flags(flags, "Retry", "Error")},
                sum(Requests) AS requests,
                toUnixTimestamp64Nano(toDateTime64(any(Bucket), 9)) AS at_ns,
                sum(InputTokens_) AS input_tokens,
@@ -248,7 +253,7 @@ def _cost_groups_rollup(store: StoreLike, settings: Settings, q: ReportQuery, cu
                sum(CacheWriteTokens) AS cache_write_tokens,
                sum(ReasoningTokens) AS reasoning_tokens{bucket}
         FROM {source}
-        GROUP BY key, {model_key}, deployment, period, daypart, tier, retry, error{bucket_key}"""
+        GROUP BY key, {model_key}, deployment, period, daypart, tier{", retry, error" if flags else ""}{bucket_key}"""
     return frame(store, sql, params)
 
 
