@@ -205,9 +205,9 @@ class EvaluationConfig(_Strict):
 class QualityConfig(_Strict):
     evaluations: dict[str, EvaluationConfig] = {}
     length_classes: list[int] = [1000, 8000]
-    # A result is matched to its request among the requests of this long before the window
-    # (analytics/reports/quality.py): the match reads those days, not the whole table. A result that
-    # comes later than this counts in the totals, under no slice.
+    # A result is matched to its request among the requests from this long before the start
+    # of its hour (analytics/sources/results.py): the match reads those days, not the whole
+    # table. A result that comes later than this counts in the totals, under no slice.
     evaluation_delay: timedelta = timedelta(days=3)
     _dur = field_validator("evaluation_delay", mode="before")(parse_duration)
 

@@ -170,7 +170,7 @@ def _gpu_points(store: StoreLike, settings: Settings, q: ReportQuery, seconds: i
 
 def _pass_points(store: StoreLike, settings: Settings, q: ReportQuery, seconds: int) -> pl.DataFrame:
     """Pass rate per bucket (of the slice keys, `by` may be one), as the quality report
-    counts it (analytics/reports/quality.py)."""
+    counts it (analytics/reports/quality.py, analytics/sources/results.py)."""
     keys = quality.parse_keys(q.by) if q.by else []
     table = quality.slice_table(store, settings, q.since, q.until, keys, q.filters, bucket_s=seconds)
     if not table.height:
