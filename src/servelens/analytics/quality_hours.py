@@ -32,7 +32,6 @@ from servelens.core.store import StoreLike
 
 JOB = results.JOB
 HOUR = timedelta(hours=1)
-HOUR_NS = 3600 * 10**9
 LIMIT = 48  # hours per call: a scheduler tick stays short while a month is filled in
 BATCH = 24  # hours per join: its request side reads evaluation_delay before the first
 # Filled is taken this long before the hour is read: a row stamped IngestedAt before it
@@ -128,7 +127,7 @@ def _insert(store: StoreLike, settings: Settings, hours: list[datetime], margin:
         "Evaluations, Passed, Scored, ScoreSum) "
         f"SELECT toDateTime(bucket), {{config:String}}, fromUnixTimestamp64Nano({{filled:Int64}}), "
         f"* EXCEPT (bucket) FROM ({sql})",
-        parameters={**params, "since_ns": lo, "until_ns": lo + len(hours) * HOUR_NS,
+        parameters={**params, "since_ns": lo, "until_ns": lo + len(hours) * results.HOUR_NS,
                     "req_since_ns": results.request_side(settings, lo), "config": results.config_id(settings),
                     "filled": filled})
     return filled
