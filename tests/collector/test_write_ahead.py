@@ -103,7 +103,10 @@ def test_shutdown_inserts_the_whole_log(make_settings, store):
     collector.start()
     url = f"http://127.0.0.1:{collector.http.port}/v1/traces"
     statuses = [post(url, llm_request(5).SerializeToString())[0] for _ in range(30)]
-    collector.shutdown()  # no drain first: shutdown itself empties the log into the store
+    # No drain first: shutdown itself empties the log into the store. Its wait is bounded
+    # (10 s by default, then the rest is replayed at the next start); the log's replayer
+    # runs at low priority, and on a saturated machine it needs longer than that.
+    collector.shutdown(timeout=120)
     assert statuses == [200] * 30
     assert count(store) == 150 and count(store, "llm_requests") == 150
 
