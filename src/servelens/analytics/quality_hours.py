@@ -74,7 +74,9 @@ def fill(store: StoreLike, settings: Settings, now: datetime | None = None, *, o
     started = time.perf_counter()
     now = now or datetime.now(timezone.utc)
     leases = Leases(store, owner or runner_id())
-    job = results.job_name(settings)
+    fill_sql = results.fill_sql(settings)
+    config = results.config_of(*fill_sql)
+    job = f"{results.JOB}:{config}"
     taken = []
     for hour in due(store, settings, now)[:limit]:
         if stop is not None and stop.is_set() or not leases.acquire(job, hour + HOUR, now):
@@ -88,7 +90,7 @@ def fill(store: StoreLike, settings: Settings, now: datetime | None = None, *, o
     for run in _runs(taken):
         if stop is not None and stop.is_set():
             break
-        inserted.append((run, _insert(store, settings, run, margin)))
+        inserted.append((run, _insert(store, settings, fill_sql, config, run, margin)))
     late: list[datetime] = []
     stored = results.recorded(store, job)
     if stored and len(taken) < limit:
@@ -97,9 +99,9 @@ def fill(store: StoreLike, settings: Settings, now: datetime | None = None, *, o
         found = results.late_hours(store, stored, min(stored) * 10**9, (max(stored) + 3600) * 10**9) & set(stored)
         late = [datetime.fromtimestamp(h, tz=timezone.utc) for h in sorted(found, reverse=True)[:limit - len(taken)]]
     for run in _runs(sorted(late)):
-        _record(store, settings, run, _insert(store, settings, run, margin), leases.owner)
+        _record(store, job, run, _insert(store, settings, fill_sql, config, run, margin), leases.owner)
     for run, filled in inserted:
-        _record(store, settings, run, filled, leases.owner)
+        _record(store, job, run, filled, leases.owner)
     return {"hours": sum(len(r) for r, _ in inserted) + len(late), "refilled": len(late),
             "seconds": round(time.perf_counter() - started, 4)}
 
@@ -115,9 +117,11 @@ def _runs(hours: list[datetime]) -> list[list[datetime]]:
     return out
 
 
-def _insert(store: StoreLike, settings: Settings, hours: list[datetime], margin: timedelta) -> int:
-    """Insert the consecutive hours' rows as read now; returns their Filled (ns)."""
-    sql, params = results.fill_sql(settings)
+def _insert(store: StoreLike, settings: Settings, fill_sql: tuple[str, dict[str, Any]], config: str,
+            hours: list[datetime], margin: timedelta) -> int:
+    """Insert the consecutive hours' rows (results.fill_sql) as read now; returns their
+    Filled (ns)."""
+    sql, params = fill_sql
     client = store.client()
     lo = int(hours[0].timestamp()) * 10**9
     now_ns = int(client.query("SELECT toUnixTimestamp64Nano(now64(9))").first_row[0])
@@ -128,14 +132,13 @@ def _insert(store: StoreLike, settings: Settings, hours: list[datetime], margin:
         f"SELECT toDateTime(bucket), {{config:String}}, fromUnixTimestamp64Nano({{filled:Int64}}), "
         f"* EXCEPT (bucket) FROM ({sql})",
         parameters={**params, "since_ns": lo, "until_ns": lo + len(hours) * results.HOUR_NS,
-                    "req_since_ns": results.request_side(settings, lo), "config": results.config_id(settings),
-                    "filled": filled})
+                    "req_since_ns": results.request_side(settings, lo), "config": config, "filled": filled})
     return filled
 
 
-def _record(store: StoreLike, settings: Settings, hours: list[datetime], filled: int, owner: str) -> None:
+def _record(store: StoreLike, job: str, hours: list[datetime], filled: int, owner: str) -> None:
     """Record the hours as stored with `filled`: readers read those rows of them from now."""
-    job, computed = results.job_name(settings), datetime.now(timezone.utc)
+    computed = datetime.now(timezone.utc)
     store.client().insert("analytics_results",
                           [[job, h, h + HOUR, computed, owner, json.dumps({"filled_ns": filled})] for h in hours],
                           column_names=["report", "since", "until", "computed_at", "owner", "rows"])

@@ -58,15 +58,15 @@ def _slices_sql(store: StoreLike, settings: Settings, keys: list[str], filters: 
     hours, runs = planned
     params.update(results.stored_params(settings, hours))
     parts = [results.stored_sql(keys, sorted(filters), bucket_s)]
-    names = []
-    for i, (lo_ns, hi_ns) in enumerate(runs):
-        params[f"lo_{i}"], params[f"hi_{i}"] = lo_ns, hi_ns
-        names.append((f"lo_{i}", f"hi_{i}"))
-    at = 0
+    i = 0
     for g, group in enumerate(results.raw_groups(settings, runs)):
+        names = []
+        for lo_ns, hi_ns in group:
+            params[f"lo_{i}"], params[f"hi_{i}"] = lo_ns, hi_ns
+            names.append((f"lo_{i}", f"hi_{i}"))
+            i += 1
         params[f"req_lo_{g}"] = results.request_side(settings, group[0][0])
-        parts.append(results.raw_sql(exprs, keys, clauses, bucket_s, tuple(names[at:at + len(group)]), f"req_lo_{g}"))
-        at += len(group)
+        parts.append(results.raw_sql(exprs, keys, clauses, bucket_s, tuple(names), f"req_lo_{g}"))
     group = [*keys, *(["bucket"] if bucket_s else [])]
     return f"""
     SELECT {"".join(f"{k}, " for k in group)}sum(evaluations) AS evaluations, sum(passed) AS passed,

@@ -172,12 +172,13 @@ def cost_groups(store: StoreLike, settings: Settings, q: ReportQuery, cuts: Pric
     bucket, bucket_key = _bucket_sql(bucket_s, "Timestamp")
     cached = "least(CachedInputTokens, InputTokens)"
     models, model_key = _model_columns(entries, params, "Model", "Provider")
+    flag_columns, flag_group = _flags(flags, "RetryAttempt > 0", "IsError")
     sql = f"""
         SELECT {key_sql} AS key,
                {models},
                Deployment AS deployment,
                {_price_cut_columns(cuts, params)},
-               {_flags(flags, "RetryAttempt > 0", "IsError")},
+               {flag_columns},
                count() AS requests,
                toUnixTimestamp64Nano(any(Timestamp)) AS at_ns,
                sum(InputTokens) AS input_tokens,
@@ -187,12 +188,15 @@ def cost_groups(store: StoreLike, settings: Settings, q: ReportQuery, cuts: Pric
                sum(least(ReasoningOutputTokens, OutputTokens)) AS reasoning_tokens{bucket}
         FROM llm_requests {join}
         WHERE {where}
-        GROUP BY key, {model_key}, deployment, period, daypart, tier{", retry, error" if flags else ""}{bucket_key}"""
+        GROUP BY key, {model_key}, deployment, period, daypart, tier{flag_group}{bucket_key}"""
     return frame(store, sql, params)
 
 
-def _flags(flags: bool, retry: str, error: str) -> str:
-    return f"{retry} AS retry, {error} AS error" if flags else "false AS retry, false AS error"
+def _flags(flags: bool, retry: str, error: str) -> tuple[str, str]:
+    """The retry and error columns of cost_groups from these expressions, and their GROUP BY
+    suffix (none without `flags`)."""
+    return ((f"{retry} AS retry, {error} AS error", ", retry, error") if flags
+            else ("false AS retry, false AS error", ""))
 
 
 def cost_models(store: StoreLike, settings: Settings, q: ReportQuery, cuts: PriceCuts) -> pl.DataFrame:
@@ -239,12 +243,13 @@ def _cost_groups_rollup(store: StoreLike, settings: Settings, q: ReportQuery, cu
     at = "toDateTime64(Bucket, 9)"
     bucket, bucket_key = _bucket_sql(bucket_s, "Bucket")
     models, model_key = _model_columns(entries, params, "toString(Model)", "toString(Provider)")
+    flag_columns, flag_group = _flags(flags, "Retry", "Error")
     sql = f"""
         SELECT toString(key) AS key,
                {models},
                toString(Deployment) AS deployment,
                {_price_cut_columns(cuts, params, at, ("InputFloor", ">="))},
-               {_flags(flags, "Retry", "Error")},
+               {flag_columns},
                sum(Requests) AS requests,
                toUnixTimestamp64Nano(toDateTime64(any(Bucket), 9)) AS at_ns,
                sum(InputTokens_) AS input_tokens,
@@ -253,7 +258,7 @@ def _cost_groups_rollup(store: StoreLike, settings: Settings, q: ReportQuery, cu
                sum(CacheWriteTokens) AS cache_write_tokens,
                sum(ReasoningTokens) AS reasoning_tokens{bucket}
         FROM {source}
-        GROUP BY key, {model_key}, deployment, period, daypart, tier{", retry, error" if flags else ""}{bucket_key}"""
+        GROUP BY key, {model_key}, deployment, period, daypart, tier{flag_group}{bucket_key}"""
     return frame(store, sql, params)
 
 

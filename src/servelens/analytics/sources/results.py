@@ -60,8 +60,6 @@ def key_sql(key: str, settings: Settings) -> tuple[str, dict[str, Any]]:
     if key == CONTEXT_SIZE:
         expr, params = context.size_class(settings.context.size_bounds)
         return f"toString({expr})", params
-    if key == "request_model":
-        return "toString(RequestModel)", {}
     expr, params = key_expr(key, settings.attributes)
     return f"toString({expr})", params
 
@@ -128,10 +126,9 @@ def raw_sql(exprs: dict[str, str], keys: list[str], filters: list[str], bucket_s
         -- the requests this result can match: from evaluation_delay before its hour to an
         -- hour of skew after it, whichever window reads it (so the stored hours agree)
         SELECT intDiv(toUnixTimestamp64Nano(tupleElement(ev.v, 1)), {{hour_ns:Int64}}) * {{hour_ns:Int64}} AS hour_,
-               arrayFirstIndex(x -> x.3 >= hour_ - {{delay_ns:Int64}} AND x.3 < hour_ + {{hour_ns:Int64}} + {{skew_ns:Int64}}
-                                    AND x.1 = ev.SpanId, r.spans) AS own_,
-               if(own_ > 0, own_, arrayFirstIndex(x -> x.3 >= hour_ - {{delay_ns:Int64}}
-                                                     AND x.3 < hour_ + {{hour_ns:Int64}} + {{skew_ns:Int64}}, r.spans)) AS i,
+               hour_ - {{delay_ns:Int64}} AS from_, hour_ + {{hour_ns:Int64}} + {{skew_ns:Int64}} AS to_,
+               arrayFirstIndex(x -> x.3 >= from_ AND x.3 < to_ AND x.1 = ev.SpanId, r.spans) AS own_,
+               if(own_ > 0, own_, arrayFirstIndex(x -> x.3 >= from_ AND x.3 < to_, r.spans)) AS i,
                {picks}{bucket}tupleElement(ev.v, 2) AS score_, {_PASSED} AS passed_
         FROM ev
         ANY LEFT JOIN (SELECT *, 1 AS hit FROM req) AS r ON ev.TraceId = r.TraceId)
@@ -157,20 +154,19 @@ def match_params(settings: Settings) -> dict[str, Any]:
 
 # --- stored hours ---------------------------------------------------------------------------
 
-def fill_exprs(settings: Settings) -> dict[str, tuple[str, dict[str, Any]]]:
-    """Every stored column's SQL over llm_requests (the model as stored: see COLUMNS)."""
-    return {key: (("toString(Model)", {}) if key == "model" else key_sql(key, settings)) for key in COLUMNS}
+# The stored columns that are no slice or filter key as readers compute them: the model as
+# stored, and the model asked for (see COLUMNS).
+_STORED_AS_IS = {"model": "toString(Model)", "request_model": "toString(RequestModel)"}
 
 
 def fill_sql(settings: Settings) -> tuple[str, dict[str, Any]]:
     """The rows of the hours of [{since_ns}, {until_ns}) (request side from
     {req_since_ns}): rollup_quality_15m's key and measure columns, in its order, and the
     quarter hour, `bucket`."""
-    exprs, params = {}, {}
-    for key, (sql, extra) in fill_exprs(settings).items():
-        exprs[key] = sql
+    exprs, params = {}, match_params(settings)
+    for key in COLUMNS:
+        exprs[key], extra = (_STORED_AS_IS[key], {}) if key in _STORED_AS_IS else key_sql(key, settings)
         params.update(extra)
-    params.update(match_params(settings))
     inner = raw_sql(exprs, list(COLUMNS), [], bucket_s=GRAIN_S)
     return f"SELECT bucket, {', '.join(COLUMNS)}, {', '.join(MEASURES)} FROM ({inner})", params
 
@@ -178,9 +174,12 @@ def fill_sql(settings: Settings) -> tuple[str, dict[str, Any]]:
 def config_id(settings: Settings) -> str:
     """What the stored rows depend on besides the data: the fill's SQL with its settings'
     parameters (keys, length and size classes, the pass rule, the evaluation delay)."""
-    sql, params = fill_sql(settings)
-    text = json.dumps([sql, sorted(params.items())], default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+    return config_of(*fill_sql(settings))
+
+
+def config_of(sql: str, params: dict[str, Any]) -> str:
+    """config_id of fill_sql's answer, for a caller that holds it already."""
+    return hashlib.sha256(json.dumps([sql, sorted(params.items())], default=str).encode()).hexdigest()[:16]
 
 
 def job_name(settings: Settings) -> str:
@@ -223,7 +222,7 @@ def plan(store: StoreLike, settings: Settings, lo_ns: int, hi_ns: int,
         return None
     job = job_name(settings)
     filled = memo.cached(memo.key("results.recorded", store, None, job), lambda: recorded(store, job))
-    first, last = -(-lo_ns // (HOUR_S * 10**9)), hi_ns // (HOUR_S * 10**9)
+    first, last = -(-lo_ns // HOUR_NS), hi_ns // HOUR_NS
     candidates = {h * HOUR_S for h in range(first, last)} & set(filled)
     if not candidates:
         return None
