@@ -26,7 +26,12 @@ START = END - timedelta(days=3)
 N = 60_000
 
 
-def _write_spans(store) -> None:
+MODELS = (("gpt-4o-mini", "openai"), ("gpt-4o", "openai"), ("claude-sonnet-4", "anthropic"), ("llama-70b", "vllm"))
+
+
+def _write_spans(store, models=MODELS, n=N, first=0) -> None:
+    names = "[" + ", ".join(f"'{m}'" for m, _ in models) + "]"
+    providers = "[" + ", ".join(f"'{p}'" for _, p in models) + "]"
     span_s = (END - START).total_seconds()
     store.client().command(f"""
         INSERT INTO otel_traces (Timestamp, TraceId, SpanId, ParentSpanId, SpanName, SpanKind, ServiceName,
@@ -36,8 +41,8 @@ def _write_spans(store) -> None:
                lower(hex(cityHash64(number, 1))), lower(hex(cityHash64(number, 2))), '',
                'chat', 'SPAN_KIND_CLIENT', ['chat-api', 'rag', 'agent'][1 + number % 3],
                map('gen_ai.operation.name', 'chat',
-                   'gen_ai.request.model', ['gpt-4o-mini', 'gpt-4o', 'claude-sonnet-4', 'llama-70b'][1 + number % 4],
-                   'gen_ai.provider.name', ['openai', 'openai', 'anthropic', 'vllm'][1 + number % 4],
+                   'gen_ai.request.model', {names}[1 + number % {len(models)}],
+                   'gen_ai.provider.name', {providers}[1 + number % {len(models)}],
                    'app.tenant', concat('tenant-', toString(cityHash64(number, 3) % 40)),
                    'app.feature', ['search', 'chat', 'summarize'][1 + cityHash64(number, 4) % 3],
                    'gen_ai.usage.input_tokens', toString(50 + cityHash64(number, 5) % 40000),
@@ -53,7 +58,7 @@ def _write_spans(store) -> None:
                                  exp(0.6 * sqrt(-2 * log((cityHash64(number, 10) % 100000 + 1) / 100001.))
                                      * cos(6.283185 * (cityHash64(number, 11) % 1000) / 1000.)))),
                if(number % 37 = 0, 'STATUS_CODE_ERROR', 'STATUS_CODE_OK')
-        FROM numbers({N})""")
+        FROM numbers({first}, {n})""")
 
 
 @pytest.fixture
@@ -120,6 +125,84 @@ def test_cost_report_equal_with_and_without_rollups(loaded, make_settings, windo
                 assert a[key][field] == b[key][field], (by, key, field)
             for field in ("cost_usd", "retry_cost_usd", "error_cost_usd"):
                 _same(a[key][field], b[key][field], (by, key, field))
+
+
+def _cost_tables(settings, q, bucket_s=None) -> set[str]:
+    sql = rollups.cost_source_sql(q, settings, {}, _cuts(settings, q), bucket_s)
+    return {t for t in ("rollup_costs_6h", "rollup_costs_15m") if f"FROM {t}" in sql}
+
+
+def test_six_hour_cost_rollup_fills_and_is_read_where_it_prices(loaded, make_settings) -> None:
+    client = loaded.client()
+    six = client.query("SELECT sum(Requests), sum(InputTokens), sum(CachedTokens), uniqExact(Bucket), "
+                       "countIf(toUnixTimestamp(Bucket) % 21600 != 0) FROM rollup_costs_6h").result_rows[0]
+    quarter = client.query("SELECT sum(Requests), sum(InputTokens), sum(CachedTokens), "
+                           "uniqExact(intDiv(toUnixTimestamp(Bucket), 21600)) FROM rollup_costs_15m").result_rows[0]
+    assert six[:4] == quarter and six[4] == 0  # the same sums, on the epoch's six-hour grid
+    settings = make_settings()
+    q = ReportQuery.from_params(_window(*WINDOWS[0], by="tenant"))
+    assert _cost_tables(settings, q) == {"rollup_costs_6h", "rollup_costs_15m"}
+    assert _cost_tables(settings, q, bucket_s=21600) == {"rollup_costs_6h", "rollup_costs_15m"}
+    assert _cost_tables(settings, q, bucket_s=3600) == {"rollup_costs_15m"}  # hours split six-hour rows
+    short = ReportQuery.from_params(_window(*WINDOWS[2], by="tenant"))
+    assert _cost_tables(settings, short) == {"rollup_costs_15m"}
+
+
+def _costs_equal(store, on, off, by: str) -> None:
+    for window in WINDOWS[:2]:
+        params = _window(*window, by=by)
+        a, b = (_by_key(run("cost", store, s, params)["rows"], by) for s in (on, off))
+        assert a.keys() == b.keys() and a
+        for key in a:
+            assert a[key]["requests"] == b[key]["requests"], (window, key)
+            _same(a[key]["cost_usd"], b[key]["cost_usd"], (window, key))
+
+
+def test_price_change_off_the_six_hour_grid(loaded, make_settings) -> None:
+    """A configured price from 09:15 (it may match any model) keeps every model on the
+    quarter hours; the costs equal the raw rows' on either side of it."""
+    change = (START + timedelta(days=1)).replace(hour=9, minute=15, second=0)
+    prices = {"pricing": {"models": [
+        {"model": "gpt-4o", "input_per_mtok": 2.5, "output_per_mtok": 10.0, "cached_input_per_mtok": 1.25},
+        {"model": "gpt-4o", "input_per_mtok": 1.0, "output_per_mtok": 4.0, "effective_from": change.isoformat()}]}}
+    on, off = make_settings(**prices), make_settings(analytics={"use_rollups": False}, **prices)
+    q = ReportQuery.from_params(_window(*WINDOWS[0], by="model"))
+    cuts = _cuts(on, q)
+    assert rollups.cost_answerable(q, on, cuts) and rollups.off_grid_models(cuts, 21600) is None
+    assert _cost_tables(on, q) == {"rollup_costs_15m"}
+    _costs_equal(loaded, on, off, "model")
+    before, after = (_by_key(run("cost", loaded, on, _window(since, until, by="model"))["rows"], "model")["gpt-4o"]
+                     for since, until in ((START, change), (change, END + timedelta(minutes=1))))
+    assert after["cost_per_request_usd"] < 0.5 * before["cost_per_request_usd"]  # the new price applies
+
+
+def test_time_of_day_prices_read_from_the_quarter_hours(loaded, make_settings) -> None:
+    """Models the catalog prices by time of day (off-peak hours) come from the quarter
+    hours, the rest from six-hour rows, in one answer equal to the raw rows'."""
+    _write_spans(loaded, models=(("deepseek-chat", "deepseek"), ("gpt-4o", "openai")), n=6_000, first=N)
+    on, off = make_settings(), make_settings(analytics={"use_rollups": False})
+    q = ReportQuery.from_params(_window(*WINDOWS[0], by="model"))
+    fine = rollups.off_grid_models(_cuts(on, q), 21600)
+    assert fine and any("deepseek-chat".find(f) >= 0 for f in fine)
+    assert _cost_tables(on, q) == {"rollup_costs_6h", "rollup_costs_15m"}
+    _costs_equal(loaded, on, off, "model")
+    _costs_equal(loaded, on, off, "tenant")
+    rows = _by_key(run("cost", loaded, on, _window(*WINDOWS[0], by="model"))["rows"], "model")
+    assert rows["deepseek-chat"]["cost_usd"] is not None and rows["deepseek-chat"]["requests"] == 3_000
+
+
+def test_spend_series_six_hours_equal_with_and_without_rollups(loaded, make_settings) -> None:
+    from servelens.analytics.reports import series
+
+    on, off = make_settings(), make_settings(analytics={"use_rollups": False})
+    for metric in ("cost_usd", "cost_per_request_usd"):
+        params = {**_window(*WINDOWS[1]), "bucket": "6h", "by": "tenant"}
+        a, b = (series.run(metric, loaded, s, params) for s in (on, off))
+        points = {(tuple(x["key"].items()), p[0]): p[1] for x in a["series"] for p in x["points"]}
+        expected = {(tuple(x["key"].items()), p[0]): p[1] for x in b["series"] for p in x["points"]}
+        assert points.keys() == expected.keys() and len(points) > 40
+        for where, value in points.items():
+            _same(value, expected[where], (metric, where))
 
 
 def test_cost_filtered_by_tenant_and_feature(loaded, make_settings) -> None:
@@ -231,7 +314,7 @@ def test_upgrade_backfills_rows_stored_before(make_settings, tmp_path) -> None:
         migrate(store.client())
         client = store.client()
         raw = client.query("SELECT count(), sum(InputTokens) FROM llm_requests").result_rows[0]
-        for table in ("rollup_requests_1m", "rollup_requests_1h", "rollup_costs_15m"):
+        for table in ("rollup_requests_1m", "rollup_requests_1h", "rollup_costs_15m", "rollup_costs_6h"):
             assert tuple(client.query(f"SELECT sum(Requests), sum(InputTokens) FROM {table}").result_rows[0]) == raw
     finally:
         store.client().command("DROP DATABASE IF EXISTS rollup_upgrade")

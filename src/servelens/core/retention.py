@@ -36,6 +36,7 @@ TTL_COLUMNS = {
     "rollup_requests_1m": "toDate(Minute)",
     "rollup_requests_1h": "toDate(Minute)",
     "rollup_costs_15m": "toDate(Bucket)",
+    "rollup_costs_6h": "toDate(Bucket)",
     "rollup_stages_1h": "toDate(Hour)",
     "rollup_quality_15m": "toDate(Bucket)",
 }

@@ -153,7 +153,7 @@ def cost_groups(store: StoreLike, settings: Settings, q: ReportQuery, cuts: Pric
     Prices do not change inside a group (period, daypart and tier are where they can:
     `_price_cut_columns`), so pricing it in Polars, at any one of its requests, is exact.
     Cache reads and writes are clamped into the input, reasoning into the output
-    (analytics.pricing: they are parts of them). Read from the 15-minute cost rollup where
+    (analytics.pricing: they are parts of them). Read from the cost rollups where
     it prices the window exactly (analytics.rollups), else from raw rows. With
     `bucket_s` (a multiple of 900), groups are also split by time bucket (`bucket`).
 
@@ -203,7 +203,7 @@ def cost_models(store: StoreLike, settings: Settings, q: ReportQuery, cuts: Pric
     """The distinct (model, provider) pairs of the requests cost_groups reads."""
     if rollups.cost_answerable(q, settings, cuts):
         params: dict[str, Any] = {}
-        source = rollups.cost_source_sql(q.with_by(None), settings, params)
+        source = rollups.cost_source_sql(q.with_by(None), settings, params, cuts)
         sql = f"SELECT DISTINCT toString(Model) AS model, toString(Provider) AS provider FROM {source}"
         return frame(store, sql, params)
     where, params = q.where(settings.attributes)  # the key's outcome join filters nothing: not needed here
@@ -236,10 +236,10 @@ def _bucket_sql(bucket_s: int | None, time_sql: str) -> tuple[str, str]:
 
 def _cost_groups_rollup(store: StoreLike, settings: Settings, q: ReportQuery, cuts: PriceCuts,
                         bucket_s: int | None, entries: pl.DataFrame | None, flags: bool) -> pl.DataFrame:
-    """cost_groups from rollup_costs_15m (+ raw rows at the window's edges): every price
-    cut is on its grid, so a quarter hour's start prices all of its requests."""
+    """cost_groups from the cost rollups (+ raw rows at the window's edges): every price
+    cut is on the grid of the rows it reads, so a row's start prices all of its requests."""
     params: dict[str, Any] = {}
-    source = rollups.cost_source_sql(q, settings, params)
+    source = rollups.cost_source_sql(q, settings, params, cuts, bucket_s)
     at = "toDateTime64(Bucket, 9)"
     bucket, bucket_key = _bucket_sql(bucket_s, "Bucket")
     models, model_key = _model_columns(entries, params, "toString(Model)", "toString(Provider)")

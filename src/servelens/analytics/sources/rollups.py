@@ -10,9 +10,10 @@ no lag to account for.
 What falls back to raw rows entirely (`answerable` says no):
 - a filter or grouping the rollup has no column for (tenant, feature, team, outcome, a
   business unit read from other attribute keys): the latency rollups hold none of them;
-  the cost rollup holds tenant/feature/team under their default keys;
-- cost when a price cut inside the window is not on the cost rollup's 15-minute grid or
-  a tier threshold is not one of its input floors (`cost_answerable`).
+  the cost rollups hold tenant/feature/team under their default keys;
+- cost when a price cut inside the window is not on the cost rollups' 15-minute grid or
+  a tier threshold is not one of its input floors (`cost_answerable`). The six-hour cost
+  rollup (migrations/0030) is read for the models whose prices change on its grid only.
 Quantiles from sketches are within 1 % of an exact value at most one rank from the
 percentile (the sketch ranks as q·n, the exact reports interpolate at q·(n−1); measured
 at most 0.75 %: BENCHMARKS.md "Rollups", `python -m bench.sketch_error`); windows with at most `analytics.exact_quantiles_up_to` requests are answered
@@ -39,7 +40,7 @@ SKETCH = "quantilesDD(0.0025, 0.5, 0.95, 0.99)"  # the rollups' state: keep in s
 SKETCH_ERROR = 0.01  # relative, within a rank of the percentile (the module docstring)
 
 REQUEST_GRAINS = (("rollup_requests_1h", 3600), ("rollup_requests_1m", 60))
-COST_GRAINS = (("rollup_costs_15m", 900),)
+COST_GRAINS = (("rollup_costs_6h", 21600), ("rollup_costs_15m", 900))
 # The cost rollup's input floors (0019): a tier threshold outside this list needs raw rows.
 INPUT_FLOORS = (0, 32000, 100000, 128000, 199999, 200000, 256000, 272000, 512000, 524288, 1000000)
 
@@ -277,14 +278,31 @@ def uses_rollup(q: ReportQuery, settings: Settings, by: str | None) -> bool:
 # --- cost ---------------------------------------------------------------------------------
 
 def cost_answerable(q: ReportQuery, settings: Settings, cuts: Any) -> bool:
-    """Whether the 15-minute cost rollup prices q exactly: its keys are there and every
-    price cut in the window falls on its grid (instants, times of day, input floors)."""
+    """Whether the cost rollups price q exactly: its keys are there and every price cut in
+    the window falls on the quarter-hour grid (instants, times of day, input floors)."""
     if q.by == "outcome" or not answerable(q, settings, COST_DIMS, q.by):
         return False
     grid = 900 * NS
     return (all(epoch_ns(at) % grid == 0 for at, _ in cuts.boundaries)
             and all(t % grid == 0 for t in cuts.times_of_day_ns)
             and set(cuts.tier_starts) <= set(INPUT_FLOORS))
+
+
+def off_grid_models(cuts: Any, grid_s: int) -> list[str] | None:
+    """Name fragments of the models whose price changes off a grid of `grid_s` seconds
+    (an instant, or a time of day), which a row of that grain cannot price: [] none, None
+    every model."""
+    grid, fine = grid_s * NS, set()
+    if any(t % grid for t in cuts.times_of_day_ns):
+        if cuts.daily_models is None:
+            return None
+        fine.update(cuts.daily_models)
+    for at, models in cuts.boundaries:
+        if epoch_ns(at) % grid:
+            if models is None:
+                return None
+            fine.update(models)
+    return sorted(fine)
 
 
 # Raw rows into the cost rollup's shape (as rollup_costs_15m_mv computes it).
@@ -306,22 +324,36 @@ _COST_ROLLUP = """
     SELECT {key} AS key, Bucket, ServiceName, Deployment, Model, Provider, Retry, Error, InputFloor,
            Requests, InputTokens AS InputTokens_, OutputTokens AS OutputTokens_, CachedTokens, CacheWriteTokens,
            ReasoningTokens
-    FROM rollup_costs_15m
+    FROM {table}
     WHERE {where}"""
 
 
-def cost_source_sql(q: ReportQuery, settings: Settings, params: dict[str, Any]) -> str:
+def cost_source_sql(q: ReportQuery, settings: Settings, params: dict[str, Any], cuts: Any,
+                    bucket_s: int | None = None) -> str:
     """A subquery of pre-aggregated cost rows (key, Bucket, model..., sums) covering q's
-    window from the cost rollup and raw rows at its edges (cost_answerable() said yes)."""
+    window from the cost rollups and raw rows at its edges (cost_answerable() said yes).
+    Whole six hours come from the six-hour rollup, except for the models whose price
+    changes inside one (`off_grid_models`: their quarter hours instead), or all of them
+    where every model's does or `bucket_s` does not divide into six hours."""
     bounds = q.bounds()
     params.update(bounds)
     floors = "[" + ", ".join(str(f) for f in INPUT_FLOORS) + "]"
+    (coarse, coarse_s), quarter = COST_GRAINS
+    fine = off_grid_models(cuts, coarse_s)
+    grains = COST_GRAINS[1:] if fine is None or (bucket_s and bucket_s % coarse_s) else COST_GRAINS
+    if fine:
+        params["off_grid_models"] = fine
+    off_grid = "multiSearchAnyCaseInsensitive(Model, {off_grid_models:Array(String)})"
     parts = []
-    for i, piece in enumerate(pieces(bounds["since_ns"], bounds["until_ns"], COST_GRAINS)):
+    for i, piece in enumerate(pieces(bounds["since_ns"], bounds["until_ns"], grains)):
         if piece.table:
             key = COST_DIMS[q.by] if q.by else "''"
             where = f"{time_range('Bucket', piece, i, params, raw=False)} AND {filter_sql(q, COST_DIMS, params)}"
-            parts.append(_COST_ROLLUP.format(key=key, where=where))
+            if piece.table == coarse and fine:
+                parts.append(_COST_ROLLUP.format(key=key, table=coarse, where=f"{where} AND NOT {off_grid}"))
+                parts.append(_COST_ROLLUP.format(key=key, table=quarter[0], where=f"{where} AND {off_grid}"))
+            else:
+                parts.append(_COST_ROLLUP.format(key=key, table=piece.table, where=where))
         else:
             filtered = ReportQuery(q.since, q.until, filters=q.filters)
             filters, fparams = filtered.where(settings.attributes)
