@@ -122,3 +122,19 @@ def test_filters_and_small_windows_stay_exact(stored, make_settings) -> None:
     assert traces.sketched(stored, sketchy, ReportQuery(SINCE, UNTIL, filters={"service": "svc-chat"})) is None
     inside = ReportQuery(SINCE + timedelta(minutes=10), SINCE + timedelta(minutes=50))  # no whole hour
     assert traces.sketched(stored, sketchy, inside) is None
+
+
+def test_a_run_stores_every_due_hour_while_time_allows(stored, make_settings, monkeypatch) -> None:
+    """A back-filled history is stored within a run (analytics.scheduler.CATCH_UP_SHARE),
+    not one fill call (stage_hours.LIMIT hours) per analytics.interval."""
+    import functools
+
+    from servelens.analytics import scheduler
+
+    settings = make_settings(deployments=DEPLOYMENTS)
+    now = datetime.now(timezone.utc)
+    due = len(stage_hours.due(stored, settings, now))
+    assert due > 2
+    monkeypatch.setattr(stage_hours, "fill", functools.partial(stage_hours.fill, limit=2))  # several calls
+    assert scheduler.run_all(stored, settings, now=now)["jobs"]["stage_hours"]["rows"] == due
+    assert stage_hours.due(stored, settings, now) == []
