@@ -37,3 +37,54 @@ def test_ingest_health_names_what_is_missing_per_service_and_dialect(collector, 
     assert in_house["requests"] == 0 and in_house["spans_seen"] == 1 and in_house["unrecognized_spans"] == 2
     assert set(in_house["unrecognized_keys"]) == {"acme.model_id", "acme.usage.prompt_tokens"}
     assert all(len(t) == 32 for t in in_house["unrecognized_examples"])
+
+
+def test_unrecognized_keys_from_stored_hours_equal_the_spans(store, make_settings) -> None:
+    """Over hours the analytics job has stored (analytics.span_hours, rollup_span_keys_1h)
+    the unrecognized keys, their spans and examples are what reading every span gives.
+    Spans written as an otelcol-contrib exporter writes them, over five past hours."""
+    from datetime import datetime, timedelta, timezone
+
+    from servelens.analytics import span_hours
+    from servelens.analytics.sources import span_keys, traces
+
+    t0 = (datetime.now(timezone.utc) - timedelta(hours=8)).replace(minute=0, second=0, microsecond=0)
+    store.client().command(f"""
+        INSERT INTO otel_traces (Timestamp, TraceId, SpanId, ParentSpanId, SpanName, SpanKind, ServiceName,
+                                 SpanAttributes, Duration, StatusCode)
+        SELECT fromUnixTimestamp64Nano(toInt64({int(t0.timestamp())} * 1e9 + (cityHash64(number) % 18000) * 1e9)),
+               lower(hex(cityHash64(number, 1))), lower(hex(cityHash64(number, 2))), '', 'call',
+               'SPAN_KIND_CLIENT', ['chat-api', 'in-house', 'batch'][1 + number % 3],
+               multiIf(number % 3 = 0, map('gen_ai.operation.name', 'chat', 'gen_ai.request.model', 'gpt-4o',
+                                          'gen_ai.usage.input_tokens', '10', 'gen_ai.usage.output_tokens', '5'),
+                       number % 3 = 1, map('acme.model_id', 'gpt-4o', 'acme.usage.prompt_tokens', '12',
+                                          'http.route', '/v1/chat'),
+                       number % 7 = 2, map('Vendor.TokenCount', '3'),
+                       map('db.system', 'redis')),
+               1000000, 'STATUS_CODE_OK'
+        FROM numbers(3000)""")
+    raw, stored = make_settings(analytics={"use_rollups": False}), make_settings()
+    windows = [{"since": (t0 + timedelta(minutes=17)).isoformat(), "until": (t0 + timedelta(hours=4, minutes=13)).isoformat()},
+               {"since": t0.isoformat(), "until": (t0 + timedelta(hours=5)).isoformat(), "service": "in-house"}]
+
+    def keys(settings, params) -> dict:
+        rows = reports.run("ingest", store, settings, params)["rows"]
+        return {r["service"]: (r["unrecognized_spans"], sorted(zip(r["unrecognized_keys"] or [], r["unrecognized_examples"] or [])))
+                for r in rows}
+
+    before = [keys(raw, w) for w in windows]
+    assert before[0]["in-house"][0] > 0 and before[0]["batch"][0] > 0 and before[0]["chat-api"][0] == 0
+    assert {k for k, _ in before[0]["in-house"][1]} == {"acme.model_id", "acme.usage.prompt_tokens"}
+    assert {k for k, _ in before[0]["batch"][1]} == {"Vendor.TokenCount"}  # any case
+    assert span_hours.fill(store, stored, job=span_hours.SPAN_KEYS)["hours"] >= 5
+    assert traces.hours_stored(store, span_keys.JOB) is not None
+    after = [keys(stored, w) for w in windows]
+    for b, a in zip(before, after):
+        assert {s: v[0] for s, v in a.items()} == {s: v[0] for s, v in b.items()}
+        for service, (_, found) in a.items():
+            assert [k for k, _ in found] == [k for k, _ in b[service][1]]
+            for key, trace_id in found:  # an example is a span of that service with the key
+                assert store.client().query(
+                    "SELECT count() FROM otel_traces WHERE TraceId = {t:String} AND ServiceName = {s:String} "
+                    "AND mapContains(SpanAttributes, {k:String})", parameters={"t": trace_id, "s": service, "k": key}
+                ).result_rows[0][0] == 1

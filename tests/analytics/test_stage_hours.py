@@ -1,4 +1,4 @@
-"""The settled hours' stage sketches (analytics/stage_hours.py, migration 0028) against the
+"""The settled hours' stage sketches (analytics/span_hours.py, migration 0028) against the
 exact per-trace stage quantiles of the same traces (analytics/sources/traces.py).
 
 The traffic is test_stages' (every trace shape: vLLM timings, API calls with and without
@@ -15,7 +15,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from servelens.analytics import stage_hours
+from servelens.analytics import span_hours
 from servelens.analytics.query import ReportQuery
 from servelens.analytics.reports.registry import run
 from servelens.analytics.sources import traces
@@ -65,7 +65,7 @@ def test_stored_hours_answer_within_the_sketch_bound(stored, make_settings, by) 
     exact_settings = make_settings(deployments=DEPLOYMENTS, analytics={"use_rollups": False})
     q = ReportQuery(SINCE, UNTIL)
     assert traces.sketched(stored, settings, q) is None  # nothing stored yet: exact
-    done = stage_hours.fill(stored, settings)
+    done = span_hours.fill(stored, settings, job=span_hours.STAGES)
     assert done["hours"] >= 2
     assert traces.sketched(stored, settings, q) is not None
 
@@ -92,13 +92,13 @@ def test_hours_are_stored_once_in_one_unbroken_run(stored, make_settings) -> Non
     settings = make_settings(deployments=DEPLOYMENTS)
     client = stored.client()
     now = datetime.now(timezone.utc)  # one instant: the last settled hour must not move under the test
-    first = stage_hours.fill(stored, settings, now, limit=2)
+    first = span_hours.fill(stored, settings, now, limit=2, job=span_hours.STAGES)
     assert first["hours"] == 2  # `limit` per call
-    rest = stage_hours.fill(stored, settings, now)
+    rest = span_hours.fill(stored, settings, now, job=span_hours.STAGES)
     lo, hi = traces.hours_stored(stored)
-    end = stage_hours.settled(settings, now)
+    end = span_hours.settled(settings, now)
     assert hi == int(end.timestamp()) * 10**9 and (hi - lo) // traces.HOUR_NS == first["hours"] + rest["hours"]
-    assert stage_hours.fill(stored, settings, now)["hours"] == 0  # nothing left until the next hour settles
+    assert span_hours.fill(stored, settings, now, job=span_hours.STAGES)["hours"] == 0  # none until the next hour settles
     before = client.query("SELECT sum(Traces), count() FROM rollup_stages_1h").first_row
 
     # A runner that died after inserting its hour but before recording it: the hour is
@@ -109,14 +109,14 @@ def test_hours_are_stored_once_in_one_unbroken_run(stored, make_settings) -> Non
     client.command("DELETE FROM analytics_results WHERE report = 'stage_hours' AND since >= {h:DateTime64(3)}",
                    parameters={"h": busy})
     later = now + timedelta(minutes=11)  # past the lease (leases.LEASE_SECONDS)
-    again = stage_hours.fill(stored, settings, later)
+    again = span_hours.fill(stored, settings, later, job=span_hours.STAGES)
     assert again["hours"] >= 1
     assert client.query("SELECT sum(Traces), count() FROM rollup_stages_1h").first_row == before
 
 
 def test_filters_and_small_windows_stay_exact(stored, make_settings) -> None:
     settings = make_settings(deployments=DEPLOYMENTS)  # exact up to 200,000 requests
-    stage_hours.fill(stored, settings)
+    span_hours.fill(stored, settings, job=span_hours.STAGES)
     assert traces.sketched(stored, settings, ReportQuery(SINCE, UNTIL)) is None
     sketchy = make_settings(deployments=DEPLOYMENTS, analytics={"exact_quantiles_up_to": 0})
     assert traces.sketched(stored, sketchy, ReportQuery(SINCE, UNTIL, filters={"service": "svc-chat"})) is None
@@ -126,15 +126,15 @@ def test_filters_and_small_windows_stay_exact(stored, make_settings) -> None:
 
 def test_a_run_stores_every_due_hour_while_time_allows(stored, make_settings, monkeypatch) -> None:
     """A back-filled history is stored within a run (analytics.scheduler.CATCH_UP_SHARE),
-    not one fill call (stage_hours.LIMIT hours) per analytics.interval."""
+    not one fill call (span_hours.LIMIT hours) per analytics.interval."""
     import functools
 
     from servelens.analytics import scheduler
 
     settings = make_settings(deployments=DEPLOYMENTS)
     now = datetime.now(timezone.utc)
-    due = len(stage_hours.due(stored, settings, now))
+    due = len(span_hours.due(stored, settings, now, span_hours.STAGES))
     assert due > 2
-    monkeypatch.setattr(stage_hours, "fill", functools.partial(stage_hours.fill, limit=2))  # several calls
+    monkeypatch.setattr(span_hours, "fill", functools.partial(span_hours.fill, limit=2))  # several calls
     assert scheduler.run_all(stored, settings, now=now)["jobs"]["stage_hours"]["rows"] == due
-    assert stage_hours.due(stored, settings, now) == []
+    assert span_hours.due(stored, settings, now, span_hours.STAGES) == []

@@ -18,6 +18,7 @@ episode transition announced, once.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import threading
@@ -25,7 +26,7 @@ import time
 from datetime import datetime, timezone
 from typing import Any
 
-from servelens.analytics import memo, quality_hours, stage_hours
+from servelens.analytics import memo, quality_hours, span_hours
 from servelens.analytics.leases import Leases, aligned, heartbeat, runner_alive, runner_id
 from servelens.analytics.query import DEFAULT_WINDOW, ReportQuery, iso
 from servelens.analytics.reports import registry as reports
@@ -40,8 +41,8 @@ log = logging.getLogger(__name__)
 def run_all(store: StoreLike, settings: Settings, now: datetime | None = None, scheduled: bool = False,
             owner: str | None = None, stop: threading.Event | None = None) -> dict[str, Any]:
     """{"jobs": {name: {"rows": n, "seconds": s}}} as SPEC 5's analytics/run returns it
-    ("stage_hours", "quality_hours": the settled hours stored for the stage and quality
-    readers, analytics.stage_hours and analytics.quality_hours).
+    ("stage_hours", "span_keys_hours", "quality_hours": the settled hours stored for the
+    stage, ingest and quality readers, analytics.span_hours and analytics.quality_hours).
 
     Scheduled runs skip the reports another runner holds the window of ("skipped": true).
     Once `stop` is set no further report starts (the process is stopping).
@@ -52,7 +53,9 @@ def run_all(store: StoreLike, settings: Settings, now: datetime | None = None, s
     leases = Leases(store, owner)
     jobs: dict[str, Any] = {}
     # The settled hours first: the reports below read them.
-    for job, fill in ((stage_hours.JOB, stage_hours.fill), (quality_hours.JOB, quality_hours.fill)):
+    fills = [*((job.name, functools.partial(span_hours.fill, job=job)) for job in span_hours.JOBS),
+             (quality_hours.JOB, quality_hours.fill)]
+    for job, fill in fills:
         if stop is not None and stop.is_set():
             break
         try:

@@ -4,7 +4,8 @@ One row per (service, dialect): spans seen, LLM requests recognized, and the req
 report cannot use whole (no token usage, no model, an unpriced model, a stream without
 TTFT). Spans of the service that no dialect recognized but whose attribute keys look like
 GenAI data (`*token*`, `*model*`, `*usage*`) are listed with an example trace id: the
-sign of a dialect servelens does not read yet, or a key to configure. Quarantined rows
+sign of a dialect servelens does not read yet, or a key to configure (analytics.sources.span_keys:
+from the hours the analytics job stores, over long windows). Quarantined rows
 (collector.spool) are on /api/v1/health, beside this report.
 """
 
@@ -17,15 +18,12 @@ import polars as pl
 
 from servelens.analytics.pricing import Catalog
 from servelens.analytics.query import ReportQuery
-from servelens.analytics.sources import frame
+from servelens.analytics.sources import frame, span_keys
 from servelens.analytics.sql import window
-from servelens.collector.mapping.dialects import sql_is_request
 from servelens.core.config import Settings
 from servelens.core.store import StoreLike
 
 DEFAULT_BY = None
-GENAI_LOOKING = r"(?i)token|model|usage"
-MAX_KEYS = 10  # unrecognized keys shown per service
 
 
 def report(store: StoreLike, settings: Settings, q: ReportQuery) -> pl.DataFrame:
@@ -46,18 +44,14 @@ def report(store: StoreLike, settings: Settings, q: ReportQuery) -> pl.DataFrame
     spans = frame(store, f"""
         SELECT ServiceName AS service, count() AS spans_seen
         FROM otel_traces WHERE {in_window}{service} GROUP BY service""", params)
-    unknown = frame(store, f"""
-        SELECT service, groupArray({MAX_KEYS})(key) AS unrecognized_keys,
-               groupArray({MAX_KEYS})(example) AS unrecognized_examples,
-               sum(n) AS unrecognized_spans
-        FROM (
-            SELECT ServiceName AS service, key, count() AS n, any(TraceId) AS example
-            FROM (SELECT ServiceName, TraceId, SpanAttributes AS a FROM otel_traces WHERE {in_window}{service})
-            ARRAY JOIN arrayFilter(k -> match(k, {{genai_looking:String}}), mapKeys(a)) AS key
-            WHERE NOT ({sql_is_request()})
-            GROUP BY service, key ORDER BY n DESC)
-        GROUP BY service""", {**params, "genai_looking": GENAI_LOOKING})
+    unknown = span_keys.unrecognized(store, settings, q)
     return _assemble(requests, spans, unknown, Catalog.of(settings.pricing.models), q.until)
+
+
+# What per (service, dialect) holds, for a window (or service) with no LLM request.
+_PER_DIALECT = {"service": pl.String, "dialect": pl.String, "requests": pl.UInt64, "without_usage": pl.UInt64,
+                "without_model": pl.UInt64, "unpriced_requests": pl.UInt64, "unpriced_models": pl.List(pl.String),
+                "streams_without_ttft": pl.UInt64, "example_trace_id": pl.String}
 
 
 def _assemble(requests: pl.DataFrame, spans: pl.DataFrame, unknown: pl.DataFrame, catalog: Catalog,
@@ -73,7 +67,7 @@ def _assemble(requests: pl.DataFrame, spans: pl.DataFrame, unknown: pl.DataFrame
              pl.col("model").filter(~pl.col("priced") & (pl.col("model") != "")).unique().sort()
              .alias("unpriced_models"),
              pl.col("streams_without_ttft").sum(), pl.col("example_trace_id").first())
-        if requests.height else pl.DataFrame(schema={"service": pl.String, "dialect": pl.String})
+        if requests.height else pl.DataFrame(schema=_PER_DIALECT)
     )
     services = spans.join(unknown, on="service", how="full", coalesce=True) if spans.height else spans
     if not services.height:

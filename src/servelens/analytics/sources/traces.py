@@ -26,7 +26,7 @@ a window cannot prune it. Within a run of the report jobs the result is shared
 (analytics.memo): `stages` and the overview's binding constraint ask the same question.
 
 Long windows read settled hours instead (`sketched`): the analytics job stores each hour
-once its spans are in (analytics.stage_hours, rollup_stages_1h), per (service, deployment,
+once its spans are in (analytics.span_hours, rollup_stages_1h), per (service, deployment,
 stage) with a quantilesDD sketch, and a window takes its stored whole hours from there and
 the rest (its edges, the last hours not yet settled) from raw rows through the same
 per-hour SQL, merged. There a trace belongs to the hour of its first LLM request and
@@ -128,7 +128,7 @@ def _sql(where: str, by: str) -> str:
 # --- hours: the sketched path for long windows ----------------------------------------------
 
 SKETCH = "quantilesDD(0.0025, 0.5, 0.99)"  # rollup_stages_1h's state (migration 0028)
-JOB = "stage_hours"  # its name in analytics_results / analytics_leases (analytics/stage_hours.py)
+JOB = "stage_hours"  # its name in analytics_results / analytics_leases (analytics/span_hours.py)
 ROLLUP = "rollup_stages_1h"
 
 
@@ -156,25 +156,25 @@ def hour_states_sql(lo: str = "since_ns", hi: str = "until_ns") -> str:
         GROUP BY ServiceName, Deployment, Stage"""
 
 
-def hours_stored(store: StoreLike) -> tuple[int, int] | None:
-    """[first, last) hour (ns) that rollup_stages_1h holds whole, None when it holds none or
-    its hours are not one unbroken run (then nothing is read from it)."""
+def hours_stored(store: StoreLike, job: str = JOB) -> tuple[int, int] | None:
+    """[first, last) hour (ns) that `job` (analytics.span_hours) has stored whole, None when
+    it holds none or its hours are not one unbroken run (then nothing is read from it)."""
     row = store.client().query(
         "SELECT toUnixTimestamp64Nano(min(since)), toUnixTimestamp64Nano(max(until)), uniqExact(since) "
-        "FROM analytics_results WHERE report = {job:String}", parameters={"job": JOB}).first_row
+        "FROM analytics_results WHERE report = {job:String}", parameters={"job": job}).first_row
     if not row or not row[2]:
         return None
     lo, hi, count = int(row[0]), int(row[1]), int(row[2])
     return (lo, hi) if (hi - lo) // HOUR_NS == count else None
 
 
-def _hour_pieces(since_ns: int, until_ns: int, stored: tuple[int, int]) -> list[rollups.Piece]:
-    """[since, until) as pieces: the stored whole hours inside it, raw ("") around them."""
+def hour_pieces(since_ns: int, until_ns: int, stored: tuple[int, int], table: str = ROLLUP) -> list[rollups.Piece]:
+    """[since, until) as pieces: the stored whole hours inside it (`table`), raw ("") around them."""
     lo = max(-(-since_ns // HOUR_NS) * HOUR_NS, stored[0])
     hi = min(until_ns // HOUR_NS * HOUR_NS, stored[1])
     if lo >= hi:
         return [rollups.Piece("", since_ns, until_ns)]
-    return [p for p in (rollups.Piece("", since_ns, lo), rollups.Piece(ROLLUP, lo, hi), rollups.Piece("", hi, until_ns))
+    return [p for p in (rollups.Piece("", since_ns, lo), rollups.Piece(table, lo, hi), rollups.Piece("", hi, until_ns))
             if p.lo_ns < p.hi_ns]
 
 
@@ -201,7 +201,7 @@ def _sketched_sql(pieces: list[rollups.Piece], by: str, params: dict[str, Any]) 
 
 
 def sketched(store: StoreLike, settings: Settings, q: ReportQuery) -> tuple[int, int] | None:
-    """The stored hours q's stage quantiles read (analytics.stage_hours), or None when they
+    """The stored hours q's stage quantiles read (analytics.span_hours), or None when they
     come exactly from raw rows: report filters (a rollup row is a whole trace's, unfiltered),
     a window small enough to rank exactly (analytics.exact_quantiles_up_to requests), or no
     whole stored hour inside it."""
@@ -214,7 +214,7 @@ def sketched(store: StoreLike, settings: Settings, q: ReportQuery) -> tuple[int,
     if stored is None:
         return None
     bounds = q.bounds()
-    return stored if any(p.table for p in _hour_pieces(bounds["since_ns"], bounds["until_ns"], stored)) else None
+    return stored if any(p.table for p in hour_pieces(bounds["since_ns"], bounds["until_ns"], stored)) else None
 
 
 def stage_quantiles(store: StoreLike, settings: Settings, q: ReportQuery, by: str) -> pl.DataFrame:
@@ -231,7 +231,7 @@ def stage_quantiles(store: StoreLike, settings: Settings, q: ReportQuery, by: st
             return frame(store, _sql(where, by), params)
         bounds = q.bounds()
         sketch_params = {"slack_ns": SLACK_NS}
-        sql = _sketched_sql(_hour_pieces(bounds["since_ns"], bounds["until_ns"], stored), by, sketch_params)
+        sql = _sketched_sql(hour_pieces(bounds["since_ns"], bounds["until_ns"], stored), by, sketch_params)
         return frame(store, sql, sketch_params)
 
     return memo.cached(key, compute)

@@ -1,4 +1,4 @@
--- Per-stage seconds of request traces, per hour (analytics/stage_hours.py fills it,
+-- Per-stage seconds of request traces, per hour (analytics/span_hours.py fills it,
 -- analytics/sources/traces.py reads it). A trace's stages are known only once all of its
 -- spans are in (its LLM requests, retrieval and tool spans, the root), so no view can fill
 -- this at ingest: the analytics job aggregates each hour once it has settled, per trace,

@@ -1,0 +1,99 @@
+"""Store what each settled hour of spans adds up to, once, for readers of long windows.
+
+Two readers aggregate every span or trace of their window, and at a month of a busy fleet
+that is millions held at once: the stages report and the overview's binding constraint
+(per-stage sketches, rollup_stages_1h, migration 0028), and the ingest report's attribute
+keys no dialect reads (rollup_span_keys_1h, migration 0031). This job aggregates one hour
+at a time instead, after the hour has settled (its traces' spans may arrive up to the
+slack after it: SLACK_NS plus triggers.settle), and the readers take the stored hours as
+they are, raw rows for the rest of their window.
+
+Hours go in order from the first stored request, `limit` per call, so each job's stored
+hours are one unbroken run that `traces.hours_stored` can read from analytics_results.
+Each hour is taken under a lease (analytics_leases) and recorded in analytics_results once
+inserted; its insert carries a deduplication token, so an hour inserted by a runner that
+died before recording it is not counted twice when it is taken again.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from typing import Any, Callable
+
+from servelens.analytics.leases import Leases, aligned, runner_id
+from servelens.analytics.sources import frame, span_keys, traces
+from servelens.analytics.sources.traces import HOUR_NS, SLACK_NS, hours_stored
+from servelens.core.config import Settings
+from servelens.core.store import StoreLike
+
+HOUR = timedelta(hours=1)
+LIMIT = 48  # hours per call: a scheduler tick stays short while a month is filled in
+
+
+@dataclass(frozen=True)
+class HourJob:
+    name: str  # in analytics_results / analytics_leases
+    table: str
+    columns: tuple[str, ...]  # what `rows` selects, in order; Hour is added last
+    rows: Callable[[], str]  # SQL: one hour's rows, [since_ns, until_ns) with slack_ns around it
+
+
+STAGES = HourJob(traces.JOB, traces.ROLLUP, ("ServiceName", "Deployment", "Stage", "Traces", "Seconds"),
+                 traces.hour_states_sql)
+SPAN_KEYS = HourJob(span_keys.JOB, span_keys.ROLLUP, ("ServiceName", "Key", "Spans", "Example"),
+                    span_keys.hour_rows_sql)
+JOBS = (STAGES, SPAN_KEYS)
+
+
+def settled(settings: Settings, now: datetime) -> datetime:
+    """The end of the last hour whose traces are complete at `now`."""
+    return aligned(now - timedelta(microseconds=SLACK_NS // 1000) - settings.triggers.settle, HOUR)
+
+
+def _first_hour(store: StoreLike) -> datetime | None:
+    row = frame(store, "SELECT toUnixTimestamp64Nano(min(Timestamp)) AS t, count() AS n FROM llm_requests", {})
+    if not row.height or not row.item(0, "n"):
+        return None
+    return datetime.fromtimestamp(row.item(0, "t") // HOUR_NS * 3600, tz=timezone.utc)
+
+
+def due(store: StoreLike, settings: Settings, now: datetime, job: HourJob) -> list[datetime]:
+    """Starts of the hours to fill, oldest first: after the stored run, or from the first
+    stored request, up to the last settled hour."""
+    stored = hours_stored(store, job.name)
+    first = (datetime.fromtimestamp(stored[1] / 1e9, tz=timezone.utc) if stored is not None
+             else _first_hour(store))
+    if first is None:
+        return []
+    end = settled(settings, now)
+    return [first + i * HOUR for i in range(max(0, int((end - first) / HOUR)))]
+
+
+def fill(store: StoreLike, settings: Settings, now: datetime | None = None, *, job: HourJob,
+         owner: str | None = None, limit: int = LIMIT, stop: threading.Event | None = None) -> dict[str, Any]:
+    """Store up to `limit` due hours of `job`. {"hours": n, "seconds": s};
+    stops at an hour another runner holds (the run must stay unbroken)."""
+    started = time.perf_counter()
+    now = now or datetime.now(timezone.utc)
+    owner = owner or runner_id()
+    leases = Leases(store, owner)
+    hours = 0
+    for hour in due(store, settings, now, job)[:limit]:
+        if stop is not None and stop.is_set():
+            break
+        until = hour + HOUR
+        if not leases.acquire(job.name, until, now):
+            break
+        lo = int(hour.timestamp()) * 10**9
+        store.client().command(
+            f"INSERT INTO {job.table} ({', '.join(job.columns)}, Hour) "
+            f"SELECT *, toDateTime(intDiv({{since_ns:Int64}}, 1000000000)) FROM ({job.rows()})",
+            parameters={"since_ns": lo, "until_ns": lo + HOUR_NS, "slack_ns": SLACK_NS},
+            settings={"insert_deduplication_token": f"{job.name}:{hour.isoformat()}", "insert_deduplicate": 1})
+        store.client().insert("analytics_results", [[job.name, hour, until, datetime.now(timezone.utc), owner, "{}"]],
+                              column_names=["report", "since", "until", "computed_at", "owner", "rows"])
+        hours += 1
+    return {"hours": hours, "seconds": round(time.perf_counter() - started, 4)}
