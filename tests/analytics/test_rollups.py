@@ -345,6 +345,10 @@ def test_trigger_counts_equal_with_and_without_rollups(loaded, make_settings, si
     sql, _ = rollups.request_counts_sql(on, _ns(at.baseline_since), _ns(at.until), trigger_sources._align(at))
     assert (table in sql) if table else ("rollup_" not in sql), sql
     boundaries = Catalog.of(on.pricing.models).boundaries()
+    cost_sql, _ = rollups.cost_counts_sql(on, _ns(at.baseline_since), _ns(at.until), trigger_sources._align(at),
+                                          [_ns(b) for b in boundaries])
+    # whole quarter hours (never six-hour rows: read by time of day) where the window has them
+    assert ("rollup_costs_15m" in cost_sql) == (table is not None) and "rollup_costs_6h" not in cost_sql, cost_sql
     reads = {
         "reliability": lambda s: trigger_sources.reliability_counts(loaded, s, at),
         "errors": lambda s: trigger_sources.error_breakdown(loaded, s, at, ["chat-api", "rag", "agent"]),

@@ -40,7 +40,10 @@ SKETCH = "quantilesDD(0.0025, 0.5, 0.95, 0.99)"  # the rollups' state: keep in s
 SKETCH_ERROR = 0.01  # relative, within a rank of the percentile (the module docstring)
 
 REQUEST_GRAINS = (("rollup_requests_1h", 3600), ("rollup_requests_1m", 60))
-COST_GRAINS = (("rollup_costs_6h", 21600), ("rollup_costs_15m", 900))
+# The quarter hours alone where rows are stamped with their start and read by time of day
+# (cost_counts_sql): six-hour rows would put six hours at their first.
+COST_QUARTER = ("rollup_costs_15m", 900)
+COST_GRAINS = (("rollup_costs_6h", 21600), COST_QUARTER)
 # The cost rollup's input floors (0019): a tier threshold outside this list needs raw rows.
 INPUT_FLOORS = (0, 32000, 100000, 128000, 199999, 200000, 256000, 272000, 512000, 524288, 1000000)
 
@@ -338,7 +341,7 @@ def cost_source_sql(q: ReportQuery, settings: Settings, params: dict[str, Any], 
     bounds = q.bounds()
     params.update(bounds)
     floors = "[" + ", ".join(str(f) for f in INPUT_FLOORS) + "]"
-    (coarse, coarse_s), quarter = COST_GRAINS
+    (coarse, coarse_s), (quarter, _) = COST_GRAINS
     fine = off_grid_models(cuts, coarse_s)
     grains = COST_GRAINS[1:] if fine is None or (bucket_s and bucket_s % coarse_s) else COST_GRAINS
     if fine:
@@ -351,7 +354,7 @@ def cost_source_sql(q: ReportQuery, settings: Settings, params: dict[str, Any], 
             where = f"{time_range('Bucket', piece, i, params, raw=False)} AND {filter_sql(q, COST_DIMS, params)}"
             if piece.table == coarse and fine:
                 parts.append(_COST_ROLLUP.format(key=key, table=coarse, where=f"{where} AND NOT {off_grid}"))
-                parts.append(_COST_ROLLUP.format(key=key, table=quarter[0], where=f"{where} AND {off_grid}"))
+                parts.append(_COST_ROLLUP.format(key=key, table=quarter, where=f"{where} AND {off_grid}"))
             else:
                 parts.append(_COST_ROLLUP.format(key=key, table=piece.table, where=where))
         else:
@@ -420,14 +423,14 @@ def cost_counts_sql(settings: Settings, since_ns: int, until_ns: int, align_ns: 
     Retry, Error, Requests, InputTokens, OutputTokens, CachedTokens): whole 15 minutes from
     the cost rollup, stamped with their start, where the grain divides `align_ns` and every
     price boundary lies on it (request_counts_sql's reasoning); raw rows for the rest."""
-    grid = COST_GRAINS[0][1] * NS
+    grid = COST_QUARTER[1] * NS
     usable = settings.analytics.use_rollups and align_ns % grid == 0 and all(b % grid == 0 for b in boundaries_ns)
     raw = (f"SELECT Timestamp, {_COST_COUNT_COLUMNS}, RetryAttempt > 0 AS Retry, IsError AS Error, 1 AS Requests, "
            "toUInt64(InputTokens) AS InputTokens, toUInt64(OutputTokens) AS OutputTokens, "
            "toUInt64(least(CachedInputTokens, llm_requests.InputTokens)) AS CachedTokens FROM llm_requests WHERE ")
     params: dict[str, Any] = {}
     parts = piece_selects(
-        since_ns, until_ns, COST_GRAINS if usable else (), params,
+        since_ns, until_ns, (COST_QUARTER,) if usable else (), params,
         lambda table, where: (f"SELECT toDateTime64(Bucket, 9) AS Timestamp, {_COST_COUNT_COLUMNS}, Retry, Error, "
                               f"Requests, InputTokens, OutputTokens, CachedTokens FROM {table} WHERE {where}"),
         lambda where: raw + where, column="Bucket")
