@@ -11,7 +11,7 @@ and the bytes the rollup tables keep beside the raw tables.
    fresh, migrated store through clickhouse-connect, column-oriented, with the collector
    writer's settings and one deduplication token per batch, as collector/pipeline/writer.py inserts
    them. Variant "views": the schema as migrated; variant "no views": the same right after
-   DROP VIEW rollup_requests_1m_mv, rollup_requests_1h_mv, rollup_costs_15m_mv, rollup_costs_6h_mv (every other
+   DROP VIEW of the rollup views (ROLLUP_VIEWS: minute, hour and six hours of requests, quarter and six hours of cost; every other
    view, llm_requests_mv included, stays). Each run is its own child process on its own
    store (chDB admits one data directory per process), interleaved views / no views / no
    views / views / ... (--runs of each); the batches are built before the clock starts, in
@@ -21,8 +21,8 @@ and the bytes the rollup tables keep beside the raw tables.
    process: less sensitive than wall time to other load on the machine), the median of
    the runs, and how many fewer spans/s the views cost (target: at most 10 %).
 2. Bytes: after the last "views" run, OPTIMIZE TABLE ... FINAL on every table, then the
-   active parts' bytes_on_disk (system.parts) of rollup_requests_1m + rollup_requests_1h +
-   rollup_costs_15m + rollup_costs_6h as a share of all the other tables (otel_traces, llm_requests,
+   active parts' bytes_on_disk (system.parts) of the rollup tables (ROLLUP_TABLES) as a
+   share of all the other tables (otel_traces, llm_requests,
    stage_spans, ...; target: at most 10 %), and of the span-derived tables alone (without
    the GPU and metric tables, whose size does not follow the traffic). A burst of traffic over ~50 minutes is the
    rollups' worst case per raw byte; --fleet DIR does the same on a bench/fleet_data.py
@@ -51,8 +51,9 @@ from bench.report import cpu_model, write_section
 ROOT = Path(__file__).resolve().parent.parent
 OUT_DIR = ROOT / ".servelens" / "bench"
 RESULT_PREFIX = "BENCH_ROLLUP_COST_RESULT "
-ROLLUP_VIEWS = ("rollup_requests_1m_mv", "rollup_requests_1h_mv", "rollup_costs_15m_mv", "rollup_costs_6h_mv")
-ROLLUP_TABLES = ("rollup_requests_1m", "rollup_requests_1h", "rollup_costs_15m", "rollup_costs_6h")
+ROLLUP_VIEWS = ("rollup_requests_1m_mv", "rollup_requests_1h_mv", "rollup_requests_6h_mv", "rollup_costs_15m_mv",
+                "rollup_costs_6h_mv")
+ROLLUP_TABLES = ("rollup_requests_1m", "rollup_requests_1h", "rollup_requests_6h", "rollup_costs_15m", "rollup_costs_6h")
 # The raw tables the spans fill (the GPU and metric tables are the same size whatever the traffic).
 SPAN_TABLES = ("otel_traces", "otel_traces_trace_id_ts", "llm_requests", "stage_spans", "trace_outcomes", "evaluations")
 STAGING = "bench_staging"

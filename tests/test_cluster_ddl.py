@@ -310,7 +310,7 @@ def test_the_schema_runs_and_fills_through_the_distributed_tables(tmp_path):
     expected |= {"gpu_samples": 1, "gpu_util_minutes": 1, "servelens_migrations": 1}
     checks = {t: f"SELECT count() FROM {t}" for t in expected}
     if any("rollup_requests_1m_local" in s for _, ss in migrations for s in ss):
-        for rollup in ("rollup_requests_1m", "rollup_requests_1h", "rollup_costs_15m", "rollup_costs_6h"):
+        for rollup in ("rollup_requests_1m", "rollup_requests_1h", "rollup_requests_6h", "rollup_costs_15m", "rollup_costs_6h"):
             expected[rollup] = 2
             checks[rollup] = f"SELECT sum(Requests) FROM {rollup}"
     checks["evaluations_after_rerun"] = "SELECT count() FROM evaluations"

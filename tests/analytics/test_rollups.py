@@ -83,9 +83,13 @@ def test_rollups_fill_from_exporter_written_spans(loaded) -> None:
     client = loaded.client()
     raw = client.query("SELECT count(), sum(InputTokens), sum(OutputTokens), countIf(IsError) FROM llm_requests").result_rows[0]
     assert raw[0] == N
-    for table in ("rollup_requests_1m", "rollup_requests_1h"):
+    for table in ("rollup_requests_1m", "rollup_requests_1h", "rollup_requests_6h"):
         got = client.query(f"SELECT sum(Requests), sum(InputTokens), sum(OutputTokens), sum(Errors) FROM {table}").result_rows[0]
         assert tuple(got) == tuple(raw), table
+    # six hours on the epoch's grid; each holds what its hours hold
+    assert client.query("SELECT countIf(toUnixTimestamp(Minute) % 21600 != 0) FROM rollup_requests_6h").result_rows == [(0,)]
+    assert client.query("SELECT uniqExact(Minute) FROM rollup_requests_6h").result_rows == client.query(
+        "SELECT uniqExact(intDiv(toUnixTimestamp(Minute), 21600)) FROM rollup_requests_1h").result_rows
     costs = client.query("SELECT sum(Requests), sum(InputTokens), sum(OutputTokens) FROM rollup_costs_15m").result_rows[0]
     assert tuple(costs) == tuple(raw[:3])
     # bounded: far fewer rollup rows than requests, whatever the tenants
@@ -96,13 +100,14 @@ def test_pieces_cover_the_window_once() -> None:
     ns = rollups.NS
     since, until = 7 * 3600 * ns + 13 * 60 * ns + 5, 30 * 3600 * ns + 2 * 60 * ns + 17
     parts = rollups.pieces(since, until, rollups.REQUEST_GRAINS)
-    assert [p.table for p in parts] == ["", "rollup_requests_1m", "rollup_requests_1h", "rollup_requests_1m", ""]
+    assert [p.table for p in parts] == ["", "rollup_requests_1m", "rollup_requests_1h", "rollup_requests_6h",
+                                        "rollup_requests_1m", ""]
     assert parts[0].lo_ns == since and parts[-1].hi_ns == until
     assert all(a.hi_ns == b.lo_ns for a, b in zip(parts, parts[1:]))
     assert rollups.pieces(5, 59 * ns, rollups.REQUEST_GRAINS) == [rollups.Piece("", 5, 59 * ns)]
-    # raw edges: the hour rollup's partial hours from raw rows, not the minute rollup
+    # raw edges: the partial hours from raw rows, not the minute rollup
     raw = rollups.pieces(since, until, rollups.REQUEST_GRAINS, raw_edges=True)
-    assert [p.table for p in raw] == ["", "rollup_requests_1h", ""]
+    assert [p.table for p in raw] == ["", "rollup_requests_1h", "rollup_requests_6h", ""]
     assert raw[0].lo_ns == since and raw[-1].hi_ns == until and all(a.hi_ns == b.lo_ns for a, b in zip(raw, raw[1:]))
     # a window with no whole hour still reads the minute rollup, raw within its minutes
     short = rollups.pieces(3 * 60 * ns + 7, 50 * 60 * ns + 9, rollups.REQUEST_GRAINS, raw_edges=True)
@@ -314,7 +319,7 @@ def test_upgrade_backfills_rows_stored_before(make_settings, tmp_path) -> None:
         migrate(store.client())
         client = store.client()
         raw = client.query("SELECT count(), sum(InputTokens) FROM llm_requests").result_rows[0]
-        for table in ("rollup_requests_1m", "rollup_requests_1h", "rollup_costs_15m", "rollup_costs_6h"):
+        for table in ("rollup_requests_1m", "rollup_requests_1h", "rollup_requests_6h", "rollup_costs_15m", "rollup_costs_6h"):
             assert tuple(client.query(f"SELECT sum(Requests), sum(InputTokens) FROM {table}").result_rows[0]) == raw
     finally:
         store.client().command("DROP DATABASE IF EXISTS rollup_upgrade")

@@ -35,6 +35,7 @@ TTL_COLUMNS = {
     "genai_metric_histograms": "toDate(Minute)",
     "rollup_requests_1m": "toDate(Minute)",
     "rollup_requests_1h": "toDate(Minute)",
+    "rollup_requests_6h": "toDate(Minute)",
     "rollup_costs_15m": "toDate(Bucket)",
     "rollup_costs_6h": "toDate(Bucket)",
     "rollup_stages_1h": "toDate(Hour)",

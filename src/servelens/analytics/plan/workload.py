@@ -23,7 +23,7 @@ from servelens.analytics import sql
 from servelens.analytics.query import QueryError, ReportQuery, _ns, json_safe, parse_time
 from servelens.analytics.reports import utilization
 from servelens.analytics.sources import frame
-from servelens.analytics.sources.rollups import REQUEST_GRAINS, piece_selects
+from servelens.analytics.sources.rollups import REQUEST_HOURS, piece_selects
 from servelens.core.store import StoreLike
 
 DEFAULT_WINDOW = timedelta(days=7)  # what a plan measures unless since/until say otherwise
@@ -83,7 +83,7 @@ def _peak_sql(lo_ns: int, hi_ns: int, params: dict[str, Any]) -> str:
     """The busiest clock hour of [lo, hi): whole hours and minutes from the request rollups,
     the partial minutes at the edges from raw rows (a week at 50 req/s is 30 M rows)."""
     parts = piece_selects(
-        lo_ns, hi_ns, REQUEST_GRAINS, params,
+        lo_ns, hi_ns, REQUEST_HOURS, params,
         lambda table, where: (f"SELECT toStartOfHour(Minute) AS h, sum(Requests) AS n FROM {table} "
                               f"WHERE Deployment = {{deployment:String}} AND {where} GROUP BY h"),
         lambda where: (f"SELECT toStartOfHour(Timestamp) AS h, count() AS n FROM llm_requests "

@@ -39,7 +39,10 @@ NS = 1_000_000_000
 SKETCH = "quantilesDD(0.0025, 0.5, 0.95, 0.99)"  # the rollups' state: keep in step with 0019
 SKETCH_ERROR = 0.01  # relative, within a rank of the percentile (the module docstring)
 
-REQUEST_GRAINS = (("rollup_requests_1h", 3600), ("rollup_requests_1m", 60))
+# Hours and minutes alone where rows are read by clock hour (analytics.plan's busiest hour).
+REQUEST_HOURS = (("rollup_requests_1h", 3600), ("rollup_requests_1m", 60))
+REQUEST_GRAINS = (("rollup_requests_6h", 21600), *REQUEST_HOURS)
+EDGE_GRAIN_S = 3600  # `pieces(raw_edges=True)`: what grains of an hour or more leave is raw
 # The quarter hours alone where rows are stamped with their start and read by time of day
 # (cost_counts_sql): six-hour rows would put six hours at their first.
 COST_QUARTER = ("rollup_costs_15m", 900)
@@ -73,7 +76,8 @@ RAW_EDGE_ROWS = 20_000
 
 def pieces(since_ns: int, until_ns: int, grains: tuple[tuple[str, int], ...], raw_edges: bool = False) -> list[Piece]:
     """Cover [since, until) with the coarsest grains first; what no grain covers is raw.
-    `raw_edges`: what the coarsest grain that fits leaves at the edges is raw too."""
+    `raw_edges`: the partial hours at the edges are raw too, not read from a grain finer
+    than an hour (where no such grain fits at all, the coarsest that fits, raw around it)."""
     if not grains:
         return [Piece("", since_ns, until_ns)] if since_ns < until_ns else []
     (table, seconds), finer = grains[0], grains[1:]
@@ -82,7 +86,7 @@ def pieces(since_ns: int, until_ns: int, grains: tuple[tuple[str, int], ...], ra
     hi = until_ns // step * step
     if lo >= hi:
         return pieces(since_ns, until_ns, finer, raw_edges)
-    edges = () if raw_edges else finer
+    edges = tuple(g for g in finer if g[1] >= EDGE_GRAIN_S) if raw_edges else finer
     return [*pieces(since_ns, lo, edges), Piece(table, lo, hi), *pieces(hi, until_ns, edges)]
 
 
