@@ -366,3 +366,14 @@ def test_trigger_counts_equal_with_and_without_rollups(loaded, make_settings, si
         assert a.sort(a.columns).equals(b.sort(b.columns)), name
     counts = trigger_sources.reliability_counts(loaded, on, at)
     assert counts.get_column("like_n").sum() > 0 and counts.get_column("n").sum() > 0
+
+
+def test_deployment_tokens_equal_with_and_without_rollups(loaded, make_settings) -> None:
+    """The denominator of GPU cost allocation (every cost reader's) from the rollups."""
+    on, off = make_settings(), make_settings(analytics={"use_rollups": False})
+    names = [r[0] for r in loaded.client().query("SELECT DISTINCT Deployment FROM llm_requests").result_rows]
+    assert names
+    for window in WINDOWS:
+        q = ReportQuery.from_params(_window(*window))
+        a, b = (loader.deployment_tokens(loaded, s, q, names).sort("deployment") for s in (on, off))
+        assert a.height and a.rows() == b.rows(), window

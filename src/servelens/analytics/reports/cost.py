@@ -145,7 +145,7 @@ def gpu_allocation(store: StoreLike, settings: Settings, q: ReportQuery) -> pl.D
 
     window = ReportQuery(q.since, q.until)
     costs = deployment_costs(store, settings, window)
-    tokens = loader.deployment_tokens(store, window, [d.name for d in settings.deployments])
+    tokens = loader.deployment_tokens(store, settings, window, [d.name for d in settings.deployments])
     return gpu_cost.allocation(gpu_cost.weights(settings.deployments),
                                costs.select("deployment", gpu_cost.to_share(q.view == "fully_loaded")), tokens)
 

@@ -274,19 +274,28 @@ def outcome_counts(store: StoreLike, settings: Settings, q: ReportQuery) -> pl.D
     return frame(store, sql, params)
 
 
-def deployment_tokens(store: StoreLike, q: ReportQuery, deployments: list[str]) -> pl.DataFrame:
+def deployment_tokens(store: StoreLike, settings: Settings, q: ReportQuery, deployments: list[str]) -> pl.DataFrame:
     """All input/output tokens per self-hosted deployment in the window, unfiltered: the
-    denominator of busy-cost allocation does not change with the report's filters."""
+    denominator of busy-cost allocation does not change with the report's filters. Sums
+    from the request rollups where they cover the window (every cost reader asks for it)."""
+    window_q = ReportQuery(q.since, q.until)
+    sums = "sum(toUInt64(InputTokens)) AS InputTokens_, sum(toUInt64(OutputTokens)) AS OutputTokens_"
+    if rollups.answerable(window_q, settings, rollups.REQUEST_DIMS, "deployment"):
+        parts, params = rollups.request_pieces(window_q, settings, "deployment", sums,
+                                               "InputTokens AS InputTokens_, OutputTokens AS OutputTokens_")
+        source = f"({' UNION ALL '.join(parts)})"
+    else:
+        params = window_q.bounds()
+        source = f"(SELECT Deployment AS key, {sums} FROM llm_requests WHERE {window().sql} GROUP BY key)"
     sql = f"""
-        SELECT Deployment AS deployment, sum(InputTokens) AS input_tokens, sum(OutputTokens) AS output_tokens
-        FROM llm_requests
-        WHERE {window().sql}
-          AND Deployment IN {{deployments:Array(String)}}
+        SELECT toString(key) AS deployment, sum(InputTokens_) AS input_tokens, sum(OutputTokens_) AS output_tokens
+        FROM {source}
+        WHERE deployment IN {{deployments:Array(String)}}
         GROUP BY deployment"""
     bounds = q.bounds()
-    return memo.cached(memo.key("requests.deployment_tokens", store, None, bounds["since_ns"], bounds["until_ns"],
+    return memo.cached(memo.key("requests.deployment_tokens", store, settings, bounds["since_ns"], bounds["until_ns"],
                                 tuple(deployments)),
-                       lambda: frame(store, sql, {**bounds, "deployments": deployments}))
+                       lambda: frame(store, sql, {**params, "deployments": deployments}))
 
 
 def overview_totals(store: StoreLike, settings: Settings, q: ReportQuery) -> pl.DataFrame:

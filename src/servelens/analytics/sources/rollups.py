@@ -207,6 +207,13 @@ def edges_raw(store: StoreLike, settings: Settings, q: ReportQuery, bucket_s: in
     return span > 0 and request_count(store, settings, q) * raw / span <= RAW_EDGE_ROWS
 
 
+def request_pieces(q: ReportQuery, settings: Settings, by: str | None, raw_measures: str,
+                   rollup_measures: str) -> tuple[list[str], dict[str, Any]]:
+    """The window's pieces as SELECTs of (key, minute t, `rollup_measures` of a rollup row
+    or `raw_measures` aggregated from raw rows): for sums no sketch is read."""
+    return _request_pieces(q, settings, by, None, raw_measures, rollup_measures)
+
+
 def _request_pieces(q: ReportQuery, settings: Settings, by: str | None, bucket_s: int | None,
                     raw_measures: str, rollup_measures: str,
                     raw_edges: bool = False) -> tuple[list[str], dict[str, Any]]:
@@ -378,7 +385,7 @@ def request_count(store: StoreLike, settings: Settings, q: ReportQuery) -> int:
     """Requests in q's window under its filters (which the request rollups answer): the
     same pieces as request_stats_sql, reading only their counts."""
     def count() -> int:
-        parts, params = _request_pieces(q, settings, None, None, "count() AS Requests", "Requests")
+        parts, params = request_pieces(q, settings, None, "count() AS Requests", "Requests")
         found = frame(store, f"SELECT sum(Requests) AS n FROM ({' UNION ALL '.join(parts)})", params)
         return int(found.item()) if found.height and found.item() is not None else 0
 
