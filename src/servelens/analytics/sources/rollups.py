@@ -47,6 +47,7 @@ EDGE_GRAIN_S = 3600  # `pieces(raw_edges=True)`: what grains of an hour or more 
 # (cost_counts_sql): six-hour rows would put six hours at their first.
 COST_QUARTER = ("rollup_costs_15m", 900)
 COST_GRAINS = (("rollup_costs_6h", 21600), COST_QUARTER)
+MAX_NEEDLES = 255  # ClickHouse's multiSearchAny* take at most this many needles
 # The cost rollup's input floors (0019): a tier threshold outside this list needs raw rows.
 INPUT_FLOORS = (0, 32000, 100000, 128000, 199999, 200000, 256000, 272000, 512000, 524288, 1000000)
 
@@ -316,7 +317,8 @@ def off_grid_models(cuts: Any, grid_s: int) -> list[str] | None:
             if models is None:
                 return None
             fine.update(models)
-    return sorted(fine)
+    # more fragments than one multiSearchAny takes: every model from the finer grain
+    return sorted(fine) if len(fine) <= MAX_NEEDLES else None
 
 
 # Raw rows into the cost rollup's shape (as rollup_costs_15m_mv computes it).
