@@ -134,12 +134,20 @@ def _explicit(parts: dict[str, list[str]], present: bool, params: dict[str, Any]
     return f"[{', '.join(exprs)}]"
 
 
-def _present(store: StoreLike, where: str, params: dict[str, Any]) -> dict[str, bool]:
+# A span or resource attribute under a configured part's key: what llm_requests.Labels
+# takes them from. Read in otel_traces, whose key indexes (the exporter's bloom filters)
+# skip the granules without them; llm_requests has none, and at a month of a busy fleet
+# reading every request's Labels took 1.5 s (BENCHMARKS.md "Context presence"). Any span
+# counts, so this may say yes where no request is measured: the split then finds none.
+_MEASURED_KEYS = ("(hasAny(mapKeys(SpanAttributes), {ctx_all_keys:Array(String)}) "
+                  "OR hasAny(mapKeys(ResourceAttributes), {ctx_all_keys:Array(String)}))")
+
+
+def _present(store: StoreLike, params: dict[str, Any]) -> dict[str, bool]:
     """Which sources the window holds at all: measured counts, captured messages, retrieved
     documents (read by key alone: a deployment that captures none pays for none)."""
     found = frame(store, f"""
-        SELECT (SELECT count() > 0 FROM llm_requests WHERE {where} AND hasAny(mapKeys(Labels), {{ctx_all_keys:Array(String)}}))
-                   AS measured,
+        SELECT (SELECT count() > 0 FROM otel_traces WHERE {window().sql} AND {_MEASURED_KEYS}) AS measured,
                (SELECT count() > 0 FROM (SELECT SpanAttributes AS a FROM otel_traces WHERE {window().sql})
                 WHERE {HAS_MESSAGES}) AS messages,
                (SELECT count() > 0 FROM (SELECT SpanAttributes AS a FROM otel_traces
@@ -160,7 +168,7 @@ def part_sums(store: StoreLike, settings: Settings, q: ReportQuery) -> pl.DataFr
     parts = settings.context.parts
     params.update(ctx_names=list(parts), ctx_all_keys=[k for keys in parts.values() for k in keys],
                   retrieval_before_ns=RETRIEVAL_BEFORE_NS)
-    present = _present(store, where, params)
+    present = _present(store, params)
     explicit_sql = _explicit(parts, present["measured"], params)
     # The configured parts and the rest as `other` (an empty array when nothing is measured).
     measured_parts = (f"""arrayConcat(
