@@ -138,3 +138,31 @@ def test_a_run_stores_every_due_hour_while_time_allows(stored, make_settings, mo
     monkeypatch.setattr(span_hours, "fill", functools.partial(span_hours.fill, limit=2))  # several calls
     assert scheduler.run_all(stored, settings, now=now)["jobs"]["stage_hours"]["rows"] == due
     assert span_hours.due(stored, settings, now, span_hours.STAGES) == []
+
+
+def test_six_hour_rows_answer_as_their_hours(store, make_settings, monkeypatch) -> None:
+    """Stored hours over half a day: whole six hours are read from rollup_stages_6h
+    (merged from the hours as the job inserts them), and the answer is the one the hours
+    alone give."""
+    from dataclasses import replace
+
+    shifts = range(0, 14, 2)  # the traffic's two hours, seven times, back to 12 h earlier
+    shifted = [replace(t, id=f"{k:02x}{t.id[2:]}",
+                       llm=[replace(x, at=x.at - timedelta(hours=k)) for x in t.llm],
+                       spans=[replace(s, at=s.at - timedelta(hours=k)) for s in t.spans])
+               for k in shifts for t in _whole()]
+    insert(store, shifted)
+    settings = make_settings(deployments=DEPLOYMENTS, analytics={"exact_quantiles_up_to": 0})
+    while span_hours.fill(store, settings, job=span_hours.STAGES)["hours"]:
+        pass
+    q = ReportQuery(SINCE - timedelta(hours=12), UNTIL)
+    bounds = q.bounds()
+    stored = traces.hours_stored(store)
+    assert "rollup_stages_6h" in {p.table for p in traces.hour_pieces(bounds["since_ns"], bounds["until_ns"], stored)}
+    six = _rows(traces.stage_quantiles(store, settings, q, "deployment"))
+    monkeypatch.setattr(traces, "STAGE_GRAINS", ((traces.ROLLUP, 3600),))
+    hours = _rows(traces.stage_quantiles(store, settings, q, "deployment"))
+    assert six.keys() == hours.keys() and six
+    for key, row in six.items():
+        assert row["traces"] == hours[key]["traces"], key
+        assert row["q"] == pytest.approx(hours[key]["q"], rel=1e-12), key

@@ -53,7 +53,7 @@ def unrecognized(store: StoreLike, settings: Settings, q: ReportQuery) -> pl.Dat
         service, params["service"] = " AND ServiceName = {service:String}", q.filters["service"]
     bounds = q.bounds()
     stored = traces.hours_stored(store, JOB) if settings.analytics.use_rollups else None
-    pieces = (traces.hour_pieces(bounds["since_ns"], bounds["until_ns"], stored, ROLLUP) if stored
+    pieces = (traces.hour_pieces(bounds["since_ns"], bounds["until_ns"], stored, ((ROLLUP, 3600),)) if stored
               else [rollups.Piece("", bounds["since_ns"], bounds["until_ns"])])
     parts = []
     for i, piece in enumerate(pieces):

@@ -130,6 +130,9 @@ def _sql(where: str, by: str) -> str:
 SKETCH = "quantilesDD(0.0025, 0.5, 0.99)"  # rollup_stages_1h's state (migration 0028)
 JOB = "stage_hours"  # its name in analytics_results / analytics_leases (analytics/span_hours.py)
 ROLLUP = "rollup_stages_1h"
+# Stored stage rows by grain: six-hour rows (migration 0033, merged from the hours as they
+# are inserted) where all of their hours are stored, the hours around them.
+STAGE_GRAINS = (("rollup_stages_6h", 21600), (ROLLUP, 3600))
 
 
 def hour_states_sql(lo: str = "since_ns", hi: str = "until_ns") -> str:
@@ -168,13 +171,16 @@ def hours_stored(store: StoreLike, job: str = JOB) -> tuple[int, int] | None:
     return (lo, hi) if (hi - lo) // HOUR_NS == count else None
 
 
-def hour_pieces(since_ns: int, until_ns: int, stored: tuple[int, int], table: str = ROLLUP) -> list[rollups.Piece]:
-    """[since, until) as pieces: the stored whole hours inside it (`table`), raw ("") around them."""
+def hour_pieces(since_ns: int, until_ns: int, stored: tuple[int, int],
+                grains: tuple[tuple[str, int], ...] | None = None) -> list[rollups.Piece]:
+    """[since, until) as pieces: the stored whole hours inside it, from the coarsest of
+    `grains` (STAGE_GRAINS; the last one an hour) that covers them, raw ("") around them."""
+    grains = grains or STAGE_GRAINS
     lo = max(-(-since_ns // HOUR_NS) * HOUR_NS, stored[0])
     hi = min(until_ns // HOUR_NS * HOUR_NS, stored[1])
     if lo >= hi:
         return [rollups.Piece("", since_ns, until_ns)]
-    return [p for p in (rollups.Piece("", since_ns, lo), rollups.Piece(table, lo, hi), rollups.Piece("", hi, until_ns))
+    return [p for p in (rollups.Piece("", since_ns, lo), *rollups.pieces(lo, hi, grains), rollups.Piece("", hi, until_ns))
             if p.lo_ns < p.hi_ns]
 
 
