@@ -377,3 +377,14 @@ def test_deployment_tokens_equal_with_and_without_rollups(loaded, make_settings)
         q = ReportQuery.from_params(_window(*window))
         a, b = (loader.deployment_tokens(loaded, s, q, names).sort("deployment") for s in (on, off))
         assert a.height and a.rows() == b.rows(), window
+
+
+def test_deployment_mix_equal_with_and_without_rollups(loaded, make_settings) -> None:
+    from servelens.analytics.sources import traffic
+
+    on, off = make_settings(), make_settings(analytics={"use_rollups": False})
+    for window in WINDOWS:
+        for by, filters in (("service", {}), ("model", {}), ("service", {"model": "gpt-4o"}), ("tenant", {})):
+            q = ReportQuery.from_params({**_window(*window, by=by), **filters})
+            a, b = (traffic.deployment_mix(loaded, s, q).sort("key", "deployment") for s in (on, off))
+            assert a.height and a.rows() == b.rows(), (window, by, filters)

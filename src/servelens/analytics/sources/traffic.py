@@ -11,7 +11,7 @@ from typing import Any
 import polars as pl
 
 from servelens.analytics.query import ReportQuery, key_expr
-from servelens.analytics.sources import frame
+from servelens.analytics.sources import frame, rollups
 from servelens.analytics.sql import bind, fallback
 from servelens.core.config import Settings
 from servelens.core.store import StoreLike
@@ -116,11 +116,22 @@ def reliability_groups(store: StoreLike, settings: Settings, q: ReportQuery) -> 
 
 
 def deployment_mix(store: StoreLike, settings: Settings, q: ReportQuery) -> pl.DataFrame:
-    """Attempts per (group, deployment): which deployment a group mostly runs on."""
+    """Attempts per (group, deployment): which deployment a group mostly runs on. From the
+    request rollups where they hold the grouping and filters (a month of raw rows is
+    0.24 s at 10 M requests: BENCHMARKS.md "Requests over six hours")."""
     key_sql, where, params = _scoped(settings, q)
+    source = f"(SELECT {key_sql} AS key, Deployment, 1 AS Requests FROM llm_requests WHERE {where})"
+    if rollups.uses_rollup(q, settings, q.by):
+        rollup_key = rollups.REQUEST_DIMS[q.by] if q.by else "''"
+        kept = rollups.filter_sql(q, rollups.REQUEST_DIMS, params)
+        bounds = q.bounds()
+        parts = rollups.piece_selects(
+            bounds["since_ns"], bounds["until_ns"], rollups.REQUEST_GRAINS, params,
+            lambda table, when: f"SELECT {rollup_key} AS key, Deployment, Requests FROM {table} WHERE {when} AND {kept}",
+            lambda when: f"SELECT {key_sql} AS key, Deployment, 1 AS Requests FROM llm_requests WHERE {when} AND {where}")
+        source = f"({' UNION ALL '.join(parts)})" if parts else source
     sql = f"""
-        SELECT {key_sql} AS key, toString(Deployment) AS deployment, count() AS requests
-        FROM llm_requests
-        WHERE {where}
+        SELECT toString(key) AS key, toString(Deployment) AS deployment, sum(Requests) AS requests
+        FROM {source}
         GROUP BY key, deployment"""
     return frame(store, sql, params)
