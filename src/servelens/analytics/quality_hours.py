@@ -76,7 +76,7 @@ def fill(store: StoreLike, settings: Settings, now: datetime | None = None, *, o
     leases = Leases(store, owner or runner_id())
     fill_sql = results.fill_sql(settings)
     config = results.config_of(*fill_sql)
-    job = f"{results.JOB}:{config}"
+    job = results.job_name(settings, config)
     taken = []
     for hour in due(store, settings, now)[:limit]:
         if stop is not None and stop.is_set() or not leases.acquire(job, hour + HOUR, now):

@@ -182,8 +182,9 @@ def config_of(sql: str, params: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps([sql, sorted(params.items())], default=str).encode()).hexdigest()[:16]
 
 
-def job_name(settings: Settings) -> str:
-    return f"{JOB}:{config_id(settings)}"
+def job_name(settings: Settings, config: str | None = None) -> str:
+    """The fill's name in analytics_results / analytics_leases (`config`: config_id's, if known)."""
+    return f"{JOB}:{config or config_id(settings)}"
 
 
 def recorded(store: StoreLike, job: str) -> dict[int, int]:

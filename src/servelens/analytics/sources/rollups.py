@@ -125,9 +125,15 @@ def piece_selects(since_ns: int, until_ns: int, grains: tuple[tuple[str, int], .
                   rollup: Callable[[str, str], str], raw: Callable[[str], str], column: str = "Minute") -> list[str]:
     """One SELECT per piece of [since, until) (`pieces`): rollup(table, its time range on
     `column`) where a grain covers it, raw(its time range on Timestamp) for the rest."""
+    return selects_of(pieces(since_ns, until_ns, grains), params, rollup, raw, column)
+
+
+def selects_of(parts: list[Piece], params: dict[str, Any], rollup: Callable[[str, str], str],
+               raw: Callable[[str], str], column: str = "Minute") -> list[str]:
+    """piece_selects over pieces already cut (e.g. a job's stored hours)."""
     return [rollup(p.table, time_range(column, p, i, params, raw=False)) if p.table
             else raw(time_range("Timestamp", p, i, params, raw=True))
-            for i, p in enumerate(pieces(since_ns, until_ns, grains))]
+            for i, p in enumerate(parts)]
 
 
 # --- latency and volume -------------------------------------------------------------------

@@ -55,13 +55,10 @@ def unrecognized(store: StoreLike, settings: Settings, q: ReportQuery) -> pl.Dat
     stored = traces.hours_stored(store, JOB) if settings.analytics.use_rollups else None
     pieces = (traces.hour_pieces(bounds["since_ns"], bounds["until_ns"], stored, ((ROLLUP, 3600),)) if stored
               else [rollups.Piece("", bounds["since_ns"], bounds["until_ns"])])
-    parts = []
-    for i, piece in enumerate(pieces):
-        if piece.table:
-            parts.append(f"SELECT ServiceName, Key, Spans, Example FROM {ROLLUP} "
-                         f"WHERE {rollups.time_range('Hour', piece, i, params, raw=False)}{service}")
-        else:
-            parts.append(_keys_sql(rollups.time_range("Timestamp", piece, i, params, raw=True) + service))
+    parts = rollups.selects_of(
+        pieces, params,
+        lambda table, when: f"SELECT ServiceName, Key, Spans, Example FROM {table} WHERE {when}{service}",
+        lambda when: _keys_sql(when + service), column="Hour")
     return frame(store, f"""
         SELECT service, groupArray({MAX_KEYS})(key) AS unrecognized_keys,
                groupArray({MAX_KEYS})(example) AS unrecognized_examples,
