@@ -19,7 +19,7 @@ from clickhouse_connect.driver.exceptions import DataError, OperationalError
 
 from servelens.collector.errors import DataRejected, WriteFailed
 from servelens.collector.mapping.spans import Batch
-from servelens.collector.pipeline.spool import Spool
+from servelens.collector.pipeline.spool import Spool, SpooledBatch
 from servelens.collector.pipeline.writer import Writer, WriterSettings
 
 COLUMNS = ("name", "n")
@@ -123,6 +123,22 @@ def test_an_outage_is_acknowledged_from_the_spool_and_replayed_in_order(make_wri
     sink.down = False
     assert writer.drain_spool(10)
     assert sink.names() == [f"r{i}" for i in range(6)]
+
+
+def test_write_ahead_holds_at_most_two_inserts_of_rows_in_memory_and_reads_the_rest_back(make_writer, sink) -> None:
+    """A backlog of logged requests while an insert runs stays on disk past two inserts'
+    worth of rows (the collector's memory), and is inserted in order all the same."""
+    writer = make_writer(acknowledge="spooled", batch_size=4, flush_interval=0.0, linger=0.0)
+    sink.gate.clear()  # the first insert holds; the log grows behind it
+    for i in range(20):
+        assert writer.submit([batch(f"a{i}", f"b{i}")]).wait(5)  # acknowledged once logged
+    backlog = writer._replayer._backlog
+    held = [b for b in backlog.handed if isinstance(b, SpooledBatch)]
+    assert sum(b.rows for b in held) <= 8 and len(held) < len(backlog.handed)
+    sink.gate.set()
+    assert writer.drain_spool(10)
+    assert sink.names() == [n for i in range(20) for n in (f"a{i}", f"b{i}")]
+    assert backlog._held == 0
 
 
 def test_without_a_spool_an_outage_fails_the_request_as_availability(make_writer, sink) -> None:

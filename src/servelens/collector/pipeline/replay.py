@@ -53,20 +53,37 @@ class Backlog:
 
     - reopened: groups a crash left open (recorded, inserted perhaps, not removed);
     - found: batch files found in the spool at start, or released from quarantine since;
-    - handed: what the durability stage spooled since, in memory so it is not read back
-      (a path alone once `limit` wait, to bound the memory).
+    - handed: what the durability stage spooled since, in memory so it is not read back,
+      up to `limit_rows` rows; past them a path alone, read back when its turn comes. The
+      bound is in rows, not batches: a batch is a group of requests, and a backlog of
+      whole groups held a third of the collector's memory under load (BENCHMARKS.md,
+      "Ingest with the default configuration").
     """
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit_rows: int) -> None:
         self.reopened: list[Group] = []
         self.found: deque[Path] = deque()
         self.handed: deque[SpooledBatch | Path] = deque()
         self.wake = threading.Event()
-        self._limit = limit
+        self._limit = limit_rows
+        self._held = 0  # rows of the handed batches held in memory
+        self._lock = threading.Lock()  # hand() and take() run on different threads
 
     def hand(self, batch: SpooledBatch) -> None:
-        self.handed.append(batch if len(self.handed) < self._limit else batch.path)
+        with self._lock:
+            keep = self._held + batch.rows <= self._limit
+            if keep:
+                self._held += batch.rows
+        self.handed.append(batch if keep else batch.path)
         self.wake.set()
+
+    def take(self, source: deque) -> SpooledBatch | Path:
+        """The head of `found` or `handed`, out of the backlog."""
+        head = source.popleft()
+        if isinstance(head, SpooledBatch) and source is self.handed:
+            with self._lock:
+                self._held -= head.rows
+        return head
 
     def empty(self) -> bool:
         return not self.reopened and not self.found and not self.handed
@@ -187,7 +204,7 @@ class Replayer:
             batch = head if isinstance(head, SpooledBatch) else self._spool.read(head)
             if batch is not None and batches and rows + batch.rows > limit:
                 break
-            source.popleft()
+            backlog.take(source)
             if batch is not None:
                 batches.append(batch)
                 rows += batch.rows

@@ -64,7 +64,7 @@ class Writer:
             sink = ClickHouseSink(store, self._metrics)
         self._retry = RetryStage(sink)
         refusals = Refusals(self._retry, spool, self._metrics)
-        backlog = Backlog(limit=settings.queue_size)
+        backlog = Backlog(limit_rows=2 * settings.batch_size)  # the next insert and the one after
         self._replayer = None if spool is None else Replayer(
             spool, backlog, self._retry, refusals, self._metrics,
             ReplaySettings(group_rows=settings.batch_size if write_ahead else 0,
