@@ -17,10 +17,12 @@ from typing import Any, Iterator
 import pytest
 from clickhouse_connect.driver.exceptions import DataError, OperationalError
 
-from servelens.collector.errors import DataRejected, WriteFailed
+from servelens.collector.errors import Busy, DataRejected, WriteFailed
+from servelens.collector.intake import ROOM_WAIT_SECONDS, Intake
 from servelens.collector.mapping.spans import Batch
 from servelens.collector.pipeline.spool import Spool, SpooledBatch
 from servelens.collector.pipeline.writer import Writer, WriterSettings
+from servelens.collector.telemetry import SelfMetrics
 
 COLUMNS = ("name", "n")
 
@@ -139,6 +141,37 @@ def test_write_ahead_holds_at_most_two_inserts_of_rows_in_memory_and_reads_the_r
     assert writer.drain_spool(10)
     assert sink.names() == [n for i in range(20) for n in (f"a{i}", f"b{i}")]
     assert backlog._held == 0
+
+
+def test_a_request_finding_no_room_waits_for_some_before_it_is_refused(make_writer, sink) -> None:
+    """A full queue answers 503 only after ROOM_WAIT_SECONDS without room: a client that
+    retries at once then waits instead of spinning on refusals (intake.make_room)."""
+    writer = make_writer(acknowledge="stored", queue_size=1, flush_interval=0.0)
+    intake = Intake(writer, SelfMetrics(), ("app.tenant",))
+    sink.gate.clear()  # the writer holds its insert; the next group fills the queue
+    tickets = [writer.submit([batch("held")])]
+    while writer.depth:  # taken: the writer waits at the gate
+        time.sleep(0.001)
+    tickets.append(writer.submit([batch("queued")]))
+    assert writer.no_room() is not None
+
+    started = time.monotonic()
+    threading.Timer(0.2, sink.gate.set).start()  # room once the insert is let through
+    intake.make_room("traces", "http")
+    assert 0.15 < time.monotonic() - started < ROOM_WAIT_SECONDS
+    assert all(t.wait(5) for t in tickets)
+
+    sink.gate.clear()
+    tickets = [writer.submit([batch("held again")])]
+    while writer.depth:
+        time.sleep(0.001)
+    tickets.append(writer.submit([batch("queued again")]))
+    started = time.monotonic()
+    with pytest.raises(Busy):
+        intake.make_room("traces", "http")
+    assert time.monotonic() - started >= ROOM_WAIT_SECONDS
+    sink.gate.set()
+    assert all(t.wait(5) for t in tickets)
 
 
 def test_without_a_spool_an_outage_fails_the_request_as_availability(make_writer, sink) -> None:

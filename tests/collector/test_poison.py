@@ -415,7 +415,7 @@ def test_points_and_log_records_the_ttl_would_drop_are_rejected_at_ingest(start)
 
 def test_the_quarantine_shows_on_health_and_on_the_overview(start) -> None:
     from servelens.collector.pipeline.spool import quarantine_summary
-    from servelens.dashboard.pages.overview import quarantine_note
+    from servelens.dashboard.components import quarantine_note
 
     collector, store, url = start(acknowledge="spooled", spool_linger="0.2s")
     _refuse_span_name(store, "poison", "constraint")

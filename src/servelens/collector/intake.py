@@ -32,6 +32,9 @@ from servelens.core.auth.credentials import Credentials
 # fleet's tables built from metrics (gpu_samples) ignore them, so one tenant cannot report
 # GPUs and shift another's GPU cost (migrations/0013).
 WRITER_TENANT_ATTRIBUTE = "servelens.tenant"
+# A request finding no room waits this long for some before it is refused (make_room).
+ROOM_WAIT_SECONDS = 1.0
+ROOM_POLL_SECONDS = 0.02
 
 
 @dataclass(frozen=True)
@@ -100,8 +103,19 @@ class Intake:
 
     def make_room(self, signal: str, transport: str) -> None:
         """Raise Busy when there is no room for a request (writer.no_room), before it is
-        decoded: a request refused anyway should not spend the CPU the writer needs."""
+        decoded: a request refused anyway should not spend the CPU the writer needs.
+
+        Room is waited for up to ROOM_WAIT_SECONDS first, without CPU: a client that
+        retries a refusal at once (not every exporter honours Retry-After) would otherwise
+        spin, each refused request costing the receiving of its body, and take the core
+        from the write-ahead inserter, which runs below the receivers' priority: committed
+        spans/s halved under such clients (BENCHMARKS.md, "Ingest with the default
+        configuration")."""
         no_room = self.writer.no_room()
+        deadline = time.monotonic() + ROOM_WAIT_SECONDS
+        while no_room is not None and time.monotonic() < deadline:
+            time.sleep(ROOM_POLL_SECONDS)
+            no_room = self.writer.no_room()
         if no_room is not None:
             label, message = no_room
             self.metrics.refused.labels(signal, transport, label).inc()

@@ -326,6 +326,14 @@ def alert(text: str) -> html.Div:
     return html.Div(text, className="alert")
 
 
+def quarantine_note(quarantine: dict[str, int]) -> html.Div | None:
+    """Rows the store refused are in no number on the page: say so, and where they are."""
+    if not quarantine["quarantined_batches"]:
+        return None
+    return alert(f"{quarantine['quarantined_rows']:,} acknowledged rows in {quarantine['quarantined_batches']:,} "
+                 "batches were refused by the store and set aside (not counted here): `servelens spool list`")
+
+
 def register_refresh(app: dash.Dash, prefix: str, outputs: Sequence[str], fetch: Callable[..., Any],
                      render: Callable[[Any, data.Filters], Sequence[Any]], controls: Sequence[str] = (),
                      alert_name: str = "alert", cache: bool = True) -> None:

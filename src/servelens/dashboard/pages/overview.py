@@ -10,8 +10,9 @@ from dash import html
 from servelens.analytics.reports import overview
 from servelens.collector.pipeline.spool import quarantine_summary
 from servelens.dashboard import data, timecharts
-from servelens.dashboard.components import (LOADING, NO_REQUESTS, alert, card, integer, ms, page, panel, pct,
-                                            register_refresh, search_box, show, top_table, updated_line, usd)
+from servelens.dashboard.components import (LOADING, NO_REQUESTS, card, integer, ms, page, panel, pct,
+                                            quarantine_note, register_refresh, search_box, show, top_table,
+                                            updated_line, usd)
 from servelens.dashboard.timecharts import Chart, Line
 
 dash.register_page(__name__, path="/", name="Overview", title="Overview · servelens")
@@ -111,14 +112,6 @@ def fetch_binding(source: data.DataSource, filters: data.Filters) -> tuple[str |
 def render_cards(fetched: tuple[list[dict[str, Any]], dict[str, int]], filters: data.Filters) -> tuple:
     rows, quarantine = fetched
     return cards(rows[0] if rows else {}), [updated_line(filters), quarantine_note(quarantine)]
-
-
-def quarantine_note(quarantine: dict[str, int]) -> html.Div | None:
-    """Rows the store refused are in no number on this page: say so, and where they are."""
-    if not quarantine["quarantined_batches"]:
-        return None
-    return alert(f"{quarantine['quarantined_rows']:,} acknowledged rows in {quarantine['quarantined_batches']:,} "
-                 "batches were refused by the store and set aside (not counted here): `servelens spool list`")
 
 
 # The Overview summarises: its tables list the first 10 groups (the Latency and Cost pages
