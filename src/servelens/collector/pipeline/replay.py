@@ -55,9 +55,9 @@ class Backlog:
     - found: batch files found in the spool at start, or released from quarantine since;
     - handed: what the durability stage spooled since, in memory so it is not read back,
       up to `limit_rows` rows; past them a path alone, read back when its turn comes. The
-      bound is in rows, not batches: a batch is a group of requests, and a backlog of
-      whole groups held a third of the collector's memory under load (BENCHMARKS.md,
-      "Ingest with the default configuration").
+      bound is in rows, not batches: a batch is a group of requests, and 256 of them
+      were about 200 MiB of the collector's peak under load (BENCHMARKS.md, "Ingest with
+      the default configuration").
     """
 
     def __init__(self, limit_rows: int) -> None:

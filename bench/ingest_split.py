@@ -1,0 +1,120 @@
+"""Where the default ingest path's CPU and memory go (issue 12), in two parts:
+
+1. `threads`: a default `servelens collector` (pinned to one core) under the closed loop of
+   bench/ingest.py for --seconds, until committed; its CPU per committed span by thread
+   (/proc/PID/task: the insert runs on an engine thread the engine leaves unnamed,
+   `MergeMutate` is background merges, `python` the receivers, spool and replayer) and
+   its peak RSS.
+2. `views`: in this process, one engine-mapped insert of --requests requests (512 spans
+   each) into a fresh store, again and again while the materialized views are dropped one
+   by one (merges stopped): CPU and peak RSS of the insert with what is left. An insert's
+   fixed cost is seen with --requests 1.
+
+    .venv/bin/python -m bench.ingest_split threads [--seconds 15]
+    .venv/bin/python -m bench.ingest_split views [--requests 128] [-n 3]
+
+Prints the figures (BENCHMARKS.md, "Ingest with the default configuration", cites them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from bench.ingest import (CLIENT_CORE, DISTINCT_PAYLOADS, SPANS_PER_REQUEST, CollectorProcess, _pin, thread_cpu,
+                          until_committed)
+from bench.payloads import build_payloads
+
+# The views in the order they are dropped: the rollups first, then what feeds them.
+VIEWS = ("rollup_requests_1m_mv", "rollup_requests_1h_mv", "rollup_requests_6h_mv", "rollup_costs_15m_mv",
+         "rollup_costs_6h_mv", "model_aliases_mv", "evaluations_mv", "llm_requests_mv", "rollup_stages_6h_mv",
+         "stage_spans_mv", "trace_outcomes_mv", "otel_traces_trace_id_ts_mv", "otlp_traces_in_mv")
+
+
+def threads(seconds: float) -> None:
+    _pin(CLIENT_CORE)
+    payloads = build_payloads(DISTINCT_PAYLOADS, SPANS_PER_REQUEST)
+    with tempfile.TemporaryDirectory() as scratch:
+        collector = CollectorProcess(Path(scratch) / "c")
+        try:
+            before = thread_cpu(collector.proc.pid)
+            run = until_committed(collector, payloads, 1.0, seconds)
+            after = thread_cpu(collector.proc.pid)
+            peak = collector.status()["VmHWM"] / 1024
+        finally:
+            collector.stop()
+    print(f"{run.spans:,} spans committed in {run.seconds:.1f} s: {run.spans_per_s:,.0f} spans/s, "
+          f"{run.refused:,} non-200 answers, peak RSS {peak:,.0f} MiB")
+    print("| thread | CPU s | µs per committed span |\n|---|---:|---:|")
+    spent = {name: after[name] - before.get(name, 0.0) for name in after}
+    for name, cpu in sorted(spent.items(), key=lambda kv: -kv[1]):
+        if cpu >= 0.05:
+            print(f"| {name} | {cpu:.2f} | {cpu / run.spans * 1e6:.1f} |")
+
+
+def _rss() -> tuple[int, int]:
+    """(VmRSS, VmHWM) of this process in MiB."""
+    fields = dict(line.split(":", 1) for line in Path("/proc/self/status").read_text().splitlines())
+    return int(fields["VmRSS"].split()[0]) // 1024, int(fields["VmHWM"].split()[0]) // 1024
+
+
+def views(requests: int, rounds: int) -> None:
+    from servelens.collector.mapping import engine_spans
+    from servelens.collector.pipeline.sink import INSERT_SETTINGS
+    from servelens.core.migrate import migrate
+    from servelens.core.store import Store
+
+    payloads = build_payloads(DISTINCT_PAYLOADS, SPANS_PER_REQUEST)
+    body = engine_spans.frame([payloads[i % len(payloads)] for i in range(requests)])
+    settings = {**engine_spans.insert_settings(True), **INSERT_SETTINGS}
+    with tempfile.TemporaryDirectory() as scratch:
+        client = Store(f"chdb://{scratch}/db", "default").client()
+        migrate(client)
+        client.command("SYSTEM STOP MERGES")
+        inserts = 0
+
+        def measure(label: str) -> None:
+            nonlocal inserts
+            cpu, peak = [], []
+            for _ in range(rounds):
+                inserts += 1
+                # the allocator's retained pages out first, so the peak is this insert's own
+                client.command("SYSTEM JEMALLOC PURGE")
+                Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM
+                rss0 = _rss()[0]
+                started = time.process_time()
+                client.raw_insert(engine_spans.TABLE, None, body, fmt="Protobuf",
+                                  settings={**settings, "insert_deduplication_token": f"split-{inserts}"})
+                cpu.append(time.process_time() - started)
+                peak.append(_rss()[1] - rss0)
+            print(f"| {label} | {statistics.median(cpu) * 1000:,.0f} | {min(cpu) * 1000:,.0f} | "
+                  f"{statistics.median(peak):,} |", flush=True)
+
+        print(f"{requests * SPANS_PER_REQUEST:,} spans per insert, median of {rounds} (a purged allocator "
+              "before each costs page faults: CPU reads higher than in a running collector)")
+        print("| views left | CPU ms, median | min | peak RSS over the start, MiB |\n|---|---:|---:|---:|")
+        measure("all")
+        for view in VIEWS:
+            client.command(f"DROP VIEW IF EXISTS {view}")
+            measure(f"without {view} and those above")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.ingest_split", description=__doc__.split("\n")[0])
+    parser.add_argument("part", choices=("threads", "views"))
+    parser.add_argument("--seconds", type=float, default=15.0)
+    parser.add_argument("--requests", type=int, default=128)
+    parser.add_argument("-n", type=int, default=3)
+    args = parser.parse_args(argv)
+    if args.part == "threads":
+        threads(args.seconds)
+    else:
+        views(args.requests, args.n)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
