@@ -9,9 +9,12 @@
    each) into a fresh store, again and again while the materialized views are dropped one
    by one (merges stopped): CPU and peak RSS of the insert with what is left. An insert's
    fixed cost is seen with --requests 1.
+3. `spool`: the CPU of writing one logged batch of --requests requests (fsynced) and of
+   reading it back, as the write-ahead replayer does past the backlog it holds in memory.
 
     .venv/bin/python -m bench.ingest_split threads [--seconds 15]
     .venv/bin/python -m bench.ingest_split views [--requests 128] [-n 3]
+    .venv/bin/python -m bench.ingest_split spool [--requests 8] [-n 100]
 
 Prints the figures (BENCHMARKS.md, "Ingest with the default configuration", cites them).
 """
@@ -102,17 +105,40 @@ def views(requests: int, rounds: int) -> None:
             measure(f"without {view} and those above")
 
 
+def spool(requests: int, rounds: int) -> None:
+    from servelens.collector.mapping.spans import PROTOBUF_COLUMNS
+    from servelens.collector.pipeline.spool import Spool
+
+    payloads = build_payloads(DISTINCT_PAYLOADS, SPANS_PER_REQUEST)
+    tables = [("otlp_traces_in", PROTOBUF_COLUMNS,
+               [[payloads[i % len(payloads)] for i in range(requests)], [SPANS_PER_REQUEST] * requests])]
+    with tempfile.TemporaryDirectory() as scratch:
+        log = Spool(Path(scratch), 1 << 40)
+        started = time.process_time()
+        written = [log.append(f"split-{i}", tables) for i in range(rounds)]
+        append_ms = (time.process_time() - started) / rounds * 1000
+        started = time.process_time()
+        for batch in written:
+            log.read(batch.path)
+        read_ms = (time.process_time() - started) / rounds * 1000
+        size = written[0].path.stat().st_size / 2**20
+    print(f"a logged batch of {requests} requests ({size:.1f} MiB), mean of {rounds}: "
+          f"append {append_ms:.2f} ms CPU, read back {read_ms:.2f} ms CPU")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.ingest_split", description=__doc__.split("\n")[0])
-    parser.add_argument("part", choices=("threads", "views"))
+    parser.add_argument("part", choices=("threads", "views", "spool"))
     parser.add_argument("--seconds", type=float, default=15.0)
-    parser.add_argument("--requests", type=int, default=128)
-    parser.add_argument("-n", type=int, default=3)
+    parser.add_argument("--requests", type=int, default=None, help="per insert or batch (views: 128, spool: 8)")
+    parser.add_argument("-n", type=int, default=None, help="rounds (views: 3, spool: 100)")
     args = parser.parse_args(argv)
     if args.part == "threads":
         threads(args.seconds)
+    elif args.part == "views":
+        views(args.requests or 128, args.n or 3)
     else:
-        views(args.requests, args.n)
+        spool(args.requests or 8, args.n or 100)
     return 0
 
 

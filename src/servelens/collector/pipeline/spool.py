@@ -118,7 +118,7 @@ class Spool:
         try:
             blob = path.read_bytes()
             magic, crc, length = _HEADER.unpack_from(blob)
-            payload = blob[_HEADER.size:]
+            payload = memoryview(blob)[_HEADER.size:]  # not copied: a batch is megabytes
             if magic != _MAGIC or len(payload) != length or zlib.crc32(payload) != crc:
                 raise ValueError("bad frame")
             token, tables = pickle.loads(payload)  # noqa: S301 - our own fsynced file
