@@ -109,8 +109,8 @@ class Intake:
         retries a refusal at once (not every exporter honours Retry-After) would otherwise
         spin, each refused request costing the receiving of its body, and take the core
         from the write-ahead inserter, which runs below the receivers' priority: committed
-        spans/s halved under such clients (BENCHMARKS.md, "Ingest with the default
-        configuration")."""
+        spans/s fell by a third under such clients (BENCHMARKS.md, "Ingest with the
+        default configuration")."""
         no_room = self.writer.no_room()
         deadline = time.monotonic() + ROOM_WAIT_SECONDS
         while no_room is not None and time.monotonic() < deadline:
