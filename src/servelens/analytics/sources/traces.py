@@ -172,10 +172,9 @@ def hours_stored(store: StoreLike, job: str = JOB) -> tuple[int, int] | None:
 
 
 def hour_pieces(since_ns: int, until_ns: int, stored: tuple[int, int],
-                grains: tuple[tuple[str, int], ...] | None = None) -> list[rollups.Piece]:
+                grains: tuple[tuple[str, int], ...] = STAGE_GRAINS) -> list[rollups.Piece]:
     """[since, until) as pieces: the stored whole hours inside it, from the coarsest of
-    `grains` (STAGE_GRAINS; the last one an hour) that covers them, raw ("") around them."""
-    grains = grains or STAGE_GRAINS
+    `grains` (the last one an hour) that covers them, raw ("") around them."""
     lo = max(-(-since_ns // HOUR_NS) * HOUR_NS, stored[0])
     hi = min(until_ns // HOUR_NS * HOUR_NS, stored[1])
     if lo >= hi:
