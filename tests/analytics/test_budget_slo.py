@@ -163,6 +163,31 @@ def test_fast_burn_fires_critical_when_the_workbook_says(store, make_settings):
     assert short["smallest_detectable_burn"] == pytest.approx(1 / (ev["requests"]["5m"] * 0.01))
 
 
+def test_a_burn_that_ends_inside_the_window_fires_where_a_rule_was_met(store, make_settings):
+    """25 % errors for the first 45 minutes of an evaluation hour, then none: at the hour's
+    end the 5 m window is clear, but the 1 h & 5 m rule was met from 35 to 45 minutes in,
+    as a rule evaluated continuously would have paged. The window fires with the evidence
+    of its latest such moment (45 min, counts equal to a hand count there); the next
+    window, clear at every check, does not."""
+    settings = _slo_settings(make_settings)
+    fails = DAY0 + 3 * DAY
+    insert(store, fails - 3 * DAY, fails, Traffic(per_hour=2400, error_share=0.001))
+    insert(store, fails, fails + 45 * MINUTE, Traffic(per_hour=2400, error_share=0.25), seed=1)
+    insert(store, fails + 45 * MINUTE, fails + 3 * HOUR, Traffic(per_hour=2400, error_share=0.001), seed=2)
+    hour, after = _burns(store, settings, [fails + HOUR, fails + 2 * HOUR])
+    assert hour.firing and hour.severity == "critical" and not after.firing
+    ev = hour.evidence
+    moment = fails + 45 * MINUTE
+    assert ev["at"] == iso(moment) and ev["checked_every"] == "5m" and ev["checks"] == 12
+    assert ev["rules"][0]["fired"] and ev["rules"][0]["fired_at"] == iso(moment)
+    for window, length in (("1h", HOUR), ("5m", 5 * MINUTE)):
+        n, bad = _counts(store, "chat-api", moment - length, moment)
+        assert ev["requests"][window] == n and ev["bad"][window] == bad
+    assert "at " + f"{moment:%H:%M}" in hour.summary
+    clear = after.evidence
+    assert clear["at"] == iso(fails + 2 * HOUR) and not any(r["fired"] for r in clear["rules"])
+
+
 def test_slow_burn_warns_and_neither_a_burn_inside_the_budget_nor_a_quiet_service_fires(store, make_settings):
     """5 % errors on a 99 % SLO (5x) crosses the 1 d & 2 h rule at 3x and the 3 d & 6 h one
     at 1x after 14.4 h: quiet at 10 h, a warning at 18 h. 0.5 % errors (0.5x) never fires.

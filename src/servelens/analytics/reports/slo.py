@@ -25,6 +25,7 @@ rollups' sketches could not give.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any, Mapping, Sequence
@@ -125,6 +126,38 @@ def counts(store: StoreLike, slos: Sequence[SloConfig], until: datetime,
         row = got.get(i)
         out[s.name] = {n: Count(int(row["totals"][k]), int(row["bads"][k])) if row else Count(0, 0)
                        for k, n in enumerate(names)}
+    return out
+
+
+def sliding_counts(store: StoreLike, slos: Sequence[SloConfig], until: datetime, windows: Mapping[str, timedelta],
+                   every: timedelta, n: int) -> dict[str, list[dict[str, Count]]]:
+    """Per SLO name: for each of n ends until, until - every, ..., until - (n - 1) x every
+    (the first at until), per window name the requests in [end - length, end). One pass:
+    counts per bucket of the greatest common divisor of `every` and the lengths, aligned
+    on `until`, and each window a difference of two cumulative sums (exact, as `counts`)."""
+    if not slos:
+        return {}
+    step_ns = math.gcd(*(int(w.total_seconds() * 1e9) for w in (every, *windows.values())))
+    per_every = int(every.total_seconds() * 1e9) // step_ns
+    lengths = {name: int(w.total_seconds() * 1e9) // step_ns for name, w in windows.items()}
+    buckets = (n - 1) * per_every + max(lengths.values())
+    until_ns = _ns(until)
+    origin = until_ns - buckets * step_ns
+    sql = f"""
+        SELECT slo, intDiv(ts - {{origin:Int64}}, {{step_ns:Int64}}) AS bucket, count() AS total, countIf(bad) AS bad
+        FROM ({_MATCHED})
+        GROUP BY slo, bucket"""
+    per = frame(store, sql, {**_slo_params(slos), "origin": origin, "step_ns": step_ns, "lo_ns": _floor(origin),
+                             "until_ns": until_ns})
+    ends = buckets - per_every * np.arange(n)
+    out: dict[str, list[dict[str, Count]]] = {}
+    for i, s in enumerate(slos, start=1):
+        mine = per.filter(pl.col("slo") == i)
+        at = mine["bucket"].to_numpy().astype(np.int64)
+        total, bad = (np.concatenate([[0], np.cumsum(np.bincount(at, weights=mine[c].to_numpy(), minlength=buckets))])
+                      for c in ("total", "bad"))
+        out[s.name] = [{name: Count(int(total[e] - total[max(e - size, 0)]), int(bad[e] - bad[max(e - size, 0)]))
+                        for name, size in lengths.items()} for e in ends]
     return out
 
 

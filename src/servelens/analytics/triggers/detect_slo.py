@@ -22,11 +22,13 @@ burn that window can resolve.
 
 from __future__ import annotations
 
+import math
 from datetime import timedelta
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from servelens.analytics.query import iso
 from servelens.analytics.reports import slo
 from servelens.analytics.triggers import stats
 from servelens.analytics.triggers.base import SEVERITIES, Evaluation, Finding, detector
@@ -71,54 +73,98 @@ class SloBurn(TriggerKindConfig):
     alpha: float = Field(0.01, gt=0, lt=1, description="the long window's bad requests against a 1x burn")
 
 
+def _judge(rule: SloBurn.Rule, c: dict[str, slo.Count], objective: float, cfg: SloBurn) -> dict[str, Any]:
+    """One rule over the windows ending at one moment: its rates, tests and whether it fires."""
+    long_name, short_name = slo.window_name(rule.long), slo.window_name(rule.short)
+    n = c[short_name].total
+    # An empty window burns nothing (its rate is None: no request to judge).
+    long_rate, short_rate = slo.burn_rate(c[long_name], objective), slo.burn_rate(c[short_name], objective)
+    long_test = stats.above_threshold(long_rate or 0.0, rule.burn_rate)
+    short_test = stats.above_threshold(short_rate or 0.0, rule.burn_rate)
+    over_pace = stats.binomial_rate(c[long_name].bad, c[long_name].total, 1 - objective, cfg.alpha)
+    return {
+        "rule": _name(rule), "severity": rule.severity,
+        "long": long_name, "short": short_name, "burn_rate": rule.burn_rate,
+        "long_burn_rate": long_rate, "short_burn_rate": short_rate,
+        "short_requests": n, "enough_requests": n >= cfg.min_requests,
+        "smallest_detectable_burn": 1 / (n * (1 - objective)) if n else None,
+        "long_test": long_test.evidence(), "short_test": short_test.evidence(),
+        "over_pace_test": over_pace.evidence(),
+        "fired": n >= cfg.min_requests and long_test.detected and short_test.detected and over_pace.detected,
+    }
+
+
+def _fires(rule: SloBurn.Rule, c: dict[str, slo.Count], objective: float, cfg: SloBurn) -> bool:
+    """_judge's verdict, the exact test only where the rates already pass (most moments)."""
+    long, short = c[slo.window_name(rule.long)], c[slo.window_name(rule.short)]
+    budget = 1 - objective
+    loose = rule.burn_rate * budget * (1 - 1e-9)  # rounding left to _judge
+    return (short.total >= cfg.min_requests and long.bad >= loose * long.total
+            and short.bad >= loose * short.total and _judge(rule, c, objective, cfg)["fired"])
+
+
+def checkpoints(cfg: SloBurn, at: Evaluation) -> tuple[timedelta, int]:
+    """Where in the evaluation window the rules are judged: every `step` back from `until`
+    (the greatest common divisor of the rule windows, 5 minutes by default), as an
+    alerting rule evaluated continuously would be. Judged at `until` alone, a burn just
+    over a rule's rate reaches it at one moment of the hour or not at all: sampling noise
+    at a thousand requests an hour is about a burn of 1x either way."""
+    step_s = math.gcd(*(int(w.total_seconds()) for rule in cfg.rules for w in (rule.long, rule.short)))
+    step = timedelta(seconds=max(step_s, 1))
+    return step, max(1, int(at.window // step.total_seconds()))
+
+
 @detector("slo_burn", SloBurn)
 def slo_burn(store: StoreLike, settings: Settings, at: Evaluation) -> list[Finding]:
+    """Fires when a rule fires at any checkpoint of the window; the evidence is the rules
+    at the latest moment the worst of them fired (at `until` when none did)."""
     cfg = settings.triggers.slo_burn
     if not settings.slos:
         return []
     windows = {slo.window_name(w): w for rule in cfg.rules for w in (rule.long, rule.short)}
-    got = slo.counts(store, settings.slos, at.until, windows)
+    step, n = checkpoints(cfg, at)
+    sliding = slo.sliding_counts(store, settings.slos, at.until, windows, step, n)
+    period = slo.counts(store, settings.slos, at.until, {})
     findings = []
     for s in settings.slos:
-        c = got[s.name]
+        moments = sliding[s.name]  # the latest first
+        fired = [(k, rule) for rule in cfg.rules for k, c in enumerate(moments) if _fires(rule, c, s.objective, cfg)]
+        if fired:
+            _, worst = max(fired, key=lambda f: (SEVERITIES.index(f[1].severity), f[1].burn_rate))
+            k = min(i for i, rule in fired if rule is worst)
+        else:
+            worst, k = None, 0
+        c = moments[k]
+        when = at.until - k * step
         rates = {name: slo.burn_rate(c[name], s.objective) for name in windows}
-        rules = []
-        for rule in cfg.rules:
-            long_name, short_name = slo.window_name(rule.long), slo.window_name(rule.short)
-            n = c[short_name].total
-            # An empty window burns nothing (its rate is None: no request to judge).
-            long_test = stats.above_threshold(rates[long_name] or 0.0, rule.burn_rate)
-            short_test = stats.above_threshold(rates[short_name] or 0.0, rule.burn_rate)
-            over_pace = stats.binomial_rate(c[long_name].bad, c[long_name].total, 1 - s.objective, cfg.alpha)
-            rules.append({
-                "rule": f"{long_name} & {short_name} at {rule.burn_rate:g}x", "severity": rule.severity,
-                "long": long_name, "short": short_name, "burn_rate": rule.burn_rate,
-                "long_burn_rate": rates[long_name], "short_burn_rate": rates[short_name],
-                "short_requests": n, "enough_requests": n >= cfg.min_requests,
-                "smallest_detectable_burn": 1 / (n * (1 - s.objective)) if n else None,
-                "long_test": long_test.evidence(), "short_test": short_test.evidence(),
-                "over_pace_test": over_pace.evidence(),
-                "fired": n >= cfg.min_requests and long_test.detected and short_test.detected and over_pace.detected,
-            })
-        fired = [r for r in rules if r["fired"]]
-        worst = max(fired, key=lambda r: (SEVERITIES.index(r["severity"]), r["burn_rate"])) if fired else None
-        remaining = slo.budget_remaining(c[slo.PERIOD], s.objective)
+        rules = [{**_judge(rule, c, s.objective, cfg),
+                  "fired": any(r is rule for _, r in fired),
+                  "fired_at": max((iso(at.until - i * step) for i, r in fired if r is rule), default=None)}
+                 for rule in cfg.rules]
+        remaining = slo.budget_remaining(period[s.name][slo.PERIOD], s.objective)
         left = "" if remaining is None else f"; {remaining:.0%} of its {slo.window_name(s.period)} error budget left"
         if worst:
-            summary = (f"{s.name}: error budget burning {_x(worst['long_burn_rate'])} over {worst['long']} and "
-                       f"{_x(worst['short_burn_rate'])} over {worst['short']} (rule {worst['rule']}){left}")
+            shown = next(r for r in rules if r["rule"] == _name(worst))
+            moment = "" if k == 0 else f" at {when:%H:%M}"
+            summary = (f"{s.name}: error budget burning {_x(shown['long_burn_rate'])} over {shown['long']} and "
+                       f"{_x(shown['short_burn_rate'])} over {shown['short']}{moment} (rule {shown['rule']}){left}")
         else:
             first = cfg.rules[0]
             summary = f"{s.name}: burn {_x(rates[slo.window_name(first.long)])} over " \
                       f"{slo.window_name(first.long)}, under every rule{left}"
         findings.append(Finding(
-            "slo_burn", subject(s), worst is not None, worst["severity"] if worst else "warning", summary,
+            "slo_burn", subject(s), worst is not None, worst.severity if worst else "warning", summary,
             clean({"objective": s.objective,
                    "latency_under_ms": s.latency_under.total_seconds() * 1000 if s.latency_under else None,
+                   "at": iso(when), "checked_every": slo.window_name(step), "checks": n,
                    "burn_rates": rates, "requests": {name: c[name].total for name in windows},
                    "bad": {name: c[name].bad for name in windows},
-                   "period": slo.window_name(s.period), "period_requests": c[slo.PERIOD].total,
+                   "period": slo.window_name(s.period), "period_requests": period[s.name][slo.PERIOD].total,
                    "error_budget_remaining": remaining, "min_requests": cfg.min_requests,
-                   "rule": worst["rule"] if worst else None, "rules": rules}),
+                   "rule": _name(worst) if worst else None, "rules": rules}),
         ))
     return findings
+
+
+def _name(rule: SloBurn.Rule) -> str:
+    return f"{slo.window_name(rule.long)} & {slo.window_name(rule.short)} at {rule.burn_rate:g}x"
