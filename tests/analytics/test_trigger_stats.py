@@ -72,12 +72,16 @@ def test_running_median3_drops_an_isolated_spike_and_keeps_a_climb() -> None:
     assert not stats.mann_kendall(early, 0.01).detected
     assert stats.mann_kendall(stats.running_median3(early), 0.01).detected
     assert stats.running_median3([3.0, 1.0]).tolist() == [3.0, 1.0]
-    # Tukey's end-point rule: a spike at either end goes too, a straight run keeps its ends
-    assert stats.running_median3([9.0, 1.0, 1.1, 1.2, 1.3, 9.0], smooth_ends=True).tolist() == \
-        pytest.approx([1.1, 1.1, 1.1, 1.2, 1.3, 1.5])
-    assert stats.running_median3(climb, smooth_ends=True).tolist() == climb
-    line = [1.0, 2.0, 3.0, 4.0]
-    assert stats.running_median3(line, smooth_ends=True).tolist() == line
+
+
+def test_median_of_neighbours_drops_a_lift_two_wide_and_keeps_a_ramp_to_its_ends() -> None:
+    ramp = [5.0, 6.0, 7.0, 8.0, 9.0, 12.0, 16.0, 19.0, 21.0, 23.0]
+    assert stats.median_of_neighbours(ramp, 2).tolist() == ramp[2:-2]
+    lifted = [*ramp[:6], 71.0, 71.0, *ramp[8:]]  # a burst on one of two like days, two phases wide
+    assert stats.median_of_neighbours(lifted, 2).tolist() == [7.0, 8.0, 9.0, 12.0, 21.0, 23.0]
+    assert max(stats.running_median3(lifted)) == 71.0  # what three kept
+    # unknown neighbours (a phase with no like hours) are left out, not read as 0
+    assert stats.median_of_neighbours([None, None, 1.0, 2.0, 3.0, 4.0, None], 2).tolist() == [2.0, 2.5, 2.5]
 
 
 def test_theil_sen_slope_and_interval() -> None:

@@ -95,12 +95,19 @@ def _queue_findings(store: StoreLike, settings: Settings, cfg: Any, at: Evaluati
             continue  # a gap or a thin window: no trend can be read
         raw = np.array([recent[i]["p95"] for i in range(n)], dtype=float)
         phases = rows.filter(~pl.col("recent")).partition_by("slot", as_dict=True)
-        usual = [_usual(phases.get((i % per_day,)), recent[i]["weekend"]) for i in range(n)] if use_phase else []
-        adjusted = bool(usual) and all(u is not None and u[1] >= least for u in usual)
-        # The usual level along the series, smoothed: a weekend's usual is the median of
-        # two days, and one burst on either lifts a phase; a dip in the ratio would then
-        # hide growth in the last window's lowest point (below).
-        expected = stats.running_median3([u[0] for u in usual], smooth_ends=True) if adjusted else np.zeros(n)
+        # The usual level of each point, and of USUAL_PAD phases on either side (the like
+        # days hold the hours after the series' end too).
+        usual = [_usual(phases.get((i % per_day,)), recent[min(max(i, 0), n - 1)]["weekend"])
+                 for i in range(-USUAL_PAD, n + USUAL_PAD)] if use_phase else []
+        inner = usual[USUAL_PAD:n + USUAL_PAD]
+        adjusted = bool(inner) and all(u is not None and u[1] >= least for u in inner)
+        # Smoothed along the day: a weekend's usual is the median of two days, and one burst
+        # on either lifts a twenty-minute phase or two; a dip in the ratio would then hide
+        # growth in the last window's lowest point (below). A median of five drops such a
+        # lift where a running median of three kept it (and Tukey's end rule carried it to
+        # the series' end, where growth is read); a ramp stays as it is.
+        expected = stats.median_of_neighbours([u[0] if u is not None and u[1] >= least else None for u in usual],
+                                              USUAL_PAD) if adjusted else np.zeros(n)
         floor = 1e-3  # a queue near zero: growth relative to 1 ms
         # Against like hours the series is the ratio to their usual p95: queueing grows
         # faster than load, so the daily rhythm multiplies the queue, and a difference
@@ -146,6 +153,9 @@ def _queue_findings(store: StoreLike, settings: Settings, cfg: Any, at: Evaluati
                    "trend": trend.evidence(), "slope": fit.evidence()}),
         ))
     return findings
+
+
+USUAL_PAD = 2  # phases on either side: a running median of five removes a lift two phases wide
 
 
 def _usual(at: pl.DataFrame | None, weekend: bool) -> tuple[float, int] | None:

@@ -110,21 +110,23 @@ def mann_kendall(series: Sequence[float], alpha: float = TREND_ALPHA) -> StatRes
                       {"n": n, "tau": tau, "z": z})
 
 
-def running_median3(series: Sequence[float], smooth_ends: bool = False) -> np.ndarray:
+def running_median3(series: Sequence[float]) -> np.ndarray:
     """Tukey's running median of three: an isolated spike becomes its larger neighbour,
-    while a monotone run is left exactly as it is. End points are kept, or with
-    `smooth_ends` replaced by Tukey's end-point rule (the median of the end, its smoothed
-    neighbour and the straight line through the two smoothed points inside): a spike at
-    an end is dropped too, a straight run's end kept."""
+    while a monotone run is left exactly as it is. End points are kept."""
     y = np.asarray(series, dtype=float)
-    if len(y) < 3:
-        return y.copy()
     out = y.copy()
-    out[1:-1] = np.median(np.stack([y[:-2], y[1:-1], y[2:]]), axis=0)
-    if smooth_ends and len(y) >= 4:
-        out[0] = np.median([y[0], out[1], 3 * out[1] - 2 * out[2]])
-        out[-1] = np.median([y[-1], out[-2], 3 * out[-2] - 2 * out[-3]])
+    if len(y) >= 3:
+        out[1:-1] = np.median(np.stack([y[:-2], y[1:-1], y[2:]]), axis=0)
     return out
+
+
+def median_of_neighbours(values: Sequence[float | None], half: int) -> np.ndarray:
+    """For each of values[half:-half]: the median of the known values (None: unknown)
+    within `half` places of it. The caller pads the series with `half` values on either
+    side where it has them, so that its ends are smoothed like its middle. A lift up to
+    `half` values wide is dropped and a monotone run kept."""
+    return np.array([float(np.median([v for v in values[i - half:i + half + 1] if v is not None]))
+                     for i in range(half, len(values) - half)])
 
 
 def theil_sen(series: Sequence[float], alpha: float = 0.05) -> StatResult:
