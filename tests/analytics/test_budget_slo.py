@@ -264,6 +264,42 @@ def test_slo_burn_through_the_engine_is_one_episode(store, make_settings):
 
 # --- the slo report ----------------------------------------------------------------------------
 
+def test_availability_slos_count_from_the_rollups_exactly_latency_slos_from_raw_rows(store, make_settings,
+                                                                                     monkeypatch):
+    """An availability SLO's windows (1 h, 6 h, its period) are read from the request
+    rollups' whole hours and raw rows at the edges (an `until` 25 minutes past an hour);
+    a latency SLO's from raw rows. Both equal the hand count, and the same with the
+    rollups off."""
+    slos = [{"name": "chat-availability", "service": "chat-api", "objective": 0.99, "period": "7d"},
+            {"name": "llama", "deployment": "llama-prod", "objective": 0.999, "period": "2d"},
+            {"name": "chat-latency", "service": "chat-api", "objective": 0.9, "latency_under": "1s", "period": "7d"}]
+    until = DAY0 + 9 * DAY + 25 * MINUTE
+    insert(store, DAY0, until, Traffic(per_hour=60, error_share=0.02))
+    insert(store, DAY0, until, Traffic(service="llama-svc", deployment="llama-prod", per_hour=40, error_share=0.1),
+           seed=1)
+    sql: list[str] = []
+    real = slo.frame
+    monkeypatch.setattr(slo, "frame", lambda store_, text, params=None: sql.append(text) or real(store_, text, params))
+    found = {}
+    for rollups_on in (True, False):
+        settings = make_settings(slos=slos, analytics={"use_rollups": rollups_on})
+        sql.clear()
+        found[rollups_on] = {r["name"]: r for r in
+                             slo.report(store, settings, ReportQuery(until - DAY, until)).iter_rows(named=True)}
+        assert any("rollup_requests_1h" in q for q in sql) is rollups_on
+    assert found[True] == found[False]
+    for name, (service, deployment, days) in {"chat-availability": ("chat-api", None, 7),
+                                              "llama": (None, "llama-prod", 2)}.items():
+        column, value = ("ServiceName", service) if service else ("Deployment", deployment)
+        n, bad = store.client().query(
+            f"SELECT count(), countIf(IsError) FROM llm_requests WHERE {column} = {{v:String}} "
+            "AND Timestamp >= {since:DateTime64(9, 'UTC')} AND Timestamp < {until:DateTime64(9, 'UTC')}",
+            parameters={"v": value, "since": until - days * DAY, "until": until}).first_row
+        assert (found[True][name]["total"], found[True][name]["bad"]) == (n, bad) and n > 1000
+    n, bad = _counts(store, "chat-api", until - 7 * DAY, until, 1.0)
+    assert (found[True]["chat-latency"]["total"], found[True]["chat-latency"]["bad"]) == (n, bad)
+
+
 def test_slo_report_equals_a_hand_count(store, make_settings):
     settings = make_settings(slos=[
         {"name": "chat-availability", "service": "chat-api", "objective": 0.99, "period": "7d"},

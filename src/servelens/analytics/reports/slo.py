@@ -17,10 +17,13 @@ For a window of `total` requests of which `bad` are not good:
   14.4 spends 2 % of a 30-day budget in an hour (the SRE workbook's alerting rates).
 None (never 0) where a window holds no request.
 
-Counts come from raw rows, one pass for every SLO and window: each request is matched to
-the SLOs it belongs to (ARRAY JOIN over their indexes) and summed per window with
-sumForEach over the windows' starts. Latency thresholds are exact counts, which the
-rollups' sketches could not give.
+Counts come from one pass for every SLO and window: each request is matched to the SLOs
+it belongs to (ARRAY JOIN over their indexes) and summed per window with sumForEach over
+the windows' starts. An availability SLO's requests and errors are read from the request
+rollups' exact counts where whole hours allow (a 30-day period is 720 hour rows per
+combination, not every request: BENCHMARKS.md "SLO periods from the request rollups");
+a latency SLO counts requests over its threshold, exact only from raw rows (the rollups
+hold sketches).
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ import polars as pl
 
 from servelens.analytics.query import MIN_TIME, ReportQuery, _ns, iso
 from servelens.analytics.reports import series
-from servelens.analytics.sources import frame
+from servelens.analytics.sources import frame, rollups
 from servelens.analytics.sql import window
 from servelens.core.config import Settings, SloConfig
 from servelens.core.store import StoreLike
@@ -83,17 +86,18 @@ def _slo_params(slos: Sequence[SloConfig]) -> dict[str, Any]:
             "slo_latency": [s.latency_under.total_seconds() if s.latency_under else 0.0 for s in slos]}
 
 
-# One row per (request, SLO it belongs to); `bad` by that SLO's definition. Empty service
-# or deployment: the SLO does not narrow on it.
+# The indexes of the SLOs a row belongs to (an empty service or deployment: the SLO does
+# not narrow on it).
+_MATCHING = """arrayFilter(j -> ({slo_services:Array(String)}[j] = '' OR ServiceName = {slo_services:Array(String)}[j])
+                          AND ({slo_deployments:Array(String)}[j] = ''
+                               OR Deployment = {slo_deployments:Array(String)}[j]),
+                          arrayEnumerate({slo_services:Array(String)}))"""
+
+# One row per (request, SLO it belongs to); `bad` by that SLO's definition.
 _MATCHED = f"""
     SELECT ts, slo, IsError OR ({{slo_latency:Array(Float64)}}[slo] > 0
                                  AND LatencySeconds > {{slo_latency:Array(Float64)}}[slo]) AS bad
-    FROM (SELECT toUnixTimestamp64Nano(Timestamp) AS ts, IsError, LatencySeconds,
-                 arrayFilter(j -> ({{slo_services:Array(String)}}[j] = ''
-                                   OR ServiceName = {{slo_services:Array(String)}}[j])
-                                  AND ({{slo_deployments:Array(String)}}[j] = ''
-                                       OR Deployment = {{slo_deployments:Array(String)}}[j]),
-                             arrayEnumerate({{slo_services:Array(String)}})) AS matched
+    FROM (SELECT toUnixTimestamp64Nano(Timestamp) AS ts, IsError, LatencySeconds, {_MATCHING} AS matched
           FROM llm_requests
           WHERE {window("lo_ns", "until_ns").sql})
     ARRAY JOIN matched AS slo"""
@@ -104,15 +108,43 @@ def _floor(ns: int) -> int:
     return max(ns, _ns(MIN_TIME))
 
 
-def counts(store: StoreLike, slos: Sequence[SloConfig], until: datetime,
+def counts(store: StoreLike, settings: Settings, slos: Sequence[SloConfig], until: datetime,
            windows: Mapping[str, timedelta]) -> dict[str, dict[str, Count]]:
     """Per SLO name, per window name: the requests in [until - length, until). Besides
-    `windows`, each SLO gets PERIOD, its own period."""
-    if not slos:
-        return {}
-    names = [*windows, PERIOD]
+    `windows`, each SLO gets PERIOD, its own period.
+
+    An availability SLO (no `latency_under`) counts requests and errors, which the request
+    rollups hold exactly: its whole hours come from them, its edges from raw rows
+    (rollups.request_counts_sql). A latency SLO counts requests over its threshold, which
+    only raw rows can tell."""
+    out: dict[str, dict[str, Count]] = {}
+    for subset, read in (([s for s in slos if s.latency_under is None], _rollup_counts),
+                         ([s for s in slos if s.latency_under is not None], _raw_counts)):
+        if subset:
+            out.update(read(store, settings, subset, until, windows))
+    return {s.name: out[s.name] for s in slos}
+
+
+def _starts(slos: Sequence[SloConfig], until_ns: int, windows: Mapping[str, timedelta]) -> list[list[int]]:
+    return [[until_ns - int(w.total_seconds() * 1e9) for w in (*windows.values(), s.period)] for s in slos]
+
+
+def _per_slo(slos: Sequence[SloConfig], names: list[str], got: pl.DataFrame) -> dict[str, dict[str, Count]]:
+    rows = {r["slo"]: r for r in got.iter_rows(named=True)}
+    out: dict[str, dict[str, Count]] = {}
+    for i, s in enumerate(slos, start=1):
+        row = rows.get(i)
+        out[s.name] = {n: Count(int(row["totals"][k]), int(row["bads"][k])) if row else Count(0, 0)
+                       for k, n in enumerate(names)}
+    return out
+
+
+def _raw_counts(store: StoreLike, settings: Settings, slos: Sequence[SloConfig], until: datetime,
+                windows: Mapping[str, timedelta]) -> dict[str, dict[str, Count]]:
+    """One pass over raw rows for every SLO and window: each request matched to its SLOs,
+    summed per window with sumForEach over the windows' starts."""
     until_ns = _ns(until)
-    starts = [[until_ns - int(w.total_seconds() * 1e9) for w in (*windows.values(), s.period)] for s in slos]
+    starts = _starts(slos, until_ns, windows)
     sql = f"""
         SELECT slo, sumForEach(arrayMap(s -> toUInt64(ts >= s), {{starts:Array(Array(Int64))}}[slo])) AS totals,
                sumForEach(arrayMap(s -> toUInt64(ts >= s AND bad), {{starts:Array(Array(Int64))}}[slo])) AS bads
@@ -120,13 +152,27 @@ def counts(store: StoreLike, slos: Sequence[SloConfig], until: datetime,
         GROUP BY slo"""
     params = {**_slo_params(slos), "starts": starts, "lo_ns": _floor(min(min(s) for s in starts)),
               "until_ns": until_ns}
-    got = {r["slo"]: r for r in frame(store, sql, params).iter_rows(named=True)}
-    out: dict[str, dict[str, Count]] = {}
-    for i, s in enumerate(slos, start=1):
-        row = got.get(i)
-        out[s.name] = {n: Count(int(row["totals"][k]), int(row["bads"][k])) if row else Count(0, 0)
-                       for k, n in enumerate(names)}
-    return out
+    return _per_slo(slos, [*windows, PERIOD], frame(store, sql, params))
+
+
+def _rollup_counts(store: StoreLike, settings: Settings, slos: Sequence[SloConfig], until: datetime,
+                   windows: Mapping[str, timedelta]) -> dict[str, dict[str, Count]]:
+    """_raw_counts for availability SLOs over request count rows: rollup rows stamped with
+    their grain's start, cut at every window's start (each row then lies wholly on one
+    side of it), raw rows for what the grains leave."""
+    until_ns = _ns(until)
+    starts = _starts(slos, until_ns, windows)
+    lo = _floor(min(min(s) for s in starts))
+    rows, params = rollups.request_counts_sql(settings, lo, until_ns, 0, cuts=[s for row in starts for s in row])
+    sql = f"""
+        SELECT slo, sumForEach(arrayMap(s -> if(ts >= s, Requests, 0), {{starts:Array(Array(Int64))}}[slo])) AS totals,
+               sumForEach(arrayMap(s -> if(ts >= s, Errors, 0), {{starts:Array(Array(Int64))}}[slo])) AS bads
+        FROM (SELECT toUnixTimestamp64Nano(Timestamp) AS ts, toUInt64(Requests) AS Requests,
+                     toUInt64(Errors) AS Errors, {_MATCHING} AS matched
+              FROM {rows})
+        ARRAY JOIN matched AS slo
+        GROUP BY slo"""
+    return _per_slo(slos, [*windows, PERIOD], frame(store, sql, {**params, **_slo_params(slos), "starts": starts}))
 
 
 def sliding_counts(store: StoreLike, slos: Sequence[SloConfig], until: datetime, windows: Mapping[str, timedelta],
@@ -181,7 +227,7 @@ def report(store: StoreLike, settings: Settings, q: ReportQuery) -> pl.DataFrame
     error budget are over the SLO's period ending at q.until, burn rates over the hour and
     the six hours ending there; `since` does not enter (an SLO is judged over its period)."""
     slos = [s for s in settings.slos if in_scope(s, q.filters)]
-    got = counts(store, slos, q.until, REPORT_WINDOWS)
+    got = counts(store, settings, slos, q.until, REPORT_WINDOWS)
     rows = []
     for s in slos:
         c = got[s.name]

@@ -23,7 +23,7 @@ exactly from raw rows instead, where that is cheap.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from servelens.analytics import memo
 from servelens.analytics.model_names import served_model_sql
@@ -410,7 +410,8 @@ COUNT_COLUMNS = ("ServiceName", "Deployment", "Model")
 _COUNT_RAW = "1 AS Requests, toUInt64(IsError) AS Errors, toUInt64(RetryAttempt > 0) AS Retries"
 
 
-def request_counts_sql(settings: Settings, since_ns: int, until_ns: int, align_ns: int) -> tuple[str, dict[str, Any]]:
+def request_counts_sql(settings: Settings, since_ns: int, until_ns: int, align_ns: int,
+                       cuts: Sequence[int] = ()) -> tuple[str, dict[str, Any]]:
     """[since, until) of llm_requests as rows of (Timestamp, ServiceName, Deployment, Model,
     Requests, Errors, Retries): whole hours and minutes from the request rollups, each row
     stamped with its grain's start, and raw rows (one per request) for what they leave.
@@ -419,12 +420,15 @@ def request_counts_sql(settings: Settings, since_ns: int, until_ns: int, align_n
     then each rollup row lies wholly on one side of every bound, and a caller's predicate
     on Timestamp (the evaluation window, its like hours) counts exactly what it counts on
     raw rows. A trigger window of whole hours reads 7 days of baseline as 168 hours of
-    rollup rows instead of every request (BENCHMARKS.md, "Trigger windows")."""
+    rollup rows instead of every request (BENCHMARKS.md, "Trigger windows"). `cuts`: bounds
+    of the caller's inside [since, until) that no row may straddle, for bounds off the
+    grains (align_ns 0 then uses every grain)."""
     grains = tuple(g for g in REQUEST_GRAINS if align_ns % (g[1] * NS) == 0) if settings.analytics.use_rollups else ()
     columns = ", ".join(COUNT_COLUMNS)
     params: dict[str, Any] = {}
-    parts = piece_selects(
-        since_ns, until_ns, grains, params,
+    edges = sorted({since_ns, until_ns, *(c for c in cuts if since_ns < c < until_ns)})
+    parts = selects_of(
+        [p for lo, hi in zip(edges, edges[1:]) for p in pieces(lo, hi, grains)], params,
         lambda table, where: (f"SELECT toDateTime64(Minute, 9) AS Timestamp, {columns}, Requests, Errors, Retries "
                               f"FROM {table} WHERE {where}"),
         lambda where: f"SELECT Timestamp, {columns}, {_COUNT_RAW} FROM llm_requests WHERE {where}")
