@@ -269,7 +269,7 @@ def test_availability_slos_count_from_the_rollups_exactly_latency_slos_from_raw_
     """An availability SLO's windows (1 h, 6 h, its period) are read from the request
     rollups' whole hours and raw rows at the edges (an `until` 25 minutes past an hour);
     a latency SLO's from raw rows. Both equal the hand count, and the same with the
-    rollups off."""
+    rollups off, as do the SLOs page's error-budget series."""
     slos = [{"name": "chat-availability", "service": "chat-api", "objective": 0.99, "period": "7d"},
             {"name": "llama", "deployment": "llama-prod", "objective": 0.999, "period": "2d"},
             {"name": "chat-latency", "service": "chat-api", "objective": 0.9, "latency_under": "1s", "period": "7d"}]
@@ -287,7 +287,12 @@ def test_availability_slos_count_from_the_rollups_exactly_latency_slos_from_raw_
         found[rollups_on] = {r["name"]: r for r in
                              slo.report(store, settings, ReportQuery(until - DAY, until)).iter_rows(named=True)}
         assert any("rollup_requests_1h" in q for q in sql) is rollups_on
+        for bucket_s in (3600, 86400):  # the page's error-budget series, hour and day buckets
+            found[rollups_on, bucket_s] = slo.budget_series(store, settings, ReportQuery(until - 3 * DAY, until),
+                                                            bucket_s)
     assert found[True] == found[False]
+    for bucket_s in (3600, 86400):
+        assert found[True, bucket_s] == found[False, bucket_s] and found[True, bucket_s]["series"]
     for name, (service, deployment, days) in {"chat-availability": ("chat-api", None, 7),
                                               "llama": (None, "llama-prod", 2)}.items():
         column, value = ("ServiceName", service) if service else ("Deployment", deployment)

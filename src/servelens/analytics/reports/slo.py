@@ -261,14 +261,8 @@ def budget_series(store: StoreLike, settings: Settings, q: ReportQuery, bucket_s
     doc = {"metric": METRIC, "bucket": next(k for k, v in series.BUCKETS.items() if v == bucket_s), "omitted": 0}
     if not slos or not grid:
         return {**doc, "series": []}
-    sql = f"""
-        SELECT slo, intDiv(ts, {{step_ns:Int64}}) * {{step_ns:Int64}} AS bucket,
-               count() AS total, countIf(bad) AS bad
-        FROM ({_MATCHED})
-        GROUP BY slo, bucket
-        ORDER BY slo, bucket"""
     lo = first - (max(spans) - 1) * step_ns
-    per = frame(store, sql, {**_slo_params(slos), "step_ns": step_ns, "lo_ns": _floor(lo), "until_ns": _ns(q.until)})
+    per = _per_bucket(store, settings, slos, lo, _ns(q.until), step_ns)
     ends = (np.asarray(grid, dtype=np.int64) - lo) // step_ns + 1  # per point, its bucket's index + 1
     times = [iso(datetime.fromtimestamp(b // 10**9, timezone.utc)) for b in grid]
     out = []
@@ -283,3 +277,35 @@ def budget_series(store: StoreLike, settings: Settings, q: ReportQuery, bucket_s
         points = [[t, budget_remaining(Count(int(a), int(b)), s.objective)] for t, a, b in zip(times, n, k)]
         out.append({"key": {"slo": s.name}, "points": points})
     return {**doc, "series": out}
+
+
+def _per_bucket(store: StoreLike, settings: Settings, slos: Sequence[SloConfig], lo: int, until_ns: int,
+                step_ns: int) -> pl.DataFrame:
+    """Requests and bad ones per SLO (`slo`: its 1-based place in `slos`) and bucket of
+    `step_ns` (`bucket`: its start) over [lo, until): availability SLOs from the request
+    rollups' grains that divide the bucket (raw rows for the rest), latency SLOs from raw
+    rows, as `counts` reads them."""
+    frames = []
+    for availability in (True, False):
+        places = [i for i, s in enumerate(slos, start=1) if (s.latency_under is None) is availability]
+        if not places:
+            continue
+        if availability:
+            rows, params = rollups.request_counts_sql(settings, _floor(lo), until_ns, step_ns)
+            source = f"""SELECT ts, slo, Requests, Errors
+                FROM (SELECT toUnixTimestamp64Nano(Timestamp) AS ts, toUInt64(Requests) AS Requests,
+                             toUInt64(Errors) AS Errors, {_MATCHING} AS matched
+                      FROM {rows})
+                ARRAY JOIN matched AS slo"""
+            measures = "sum(Requests) AS total, sum(Errors) AS bad"
+        else:
+            source, params = _MATCHED, {"lo_ns": _floor(lo), "until_ns": until_ns}
+            measures = "count() AS total, countIf(bad) AS bad"
+        got = frame(store, f"""
+            SELECT slo, intDiv(ts, {{step_ns:Int64}}) * {{step_ns:Int64}} AS bucket, {measures}
+            FROM ({source})
+            GROUP BY slo, bucket""", {**params, **_slo_params([slos[i - 1] for i in places]), "step_ns": step_ns})
+        frames.append(got.select(pl.col("slo").replace_strict(list(range(1, len(places) + 1)), places,
+                                                              return_dtype=pl.Int64),
+                                 pl.col("bucket").cast(pl.Int64), pl.col("total", "bad").cast(pl.Int64)))
+    return pl.concat(frames)
