@@ -534,3 +534,37 @@ def test_per_window_costs_are_the_cost_reports(store, make_settings) -> None:
         for row in cost.report(store, settings, q).iter_rows(named=True):
             mine = got[(w, row["service"])]
             assert mine["requests"] == row["requests"] and mine["cost_usd"] == pytest.approx(row["cost_usd"], rel=1e-9)
+
+
+def test_gpu_windows_from_stored_hours_equal_the_samples(store, make_settings, monkeypatch) -> None:
+    """Whole-hour windows read the GPUs' hour states, others the samples; on the same
+    windows both give the same rows. The last hour's readings carry the graphics engine's
+    activity in separate partial rows, so `auto` measures that GPU by it there and by
+    utilization before: a choice per window, which the hours must make alike."""
+    from servelens.analytics.triggers import sources
+
+    settings = make_settings(deployments=[LLAMA])
+    start = T0
+    insert_gpus(store, start, start + 2 * HOUR, "gpu-1", 0.5)
+    insert_gpus(store, start + 2 * HOUR, start + 3 * HOUR, "gpu-1", 0.2, seed=1)
+    store.client().command(
+        "INSERT INTO gpu_samples (Timestamp, Host, GpuUuid, GpuIndex, GrEngineActive) "
+        "SELECT Timestamp, Host, GpuUuid, GpuIndex, round(assumeNotNull(Util) * 0.8, 3) FROM gpu_samples "
+        "WHERE Timestamp >= {t:DateTime64(9, 'UTC')} AND GpuUuid LIKE '%-0'", parameters={"t": start + 2 * HOUR})
+    at = engine.window_at(settings, start + 3 * HOUR)
+    order = ["w", "gpu"]
+    read: list[str] = []
+    real = sources.frame
+    monkeypatch.setattr(sources, "frame", lambda store_, sql, params=None: read.append(sql) or real(store_, sql, params))
+    hours = sources.cost_gpu_windows(store, settings, at, recent=2).sort(order)
+    monkeypatch.setattr(sources, "_align", lambda at_: 1)  # as for a window off the hours: the samples
+    samples = sources.cost_gpu_windows(store, settings, at, recent=2).sort(order)
+    assert ["gpu_util_hours" in sql for sql in read] == [True, False]
+    assert hours.height == samples.height == 6
+    assert hours.select(order + ["deployment", "host", "busy_metric", "samples", "first_ns", "last_ns"]).equals(
+        samples.select(order + ["deployment", "host", "busy_metric", "samples", "first_ns", "last_ns"]))
+    for a, b in zip(hours.iter_rows(named=True), samples.iter_rows(named=True)):
+        assert a["util_mean"] == pytest.approx(b["util_mean"], rel=1e-12)
+        assert a["util_sum"] == pytest.approx(b["util_sum"], rel=1e-12)
+    metrics = {(r["w"], r["gpu"].rsplit("-", 1)[1]): r["busy_metric"] for r in hours.iter_rows(named=True)}
+    assert metrics[(0, "0")] == "gr_engine_active" and metrics[(0, "1")] == metrics[(-1, "0")] == "gpu_util"

@@ -22,8 +22,8 @@ import polars as pl
 from servelens.analytics import memo
 from servelens.analytics.query import _ns
 from servelens.analytics.sources import frame, rollups
-from servelens.analytics.sql import (DAY_NS, bind, fallback, gpu_busy_readings, gpu_deployment, length_class,
-                                     like_hours, not_before, window)
+from servelens.analytics.sql import (DAY_NS, Fragment, bind, fallback, gpu_busy_metric, gpu_busy_readings,
+                                     gpu_deployment, length_class, like_hours, not_before, window)
 from servelens.analytics.triggers.base import Evaluation
 from servelens.core.config import Settings
 from servelens.core.store import StoreLike
@@ -273,16 +273,41 @@ def cost_token_groups(store: StoreLike, settings: Settings, at: Evaluation, boun
 
 def cost_gpu_windows(store: StoreLike, settings: Settings, at: Evaluation, recent: int) -> pl.DataFrame:
     """Per (window index w, GPU): the columns analytics.utilization.deployment_rollup
-    needs (analytics.sources.gpus.per_gpu's, per window)."""
+    needs (analytics.sources.gpus.per_gpu's, per window). Windows of whole hours read the
+    hours' busy-time states (gpu_util_hours: readings summed per GPU, metric and hour,
+    exactly as from the samples, analytics.sources.gpus), 168 rows per GPU and metric for
+    the week's baseline instead of every sample (BENCHMARKS.md "GPU windows from stored
+    hours"); other windows read the samples."""
     deployment = gpu_deployment(settings.deployments)
-    readings = gpu_busy_readings(settings.gpus.busy_metric, window("base_ns", "until_ns"), per=_WINDOW_INDEX)
+    if _align(at) % HOUR_NS == 0:
+        readings = gpu_busy_metric(settings.gpus.busy_metric, Fragment(_GPU_HOURS, {}),
+                                   Fragment(_GPU_HOURS_WITH_GR, {}), per=_WINDOW_INDEX)
+        measures = """sum(Samples) AS samples, toUnixTimestamp64Nano(min(FirstSample)) AS first_ns,
+               toUnixTimestamp64Nano(max(LastSample)) AS last_ns, sum(UtilSum) / samples AS util_mean,
+               sum(UtilSum) AS util_sum"""
+    else:
+        readings = gpu_busy_readings(settings.gpus.busy_metric, window("base_ns", "until_ns"), per=_WINDOW_INDEX)
+        measures = """count() AS samples, toUnixTimestamp64Nano(min(Timestamp)) AS first_ns,
+               toUnixTimestamp64Nano(max(Timestamp)) AS last_ns, avg(busy) AS util_mean, sum(busy) AS util_sum"""
     sql = f"""
         SELECT {_WINDOW_INDEX} AS w,
                {deployment.sql} AS deployment,
-               Host AS host, GpuUuid AS gpu, any(BusyMetric) AS busy_metric, count() AS samples,
-               toUnixTimestamp64Nano(min(Timestamp)) AS first_ns, toUnixTimestamp64Nano(max(Timestamp)) AS last_ns,
-               avg(busy) AS util_mean, sum(busy) AS util_sum
+               Host AS host, GpuUuid AS gpu, any(BusyMetric) AS busy_metric, {measures}
         FROM ({readings.sql})
         WHERE deployment != '' AND {_KEPT}
         GROUP BY w, deployment, host, gpu"""
     return frame(store, sql, bind(deployment, readings, **params(at), recent=recent))
+
+
+HOUR_NS = 3600 * 10**9
+# gpu_util_hours' states over [base, until) (whole hours: cost_gpu_windows), each stamped
+# with its hour as Timestamp, which the window index reads.
+_GPU_HOURS_RANGE = ("Minute >= toDateTime(intDiv({base_ns:Int64}, 1000000000)) "
+                    "AND Minute < toDateTime(intDiv({until_ns:Int64}, 1000000000))")
+_GPU_HOURS = f"""
+    SELECT Host, GpuUuid, toString(BusyMetric) AS BusyMetric, toDateTime64(Minute, 9) AS Timestamp,
+           Samples, UtilSum, FirstSample, LastSample
+    FROM gpu_util_hours WHERE {_GPU_HOURS_RANGE}"""
+_GPU_HOURS_WITH_GR = f"""
+    SELECT Host, GpuUuid, toDateTime64(Minute, 9) AS Timestamp
+    FROM gpu_util_hours WHERE {_GPU_HOURS_RANGE} AND BusyMetric = 'gr_engine_active'"""
