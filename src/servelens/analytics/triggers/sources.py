@@ -204,23 +204,33 @@ def gpu_utilization(store: StoreLike, settings: Settings, at: Evaluation) -> pl.
 def category_counts(store: StoreLike, settings: Settings, at: Evaluation, dimensions: list[str]) -> pl.DataFrame:
     """Per service, dimension and value: requests in the window (n), the baseline (base_n)
     and the baseline's like hours (like_n: the window's hours on earlier days). Value ''
-    (attribute not set) is kept so the caller can total per dimension."""
+    (attribute not set) is kept so the caller can total per dimension. One pass with a
+    grouping set per dimension, not a row per request and dimension (BENCHMARKS.md
+    "Categories in grouping sets")."""
     length = length_class(settings.quality.length_classes)
+    values = {"task_type": "toString(TaskType)", "language": "toString(Language)", "length_class": length.sql,
+              "batch_feature": "if(Mode = 'batch', if(Feature = '', '(batch)', toString(Feature)), '')"}
+    chosen = [d for d in values if d in dimensions]
+    if not chosen:
+        return pl.DataFrame(schema={"service": pl.String, "dimension": pl.String, "value": pl.String,
+                                    "n": pl.UInt64, "base_n": pl.UInt64, "like_n": pl.UInt64})
+    # Which set a row is from: grouping(d_i) is 0 in the set that groups by d_i (standard SQL).
+    dimension = "multiIf(" + ", ".join(f"grouping(d_{i}) = 0, '{d}'" for i, d in enumerate(chosen[:-1])) \
+        + f", '{chosen[-1]}')" if len(chosen) > 1 else f"'{chosen[0]}'"
+    value = "multiIf(" + ", ".join(f"grouping(d_{i}) = 0, d_{i}" for i in range(len(chosen) - 1)) \
+        + f", d_{len(chosen) - 1})" if len(chosen) > 1 else "d_0"
     sql = f"""
-        SELECT service, d.1 AS dimension, d.2 AS value,
-               countIf(cur) AS n, countIf(NOT cur) AS base_n, countIf(NOT cur AND like) AS like_n
-        FROM (SELECT toString(ServiceName) AS service,
-                     {CURRENT} AS cur, {LIKE_HOURS} AS like,
-                     arrayFilter(t -> has({{dimensions:Array(String)}}, t.1), [
-                         ('task_type', toString(TaskType)), ('language', toString(Language)),
-                         ('length_class', {length.sql}),
-                         ('batch_feature', if(Mode = 'batch', if(Feature = '', '(batch)', toString(Feature)), ''))
-                     ]) AS dims
-              FROM llm_requests WHERE {window("base_ns", "until_ns").sql})
-        ARRAY JOIN dims AS d
+        SELECT service, dimension, value,
+               sumIf(c, cur) AS n, sumIf(c, NOT cur) AS base_n, sumIf(c, NOT cur AND like) AS like_n
+        FROM (SELECT service, cur, like, {dimension} AS dimension, {value} AS value, count() AS c
+              FROM (SELECT toString(ServiceName) AS service, {CURRENT} AS cur, {LIKE_HOURS} AS like,
+                           {", ".join(f"{values[d]} AS d_{i}" for i, d in enumerate(chosen))}
+                    FROM llm_requests WHERE {window("base_ns", "until_ns").sql})
+              GROUP BY GROUPING SETS ({", ".join(f"(service, cur, like, d_{i})" for i in range(len(chosen)))}))
         GROUP BY service, dimension, value
-        ORDER BY service, dimension, value"""
-    return frame(store, sql, bind(length, **params(at), dimensions=dimensions))
+        ORDER BY service, dimension, value
+        SETTINGS force_grouping_standard_compatibility = 1"""
+    return frame(store, sql, bind(length, **params(at)))
 
 
 def minute_features(store: StoreLike, at: Evaluation) -> pl.DataFrame:
