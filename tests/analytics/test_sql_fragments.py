@@ -278,6 +278,10 @@ def test_length_classes_and_like_hours_answer_as_before(store, settings) -> None
     assert (new.get_column("like_n") <= new.get_column("base_n")).all() and new.get_column("like_n").sum() > 0
     classes = set(new.filter(pl.col("dimension") == "length_class").get_column("value"))
     assert classes == {"short", "medium", "long"}
+    # one dimension alone (a grouping set of its own) and none
+    alone = sources.category_counts(store, settings, at, ["length_class"])
+    assert_frame_equal(alone, new.filter(pl.col("dimension") == "length_class"))
+    assert sources.category_counts(store, settings, at, []).is_empty()
 
 
 @pytest.mark.integration
