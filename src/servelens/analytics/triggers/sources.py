@@ -30,6 +30,7 @@ from servelens.core.store import StoreLike
 
 _METRICS = {"latency": "LatencySeconds", "ttft": "TtftSeconds"}
 _T = "toUnixTimestamp64Nano(Timestamp)"
+HOUR_NS = 3600 * 10**9
 LIKE_HOURS = like_hours().sql
 CURRENT = not_before().sql  # inside [base, until): the evaluation window's rows
 
@@ -287,9 +288,9 @@ def cost_gpu_windows(store: StoreLike, settings: Settings, at: Evaluation, recen
     hours' busy-time states (gpu_util_hours: readings summed per GPU, metric and hour,
     exactly as from the samples, analytics.sources.gpus), 168 rows per GPU and metric for
     the week's baseline instead of every sample (BENCHMARKS.md "GPU windows from stored
-    hours"); other windows read the samples."""
+    hours"); other windows, or a baseline off the hours, read the samples."""
     deployment = gpu_deployment(settings.deployments)
-    if _align(at) % HOUR_NS == 0:
+    if _align(at) % HOUR_NS == 0 and _ns(at.baseline_since) % HOUR_NS == 0:
         readings = gpu_busy_metric(settings.gpus.busy_metric, Fragment(_GPU_HOURS, {}),
                                    Fragment(_GPU_HOURS_WITH_GR, {}), per=_WINDOW_INDEX)
         measures = """sum(Samples) AS samples, toUnixTimestamp64Nano(min(FirstSample)) AS first_ns,
@@ -309,7 +310,6 @@ def cost_gpu_windows(store: StoreLike, settings: Settings, at: Evaluation, recen
     return frame(store, sql, bind(deployment, readings, **params(at), recent=recent))
 
 
-HOUR_NS = 3600 * 10**9
 # gpu_util_hours' states over [base, until) (whole hours: cost_gpu_windows), each stamped
 # with its hour as Timestamp, which the window index reads.
 _GPU_HOURS_RANGE = ("Minute >= toDateTime(intDiv({base_ns:Int64}, 1000000000)) "
