@@ -175,8 +175,8 @@ def _rollup_counts(store: StoreLike, settings: Settings, slos: Sequence[SloConfi
     return _per_slo(slos, [*windows, PERIOD], frame(store, sql, {**params, **_slo_params(slos), "starts": starts}))
 
 
-def sliding_counts(store: StoreLike, slos: Sequence[SloConfig], until: datetime, windows: Mapping[str, timedelta],
-                   every: timedelta, n: int) -> dict[str, list[dict[str, Count]]]:
+def sliding_counts(store: StoreLike, settings: Settings, slos: Sequence[SloConfig], until: datetime,
+                   windows: Mapping[str, timedelta], every: timedelta, n: int) -> dict[str, list[dict[str, Count]]]:
     """Per SLO name: for each of n ends until, until - every, ..., until - (n - 1) x every
     (the first at until), per window name the requests in [end - length, end). One pass:
     counts per bucket of the greatest common divisor of `every` and the lengths, aligned
@@ -188,23 +188,11 @@ def sliding_counts(store: StoreLike, slos: Sequence[SloConfig], until: datetime,
     lengths = {name: int(w.total_seconds() * 1e9) // step_ns for name, w in windows.items()}
     buckets = (n - 1) * per_every + max(lengths.values())
     until_ns = _ns(until)
-    origin = until_ns - buckets * step_ns
-    sql = f"""
-        SELECT slo, intDiv(ts - {{origin:Int64}}, {{step_ns:Int64}}) AS bucket, count() AS total, countIf(bad) AS bad
-        FROM ({_MATCHED})
-        GROUP BY slo, bucket"""
-    per = frame(store, sql, {**_slo_params(slos), "origin": origin, "step_ns": step_ns, "lo_ns": _floor(origin),
-                             "until_ns": until_ns})
+    sums = _cumulative(store, settings, slos, until_ns - buckets * step_ns, until_ns, step_ns, buckets)
     ends = buckets - per_every * np.arange(n)
-    out: dict[str, list[dict[str, Count]]] = {}
-    for i, s in enumerate(slos, start=1):
-        mine = per.filter(pl.col("slo") == i)
-        at = mine["bucket"].to_numpy().astype(np.int64)
-        total, bad = (np.concatenate([[0], np.cumsum(np.bincount(at, weights=mine[c].to_numpy(), minlength=buckets))])
-                      for c in ("total", "bad"))
-        out[s.name] = [{name: Count(int(total[e] - total[max(e - size, 0)]), int(bad[e] - bad[max(e - size, 0)]))
-                        for name, size in lengths.items()} for e in ends]
-    return out
+    return {s.name: [{name: Count(int(total[e] - total[max(e - size, 0)]), int(bad[e] - bad[max(e - size, 0)]))
+                      for name, size in lengths.items()} for e in ends]
+            for s, (total, bad) in zip(slos, sums)}
 
 
 def in_scope(slo: SloConfig, filters: Mapping[str, str]) -> bool:
@@ -262,16 +250,12 @@ def budget_series(store: StoreLike, settings: Settings, q: ReportQuery, bucket_s
     if not slos or not grid:
         return {**doc, "series": []}
     lo = first - (max(spans) - 1) * step_ns
-    per = _per_bucket(store, settings, slos, lo, _ns(q.until), step_ns)
     ends = (np.asarray(grid, dtype=np.int64) - lo) // step_ns + 1  # per point, its bucket's index + 1
+    # cumulative sums over every bucket from `lo`: a point's period is a difference of two
+    sums = _cumulative(store, settings, slos, lo, _ns(q.until), step_ns, int(ends[-1]))
     times = [iso(datetime.fromtimestamp(b // 10**9, timezone.utc)) for b in grid]
     out = []
-    for i, (s, span) in enumerate(zip(slos, spans), start=1):
-        mine = per.filter(pl.col("slo") == i)
-        # cumulative sums over every bucket from `lo`: a point's period is a difference of two
-        at = ((mine["bucket"].to_numpy() - lo) // step_ns).astype(np.int64)
-        total, bad = (np.concatenate([[0], np.cumsum(np.bincount(at, weights=mine[c].to_numpy(),
-                                                                 minlength=int(ends[-1])))]) for c in ("total", "bad"))
+    for s, span, (total, bad) in zip(slos, spans, sums):
         starts = np.maximum(ends - span, 0)
         n, k = total[ends] - total[starts], bad[ends] - bad[starts]
         points = [[t, budget_remaining(Count(int(a), int(b)), s.objective)] for t, a, b in zip(times, n, k)]
@@ -279,19 +263,19 @@ def budget_series(store: StoreLike, settings: Settings, q: ReportQuery, bucket_s
     return {**doc, "series": out}
 
 
-def _per_bucket(store: StoreLike, settings: Settings, slos: Sequence[SloConfig], lo: int, until_ns: int,
-                step_ns: int) -> pl.DataFrame:
-    """Requests and bad ones per SLO (`slo`: its 1-based place in `slos`) and bucket of
-    `step_ns` (`bucket`: its start) over [lo, until): availability SLOs from the request
-    rollups' grains that divide the bucket (raw rows for the rest), latency SLOs from raw
-    rows, as `counts` reads them."""
+def _cumulative(store: StoreLike, settings: Settings, slos: Sequence[SloConfig], origin: int, until_ns: int,
+                step_ns: int, size: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Per SLO (in `slos`' order): cumulative requests and bad ones over `size` buckets of
+    `step_ns` from `origin` (element k: the buckets before k), read over [origin, until):
+    availability SLOs from the request rollups' grains that divide the buckets (raw rows
+    for the rest), latency SLOs from raw rows, as `counts` reads them."""
     frames = []
     for availability in (True, False):
         places = [i for i, s in enumerate(slos, start=1) if (s.latency_under is None) is availability]
         if not places:
             continue
         if availability:
-            rows, params = rollups.request_counts_sql(settings, _floor(lo), until_ns, step_ns)
+            rows, params = rollups.request_counts_sql(settings, _floor(origin), until_ns, math.gcd(step_ns, origin))
             source = f"""SELECT ts, slo, Requests, Errors
                 FROM (SELECT toUnixTimestamp64Nano(Timestamp) AS ts, toUInt64(Requests) AS Requests,
                              toUInt64(Errors) AS Errors, {_MATCHING} AS matched
@@ -299,13 +283,21 @@ def _per_bucket(store: StoreLike, settings: Settings, slos: Sequence[SloConfig],
                 ARRAY JOIN matched AS slo"""
             measures = "sum(Requests) AS total, sum(Errors) AS bad"
         else:
-            source, params = _MATCHED, {"lo_ns": _floor(lo), "until_ns": until_ns}
+            source, params = _MATCHED, {"lo_ns": _floor(origin), "until_ns": until_ns}
             measures = "count() AS total, countIf(bad) AS bad"
         got = frame(store, f"""
-            SELECT slo, intDiv(ts, {{step_ns:Int64}}) * {{step_ns:Int64}} AS bucket, {measures}
+            SELECT slo, intDiv(ts - {{origin:Int64}}, {{step_ns:Int64}}) AS bucket, {measures}
             FROM ({source})
-            GROUP BY slo, bucket""", {**params, **_slo_params([slos[i - 1] for i in places]), "step_ns": step_ns})
+            GROUP BY slo, bucket""", {**params, **_slo_params([slos[i - 1] for i in places]),
+                                      "origin": origin, "step_ns": step_ns})
         frames.append(got.select(pl.col("slo").replace_strict(list(range(1, len(places) + 1)), places,
                                                               return_dtype=pl.Int64),
                                  pl.col("bucket").cast(pl.Int64), pl.col("total", "bad").cast(pl.Int64)))
-    return pl.concat(frames)
+    per = pl.concat(frames)
+    out = []
+    for i in range(1, len(slos) + 1):
+        mine = per.filter(pl.col("slo") == i)
+        at = mine["bucket"].to_numpy()
+        out.append(tuple(np.concatenate([[0], np.cumsum(np.bincount(at, weights=mine[c].to_numpy(), minlength=size))])
+                         for c in ("total", "bad")))
+    return out  # type: ignore[return-value]

@@ -123,7 +123,7 @@ def slo_burn(store: StoreLike, settings: Settings, at: Evaluation) -> list[Findi
         return []
     windows = {slo.window_name(w): w for rule in cfg.rules for w in (rule.long, rule.short)}
     step, n = checkpoints(cfg, at)
-    sliding = slo.sliding_counts(store, settings.slos, at.until, windows, step, n)
+    sliding = slo.sliding_counts(store, settings, settings.slos, at.until, windows, step, n)
     period = slo.counts(store, settings, settings.slos, at.until, {})
     findings = []
     for s in settings.slos:
