@@ -49,8 +49,9 @@ _EDGES = f"""({window("since_ns", "full_since_ns").sql})
 # The window's readings as per-(Host, GpuUuid, busy metric, minute or hour) states: whole
 # hours from gpu_util_hours, the whole minutes left from gpu_util_minutes, the edges'
 # readings (one row each) from gpu_samples. `_MINUTES` keeps every row a minute (peaks).
+# HOURS alone also serves windows of whole hours (triggers.sources.cost_gpu_windows).
 _STATE_COLUMNS = "Host, GpuUuid, toString(BusyMetric) AS BusyMetric, Minute, ModelName, Samples, UtilSum, FirstSample, LastSample, UtilCounts"
-_HOURS = f"""
+HOURS = f"""
     SELECT {_STATE_COLUMNS} FROM gpu_util_hours
     WHERE Minute >= toDateTime({{full_since_h_s:Int64}}) AND Minute < toDateTime({{full_until_h_s:Int64}})"""
 _EDGE_MINUTES = """((Minute >= toDateTime({full_since_s:Int64}) AND Minute < toDateTime({full_since_h_s:Int64}))
@@ -60,7 +61,7 @@ _EDGE_READINGS = f"""
     SELECT Host, GpuUuid, BusyMetric, toStartOfMinute(Timestamp), ModelName, toUInt64(1), busy, Timestamp, Timestamp,
            ([if(BusyMetric = 'gr_engine_active', round(busy, 3), busy)], [toUInt64(1)])
     FROM ({gpu_readings(Fragment(_EDGES, {})).sql})"""
-_STATES = f"""{_HOURS}
+_STATES = f"""{HOURS}
     UNION ALL
     SELECT {_STATE_COLUMNS} FROM gpu_util_minutes WHERE {_EDGE_MINUTES}
     UNION ALL {_EDGE_READINGS}"""

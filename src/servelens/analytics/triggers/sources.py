@@ -21,7 +21,7 @@ import polars as pl
 
 from servelens.analytics import memo
 from servelens.analytics.query import _ns
-from servelens.analytics.sources import frame, rollups
+from servelens.analytics.sources import frame, gpus, rollups
 from servelens.analytics.sql import (DAY_NS, Fragment, bind, fallback, gpu_busy_metric, gpu_busy_readings,
                                      gpu_deployment, length_class, like_hours, not_before, window)
 from servelens.analytics.triggers.base import Evaluation
@@ -307,17 +307,11 @@ def cost_gpu_windows(store: StoreLike, settings: Settings, at: Evaluation, recen
         FROM ({readings.sql})
         WHERE deployment != '' AND {_KEPT}
         GROUP BY w, deployment, host, gpu"""
-    return frame(store, sql, bind(deployment, readings, **params(at), recent=recent))
+    hours = {"full_since_h_s": _ns(at.baseline_since) // 10**9, "full_until_h_s": _ns(at.until) // 10**9}
+    return frame(store, sql, bind(deployment, readings, **params(at), **hours, recent=recent))
 
 
-# gpu_util_hours' states over [base, until) (whole hours: cost_gpu_windows), each stamped
-# with its hour as Timestamp, which the window index reads.
-_GPU_HOURS_RANGE = ("Minute >= toDateTime(intDiv({base_ns:Int64}, 1000000000)) "
-                    "AND Minute < toDateTime(intDiv({until_ns:Int64}, 1000000000))")
-_GPU_HOURS = f"""
-    SELECT Host, GpuUuid, toString(BusyMetric) AS BusyMetric, toDateTime64(Minute, 9) AS Timestamp,
-           Samples, UtilSum, FirstSample, LastSample
-    FROM gpu_util_hours WHERE {_GPU_HOURS_RANGE}"""
-_GPU_HOURS_WITH_GR = f"""
-    SELECT Host, GpuUuid, toDateTime64(Minute, 9) AS Timestamp
-    FROM gpu_util_hours WHERE {_GPU_HOURS_RANGE} AND BusyMetric = 'gr_engine_active'"""
+# The hours' states over [full_since_h_s, full_until_h_s) (analytics.sources.gpus), each
+# stamped with its hour as Timestamp, which the window index reads (cost_gpu_windows).
+_GPU_HOURS = f"SELECT *, toDateTime64(Minute, 9) AS Timestamp FROM ({gpus.HOURS})"
+_GPU_HOURS_WITH_GR = f"SELECT Host, GpuUuid, Timestamp FROM ({_GPU_HOURS}) WHERE BusyMetric = 'gr_engine_active'"
