@@ -11,10 +11,14 @@
    fixed cost is seen with --requests 1.
 3. `spool`: the CPU of writing one logged batch of --requests requests (fsynced) and of
    reading it back, as the write-ahead replayer does past the backlog it holds in memory.
+4. `visibility`: on an idle default collector (pinned to one core, five requests first),
+   -n lone requests, one every --gap seconds: each from its 200 until its spans are
+   committed (bench/ingest_default.py measures the same right after its load phases).
 
     .venv/bin/python -m bench.ingest_split threads [--seconds 15]
     .venv/bin/python -m bench.ingest_split views [--requests 128] [-n 3]
     .venv/bin/python -m bench.ingest_split spool [--requests 8] [-n 100]
+    .venv/bin/python -m bench.ingest_split visibility [--gap 0.5] [-n 16]
 
 Prints the figures (BENCHMARKS.md, "Ingest with the default configuration", cites them).
 """
@@ -27,8 +31,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.ingest import (CLIENT_CORE, DISTINCT_PAYLOADS, SPANS_PER_REQUEST, CollectorProcess, _pin, thread_cpu,
-                          until_committed)
+from bench.ingest import (CLIENT_CORE, DISTINCT_PAYLOADS, SPANS_PER_REQUEST, CollectorProcess, Exporter, _pin,
+                          committed_rows, thread_cpu, until_committed, wait_idle)
 from bench.payloads import build_payloads
 
 # The views in the order they are dropped: the rollups first, then what feeds them.
@@ -126,19 +130,50 @@ def spool(requests: int, rounds: int) -> None:
           f"append {append_ms:.2f} ms CPU, read back {read_ms:.2f} ms CPU")
 
 
+def visibility(gap: float, requests: int) -> None:
+    _pin(CLIENT_CORE)
+    payloads = build_payloads(DISTINCT_PAYLOADS, SPANS_PER_REQUEST)
+    with tempfile.TemporaryDirectory() as scratch:
+        collector = CollectorProcess(Path(scratch) / "collector")
+        exporter = Exporter(collector.http_port)
+        try:
+            for payload in payloads[:5]:
+                assert exporter.export(payload) == 200
+            wait_idle(collector, limit=60.0)
+            delays = []
+            for i in range(requests):
+                before = committed_rows(collector)
+                sent = time.monotonic()
+                assert exporter.export(payloads[i % len(payloads)]) == 200
+                acked = time.monotonic()
+                while committed_rows(collector) < before + SPANS_PER_REQUEST and time.monotonic() - acked < 30:
+                    time.sleep(0.005)
+                delays.append(time.monotonic() - acked)
+                time.sleep(max(0.0, gap - (time.monotonic() - sent)))
+        finally:
+            exporter.close()
+            collector.stop()
+    ms = sorted(d * 1000 for d in delays)
+    print(f"{requests} lone requests, one every {gap:g} s: from the 200 until committed, median "
+          f"{statistics.median(ms):,.0f} / p90 {ms[int(0.9 * (len(ms) - 1))]:,.0f} / max {ms[-1]:,.0f} ms")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.ingest_split", description=__doc__.split("\n")[0])
-    parser.add_argument("part", choices=("threads", "views", "spool"))
+    parser.add_argument("part", choices=("threads", "views", "spool", "visibility"))
+    parser.add_argument("--gap", type=float, default=0.5, help="visibility: seconds between lone requests")
     parser.add_argument("--seconds", type=float, default=15.0)
     parser.add_argument("--requests", type=int, default=None, help="per insert or batch (views: 128, spool: 8)")
-    parser.add_argument("-n", type=int, default=None, help="rounds (views: 3, spool: 100)")
+    parser.add_argument("-n", type=int, default=None, help="rounds (views: 3, spool: 100, visibility: 16)")
     args = parser.parse_args(argv)
     if args.part == "threads":
         threads(args.seconds)
     elif args.part == "views":
         views(args.requests or 128, args.n or 3)
-    else:
+    elif args.part == "spool":
         spool(args.requests or 8, args.n or 100)
+    else:
+        visibility(args.gap, args.n or 16)
     return 0
 
 

@@ -233,6 +233,32 @@ def test_write_ahead_quarantines_only_the_refused_rows_and_goes_on(make_writer, 
     assert kept.tables[0][2][0] == ["bad"]
 
 
+def test_write_ahead_inserts_a_lone_request_at_once_and_groups_a_trickle_for_the_linger(make_writer, sink) -> None:
+    """The linger is a rest after an insert that others queued behind, not a wait for each
+    request: a request logged when the inserter was idle with nothing behind it goes in
+    without waiting the linger; requests logged while an insert ran wait the linger after it
+    for more, and go in as one group."""
+    writer = make_writer(acknowledge="spooled", flush_interval=0.0, linger=1.0)
+    assert writer.submit([batch("start")]).wait(5)  # a fresh writer rests one linger first
+    assert writer.drain_spool(5)
+    time.sleep(0.1)
+    logged = time.monotonic()
+    assert writer.submit([batch("lone")]).wait(5)
+    assert writer.drain_spool(5)
+    assert time.monotonic() - logged < 0.5  # far from the linger (1 s)
+    sink.gate.clear()  # the next insert holds; two more requests queue behind it
+    assert writer.submit([batch("held")]).wait(5)
+    time.sleep(0.1)
+    assert writer.submit([batch("t1")]).wait(5) and writer.submit([batch("t2")]).wait(5)
+    sink.gate.set()
+    time.sleep(0.3)  # the held insert is done; the two behind it rest for the linger
+    assert sink.names() == ["start", "lone", "held"]
+    assert writer.submit([batch("t3")]).wait(5)  # within that rest: the same group
+    assert writer.drain_spool(5)
+    assert [rows for _, rows in sink.attempts][-1] == 3
+    assert sink.names() == ["start", "lone", "held", "t1", "t2", "t3"]
+
+
 def test_a_block_that_throws_while_the_store_answers_is_kept_whole_under_its_token(make_writer, sink) -> None:
     """An error no list names, the store up: after three attempts the block is set aside
     whole, with the token its release will use (test_poison releases one in chDB)."""

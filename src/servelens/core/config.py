@@ -83,7 +83,9 @@ class CollectorConfig(_Strict):
     # "spooled" once they are fsynced in the spool, used as a write-ahead log and inserted
     # from there in the background (export latency of a disk write, not of an insert).
     acknowledge: Literal["stored", "spooled"] = "spooled"
-    spool_linger: timedelta = timedelta(milliseconds=200)  # "spooled": logged rows wait this long to fill an insert
+    # "spooled": after an insert that others queued behind, the next one short of batch_size
+    # rests this long so that it fills (a lone request goes at once; pipeline.replay)
+    spool_linger: timedelta = timedelta(milliseconds=200)
     # Who maps spans to otel_traces rows: "python" (collector.mapping.spans), or "engine":
     # ClickHouse parses the request's protobuf itself and a view maps it
     # (collector.mapping.engine_spans); "auto": the engine where the store can (embedded, or a

@@ -6,14 +6,21 @@ held by a Backlog (below). A group leaves the spool only once the store has it, 
 by the one backoff policy without a deadline, or once the rows the store refuses are
 quarantined and the rest stored (pipeline.durability.Refusals).
 
-Write-ahead mode groups logged batches up to batch_size rows in one insert (every insert
-has a large fixed cost; logged rows wait up to `linger` to fill one), under a token of
+Write-ahead mode groups logged batches up to batch_size rows in one insert, under a token of
 their own that the spool records before the insert (Spool.begin_group), so a crash
 before their removal re-inserts exactly that group and the store deduplicates it. A
 batch spooled after an insert attempt was made with its own token (stored mode) goes
 alone, under that token, for the same reason. The mode's background work runs at a
 lower CPU priority and collects garbage when the inserter says (core.priority,
 pipeline.collection).
+
+Every insert has a large fixed cost (the views' analysis, BENCHMARKS.md "Ingest with the
+default configuration"). Where more was logged while the last insert ran (a trickle of
+requests, or the start), an insert short of batch_size rows starts no sooner than `linger`
+after the last one ended: the inserter rests while the next group fills. Where nothing
+was, the next request is alone, and it is inserted as soon as it is logged: a wait
+counted from each group's arrival made every lone request wait the whole linger, for no
+company.
 """
 
 from __future__ import annotations
@@ -97,7 +104,7 @@ class Backlog:
 @dataclass(frozen=True)
 class ReplaySettings:
     group_rows: int  # rows one insert may gather from several batches; 0: one batch each
-    linger: float  # seconds logged rows may wait to fill an insert of group_rows
+    linger: float  # seconds an insert short of group_rows rests after the last one ended, if others queued
     background: bool  # lower CPU priority and inserter-timed garbage collection
 
 
@@ -112,6 +119,8 @@ class Replayer:
         self._settings = settings
         self._collection = Collection() if settings.background else None
         self._stopping = threading.Event()
+        self._rested_from = time.monotonic()  # when the last insert ended (or start)
+        self._company = True  # whether more was logged while it ran (the start counts as busy)
         self._thread = threading.Thread(target=self._run, daemon=True,
                                         name="servelens-wal" if settings.background else "servelens-replay")
 
@@ -123,6 +132,7 @@ class Replayer:
             self._backlog.reopened.append((group, token, batches))
         self._backlog.found.extend(p for p in self._spool.listing() if p not in grouped)
         report_spool(self._spool, self._metrics)
+        self._rested_from = time.monotonic()
         if self._collection is not None:
             self._collection.start()
         self._thread.start()
@@ -157,10 +167,15 @@ class Replayer:
                     rescan_at = time.monotonic() + RESCAN_SECONDS
                 if self._collection is not None:
                     self._collection.collect(force=False)
-                self._backlog.wake.wait(0.05)
+                # a group resting for its linger is looked at again when the rest ends
+                resting = self._resting() if self._backlog.handed else 0.05
+                self._backlog.wake.wait(min(0.05, max(resting, 0.005)))
                 self._backlog.wake.clear()
                 continue
-            if not self._insert(current):
+            inserted = self._insert(current)
+            self._rested_from = time.monotonic()
+            self._company = not self._backlog.empty()
+            if not inserted:
                 return  # stopping: the log stays on disk; the next start inserts it
             del current  # the inserted rows go now, before the collection below
             if self._collection is not None:
@@ -194,7 +209,7 @@ class Replayer:
             waiting = list(backlog.handed)
             if all(isinstance(b, SpooledBatch) for b in waiting) and sum(
                     b.rows for b in waiting) < limit:  # type: ignore[union-attr]
-                if time.time() - _logged_at(waiting[0]) < self._settings.linger:
+                if self._resting() > 0:
                     return None  # not a full insert yet: let more arrive
         batches: list[SpooledBatch] = []
         rows = 0
@@ -213,6 +228,12 @@ class Replayer:
         if len(batches) == 1:
             return None, batches[0].token, batches
         return None, hashlib.sha256("|".join(b.token for b in batches).encode()).hexdigest()[:32], batches
+
+    def _resting(self) -> float:
+        """Seconds before an insert short of group_rows may start (<= 0: now)."""
+        if not self._company:
+            return 0.0
+        return self._settings.linger - (time.monotonic() - self._rested_from)
 
     def _released(self) -> list[Path]:
         """Batch files in the spool that nothing here is about to insert: batches a
