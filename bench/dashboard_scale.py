@@ -74,8 +74,8 @@ MAX_TIMEOUTS = 2  # a cell stops after this many timed-out loads
 TARGET_LOAD_S = 1.0
 
 # What is still missing on the page ([] = drawn): the renderer's pending callbacks, the
-# header's window, loading placeholders, charts not drawn, plots without data; with the
-# "Could not load data" alerts shown and the page's clock.
+# header's window, loading placeholders, charts not drawn, plots without data, tables not
+# drawn; with the "Could not load data" alerts shown and the page's clock.
 DRAWN_JS = """
 const expected = arguments[0];
 const missing = [];
@@ -105,6 +105,12 @@ content.querySelectorAll('.js-plotly-plot').forEach(function (p) {
         missing.push((holder ? holder.id : 'plot') + ' without data');
     }
 });
+if (!missing.length && s && s.layout) {
+    // every table drawn: a DataTable's code loads on its first use, after the answer that holds it
+    const tables = JSON.stringify(s.layout).split('"type":"DataTable"').length - 1;
+    const shown = document.querySelectorAll('.dash-table-container').length;
+    if (shown < tables) { missing.push((tables - shown) + ' tables not drawn'); }
+}
 const alerts = [];
 content.querySelectorAll('.alert').forEach(function (a) {
     if (a.textContent.indexOf(arguments_failed) === 0) { alerts.push(a.textContent.slice(0, 120)); }

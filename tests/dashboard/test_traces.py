@@ -341,7 +341,10 @@ _WATERFALL_JS = """
                 bar: row.querySelector('.wf-bar').style.left};
     });"""
 _RESULTS_JS = """
-    return Array.from(document.querySelectorAll('#trc-results tbody tr')).map(function (tr) {
+    // the list's rows (a DataTable's header is a row of th cells)
+    return Array.from(document.querySelectorAll('#trc-results tbody tr')).filter(function (tr) {
+        return tr.querySelector('td');
+    }).map(function (tr) {
         var cells = Array.from(tr.querySelectorAll('td')).map(function (td) { return td.textContent.trim(); });
         return {trace: tr.querySelector('a').getAttribute('title'), cells: cells};
     });"""

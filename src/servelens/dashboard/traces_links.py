@@ -61,9 +61,20 @@ def costliest(filters: data.Filters, key: str, value: Any) -> str | None:
 _MARKDOWN = re.compile(r"([\\`*_{}\[\]()#+\-.!|<>~])")
 
 
-def _markdown_link(text: str, target: str) -> str:
+def markdown_link(text: str, target: str, title: str | None = None) -> str:
+    """A DataTable markdown cell linking `text` to `target` (an href of this module's: no
+    space or parenthesis), with `title` as its tooltip (letters and digits)."""
     # Everything the data holds is escaped: a key is text, never markup or another link.
-    return "[" + _MARKDOWN.sub(r"\\\1", text) + f"]({target})"
+    tip = f' "{title}"' if title else ""
+    return "[" + _MARKDOWN.sub(r"\\\1", text) + f"]({target}{tip})"
+
+
+def as_links(table: dash_table.DataTable, key: str) -> dash_table.DataTable:
+    """`table` with its `key` column read as markdown (cells made by markdown_link), the
+    links opening in the same tab."""
+    table.columns = [{**c, "presentation": "markdown"} if c["id"] == key else c for c in table.columns]
+    table.markdown_options = {"link_target": "_self"}
+    return table
 
 
 def link_keys(component: Any, rows: list[dict[str, Any]], key: str,
@@ -78,9 +89,8 @@ def link_keys(component: Any, rows: list[dict[str, Any]], key: str,
     for cell, row in zip(cells, rows):
         to = None if row.get("_other") else target(row)
         if to and row.get(key) not in (None, ""):
-            cell[key] = _markdown_link(str(cell[key]), to)
-    table.columns = [{**c, "presentation": "markdown"} if c["id"] == key else c for c in table.columns]
-    table.markdown_options = {"link_target": "_self"}
+            cell[key] = markdown_link(str(cell[key]), to)
+    as_links(table, key)
     return component
 
 
