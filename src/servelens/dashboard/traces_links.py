@@ -62,10 +62,11 @@ _MARKDOWN = re.compile(r"([\\`*_{}\[\]()#+\-.!|<>~])")
 
 
 def markdown_link(text: str, target: str, title: str | None = None) -> str:
-    """A DataTable markdown cell linking `text` to `target` (an href of this module's: no
-    space or parenthesis), with `title` as its tooltip (letters and digits)."""
+    """A DataTable markdown cell linking `text` to `target` (an href of this module's:
+    url-encoded, no space or parenthesis), with `title` as its tooltip where it is letters
+    and digits only (a trace id)."""
     # Everything the data holds is escaped: a key is text, never markup or another link.
-    tip = f' "{title}"' if title else ""
+    tip = f' "{title}"' if title and title.isalnum() else ""
     return "[" + _MARKDOWN.sub(r"\\\1", text) + f"]({target}{tip})"
 
 
