@@ -333,6 +333,25 @@ class LatencyRun:
         return ordered[min(len(ordered) - 1, int(p / 100 * len(ordered)))] * 1000
 
 
+def lone_requests(collector: CollectorProcess, payloads: list[bytes], requests: int, gap: float) -> list[float]:
+    """Seconds from each lone request's 200 until the collector has committed its spans; the
+    next is sent `gap` seconds after that 200, or at once when the commit took longer."""
+    exporter = Exporter(collector.http_port)
+    delays = []
+    try:
+        for i in range(requests):
+            before = committed_rows(collector)
+            assert exporter.export(payloads[i % len(payloads)]) == 200
+            acked = time.monotonic()
+            while committed_rows(collector) < before + SPANS_PER_REQUEST and time.monotonic() - acked < 30:
+                time.sleep(0.005)
+            delays.append(time.monotonic() - acked)
+            time.sleep(max(0.0, gap - (time.monotonic() - acked)))
+    finally:
+        exporter.close()
+    return delays
+
+
 def open_loop(collector: CollectorProcess, payloads: list[bytes], spans_per_s: float, seconds: float) -> LatencyRun:
     """Requests leave on a fixed schedule whatever the replies do (open loop), and latency
     counts from the scheduled time, so a stall shows up in the tail instead of quietly

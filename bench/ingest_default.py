@@ -31,8 +31,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.ingest import (CLIENT_CORE, DISTINCT_PAYLOADS, SPANS_PER_REQUEST, CollectorProcess, Exporter, _pin,
-                          committed_rows, open_loop, parse_rate, store_probe, until_committed, wait_idle)
+from bench.ingest import (CLIENT_CORE, DISTINCT_PAYLOADS, SPANS_PER_REQUEST, CollectorProcess, _pin, lone_requests,
+                          open_loop, parse_rate, store_probe, until_committed, wait_idle)
 from bench.payloads import build_payloads
 from bench.report import cpu_model, write_section
 
@@ -55,24 +55,6 @@ def _drain(collector: CollectorProcess, limit: float = 300.0) -> None:
     while time.monotonic() < deadline and collector.metrics().get("servelens_spool_batches", 0.0) > 0:
         time.sleep(0.2)
     wait_idle(collector, limit=60.0)
-
-
-def _visibility(collector: CollectorProcess, payloads: list[bytes], requests: int) -> list[float]:
-    """Seconds from each lone request's 200 until the collector has committed its spans."""
-    exporter = Exporter(collector.http_port)
-    delays = []
-    try:
-        for i in range(requests):
-            before = committed_rows(collector)
-            assert exporter.export(payloads[i % len(payloads)]) == 200
-            acked = time.monotonic()
-            while committed_rows(collector) < before + SPANS_PER_REQUEST and time.monotonic() - acked < 30:
-                time.sleep(0.005)
-            delays.append(time.monotonic() - acked)
-            time.sleep(max(0.0, 0.5 - (time.monotonic() - acked)))
-    finally:
-        exporter.close()
-    return delays
 
 
 def run(scratch: Path, env: dict[str, str], warmup: float, seconds: float, latency_s: float) -> dict[str, Any]:
@@ -98,7 +80,7 @@ def run(scratch: Path, env: dict[str, str], warmup: float, seconds: float, laten
             say(f"open loop at half the median, {median.spans_per_s / 2:,.0f} spans/s for {latency_s:.0f}s")
             r["latency"] = open_loop(c, payloads, median.spans_per_s / 2, latency_s)
             say("visibility at low load: 20 lone requests")
-            r["visible_s"] = _visibility(c, payloads, 20)
+            r["visible_s"] = lone_requests(c, payloads, 20, 0.5)
             acked = runs[-1].spans + len(r["latency"].latencies) * SPANS_PER_REQUEST + 20 * SPANS_PER_REQUEST
             hwm.append(c.status()["VmHWM"])
             say("SIGKILL, then a restart on the same data directory")

@@ -31,8 +31,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.ingest import (CLIENT_CORE, DISTINCT_PAYLOADS, SPANS_PER_REQUEST, CollectorProcess, Exporter, _pin,
-                          committed_rows, thread_cpu, until_committed, wait_idle)
+from bench.ingest import (CLIENT_CORE, DISTINCT_PAYLOADS, SPANS_PER_REQUEST, CollectorProcess, _pin, lone_requests,
+                          thread_cpu, until_committed, wait_idle)
 from bench.payloads import build_payloads
 
 # The views in the order they are dropped: the rollups first, then what feeds them.
@@ -135,23 +135,11 @@ def visibility(gap: float, requests: int) -> None:
     payloads = build_payloads(DISTINCT_PAYLOADS, SPANS_PER_REQUEST)
     with tempfile.TemporaryDirectory() as scratch:
         collector = CollectorProcess(Path(scratch) / "collector")
-        exporter = Exporter(collector.http_port)
         try:
-            for payload in payloads[:5]:
-                assert exporter.export(payload) == 200
+            lone_requests(collector, payloads, 5, 0.0)  # warm-up: the first inserts are the dearest
             wait_idle(collector, limit=60.0)
-            delays = []
-            for i in range(requests):
-                before = committed_rows(collector)
-                sent = time.monotonic()
-                assert exporter.export(payloads[i % len(payloads)]) == 200
-                acked = time.monotonic()
-                while committed_rows(collector) < before + SPANS_PER_REQUEST and time.monotonic() - acked < 30:
-                    time.sleep(0.005)
-                delays.append(time.monotonic() - acked)
-                time.sleep(max(0.0, gap - (time.monotonic() - sent)))
+            delays = lone_requests(collector, payloads, requests, gap)
         finally:
-            exporter.close()
             collector.stop()
     ms = sorted(d * 1000 for d in delays)
     print(f"{requests} lone requests, one every {gap:g} s: from the 200 until committed, median "
