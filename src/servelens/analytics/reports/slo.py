@@ -93,6 +93,18 @@ _MATCHING = """arrayFilter(j -> ({slo_services:Array(String)}[j] = '' OR Service
                                OR Deployment = {slo_deployments:Array(String)}[j]),
                           arrayEnumerate({slo_services:Array(String)}))"""
 
+
+def _matched_counts(rows: str) -> str:
+    """One row per (count row of `rows`, rollups.request_counts_sql's columns, SLO it
+    belongs to): ts, slo, Requests, Errors."""
+    return f"""
+        SELECT ts, slo, Requests, Errors
+        FROM (SELECT toUnixTimestamp64Nano(Timestamp) AS ts, toUInt64(Requests) AS Requests,
+                     toUInt64(Errors) AS Errors, {_MATCHING} AS matched
+              FROM {rows})
+        ARRAY JOIN matched AS slo"""
+
+
 # One row per (request, SLO it belongs to); `bad` by that SLO's definition.
 _MATCHED = f"""
     SELECT ts, slo, IsError OR ({{slo_latency:Array(Float64)}}[slo] > 0
@@ -167,10 +179,7 @@ def _rollup_counts(store: StoreLike, settings: Settings, slos: Sequence[SloConfi
     sql = f"""
         SELECT slo, sumForEach(arrayMap(s -> if(ts >= s, Requests, 0), {{starts:Array(Array(Int64))}}[slo])) AS totals,
                sumForEach(arrayMap(s -> if(ts >= s, Errors, 0), {{starts:Array(Array(Int64))}}[slo])) AS bads
-        FROM (SELECT toUnixTimestamp64Nano(Timestamp) AS ts, toUInt64(Requests) AS Requests,
-                     toUInt64(Errors) AS Errors, {_MATCHING} AS matched
-              FROM {rows})
-        ARRAY JOIN matched AS slo
+        FROM ({_matched_counts(rows)})
         GROUP BY slo"""
     return _per_slo(slos, [*windows, PERIOD], frame(store, sql, {**params, **_slo_params(slos), "starts": starts}))
 
@@ -276,11 +285,7 @@ def _cumulative(store: StoreLike, settings: Settings, slos: Sequence[SloConfig],
             continue
         if availability:
             rows, params = rollups.request_counts_sql(settings, _floor(origin), until_ns, math.gcd(step_ns, origin))
-            source = f"""SELECT ts, slo, Requests, Errors
-                FROM (SELECT toUnixTimestamp64Nano(Timestamp) AS ts, toUInt64(Requests) AS Requests,
-                             toUInt64(Errors) AS Errors, {_MATCHING} AS matched
-                      FROM {rows})
-                ARRAY JOIN matched AS slo"""
+            source = _matched_counts(rows)
             measures = "sum(Requests) AS total, sum(Errors) AS bad"
         else:
             source, params = _MATCHED, {"lo_ns": _floor(origin), "until_ns": until_ns}

@@ -30,7 +30,6 @@ from servelens.core.store import StoreLike
 
 _METRICS = {"latency": "LatencySeconds", "ttft": "TtftSeconds"}
 _T = "toUnixTimestamp64Nano(Timestamp)"
-HOUR_NS = 3600 * 10**9
 LIKE_HOURS = like_hours().sql
 CURRENT = not_before().sql  # inside [base, until): the evaluation window's rows
 
@@ -215,11 +214,15 @@ def category_counts(store: StoreLike, settings: Settings, at: Evaluation, dimens
     if not chosen:
         return pl.DataFrame(schema={"service": pl.String, "dimension": pl.String, "value": pl.String,
                                     "n": pl.UInt64, "base_n": pl.UInt64, "like_n": pl.UInt64})
-    # Which set a row is from: grouping(d_i) is 0 in the set that groups by d_i (standard SQL).
-    dimension = "multiIf(" + ", ".join(f"grouping(d_{i}) = 0, '{d}'" for i, d in enumerate(chosen[:-1])) \
-        + f", '{chosen[-1]}')" if len(chosen) > 1 else f"'{chosen[0]}'"
-    value = "multiIf(" + ", ".join(f"grouping(d_{i}) = 0, d_{i}" for i in range(len(chosen) - 1)) \
-        + f", d_{len(chosen) - 1})" if len(chosen) > 1 else "d_0"
+
+    def by_set(exprs: list[str]) -> str:
+        """exprs[i] in the rows of the set that groups by d_i (grouping(d_i) = 0, standard SQL)."""
+        if len(exprs) == 1:
+            return exprs[0]
+        return "multiIf(" + "".join(f"grouping(d_{i}) = 0, {e}, " for i, e in enumerate(exprs[:-1])) + f"{exprs[-1]})"
+
+    dimension = by_set([f"'{d}'" for d in chosen])
+    value = by_set([f"d_{i}" for i in range(len(chosen))])
     sql = f"""
         SELECT service, dimension, value,
                sumIf(c, cur) AS n, sumIf(c, NOT cur) AS base_n, sumIf(c, NOT cur AND like) AS like_n
@@ -290,7 +293,7 @@ def cost_gpu_windows(store: StoreLike, settings: Settings, at: Evaluation, recen
     the week's baseline instead of every sample (BENCHMARKS.md "GPU windows from stored
     hours"); other windows, or a baseline off the hours, read the samples."""
     deployment = gpu_deployment(settings.deployments)
-    if _align(at) % HOUR_NS == 0 and _ns(at.baseline_since) % HOUR_NS == 0:
+    if _align(at) % gpus.HOUR_NS == 0 and _ns(at.baseline_since) % gpus.HOUR_NS == 0:
         readings = gpu_busy_metric(settings.gpus.busy_metric, Fragment(_GPU_HOURS, {}),
                                    Fragment(_GPU_HOURS_WITH_GR, {}), per=_WINDOW_INDEX)
         measures = """sum(Samples) AS samples, toUnixTimestamp64Nano(min(FirstSample)) AS first_ns,
