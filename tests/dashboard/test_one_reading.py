@@ -3,9 +3,12 @@ share read once (dashboard.data.one_reading)."""
 
 from __future__ import annotations
 
+import threading
 import time
+from datetime import datetime
 from typing import Any
 
+from servelens.analytics import memo
 from servelens.dashboard import data
 
 
@@ -38,3 +41,85 @@ def test_a_readings_lines_share_the_window_count_and_stats_of_one_grouping(setti
     # model, TTFT by model, latency of all): a query merges only the sketch its lines read
     assert (alone, counting.queries) == (8, 4)
     assert [doc["metric"] for doc in together] == [doc["metric"] for doc in apart]
+
+
+def test_refreshes_that_overlap_share_one_reading_and_compute_what_they_share_once():
+    """Two refreshes running at once (a page's parts, or two users): one window end, and a
+    value the first is computing is waited for by the second, not computed again."""
+    calls: list[str] = []
+    seen: dict[str, Any] = {}
+
+    def read(name: str) -> None:
+        seen[name] = (data.Filters(range="24h").window()[1], memo.cached(("shared",), lambda: compute(name)))
+
+    def compute(name: str) -> int:
+        calls.append(name)
+        second.start()  # the second refresh begins while the first computes
+        time.sleep(0.2)
+        return 42
+
+    second = threading.Thread(target=data.one_reading, args=(lambda: read("second"),))
+    data.one_reading(lambda: (read("first"), second.join(5)))
+    assert seen["first"] == seen["second"] == (seen["first"][0], 42)
+    assert calls == ["first"]
+
+
+def test_a_reading_that_starts_after_another_ended_reads_afresh():
+    values = iter(range(10))
+    first = data.one_reading(lambda: (data.Filters().window()[1], memo.cached(("n",), lambda: next(values))))
+    time.sleep(0.002)
+    second = data.one_reading(lambda: (data.Filters().window()[1], memo.cached(("n",), lambda: next(values))))
+    assert second[0] > first[0] and (first[1], second[1]) == (0, 1)
+
+
+def test_a_reading_joins_no_reading_older_than_shared_s(monkeypatch):
+    monkeypatch.setattr(data, "SHARED_S", 0.0)
+    inner: list[datetime] = []
+
+    def outer() -> datetime:
+        time.sleep(0.002)
+        worker = threading.Thread(target=lambda: inner.append(data.one_reading(lambda: data.Filters().window()[1])))
+        worker.start()
+        worker.join(5)
+        return data.Filters().window()[1]
+
+    until = data.one_reading(outer)
+    assert inner[0] > until  # its own instant, not the older reading's
+
+
+def test_a_failed_computation_reaches_whoever_waited_and_is_tried_again():
+    shared = memo.Memo()
+    started, release = threading.Event(), threading.Event()
+    errors: list[BaseException] = []
+
+    def failing() -> int:
+        started.set()
+        assert release.wait(5)
+        raise RuntimeError("store gone")
+
+    def reader() -> None:
+        try:
+            shared.cached(("k",), lambda: 1)
+        except RuntimeError as exc:
+            errors.append(exc)
+
+    owner = threading.Thread(target=reader)
+    with memo.joined(shared):
+        failing_thread = threading.Thread(target=lambda: errors.append(_raised(lambda: shared.cached(("k",), failing))))
+        failing_thread.start()
+        assert started.wait(5)
+        owner.start()
+        time.sleep(0.1)  # the second reader is waiting for the first's value
+        release.set()
+        failing_thread.join(5)
+        owner.join(5)
+    assert [str(e) for e in errors] == ["store gone", "store gone"]
+    assert shared.cached(("k",), lambda: 7) == 7  # the failure was not kept
+
+
+def _raised(fn: Any) -> BaseException | None:
+    try:
+        fn()
+    except BaseException as exc:  # noqa: BLE001 - the test compares what was raised
+        return exc
+    return None

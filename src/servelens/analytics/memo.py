@@ -6,18 +6,64 @@ Outside `with run():` nothing is cached: an API call or a single report computes
 the store every time. Inside, results are keyed by everything they depend on (the
 function, the store and settings objects, the window, filters and grouping), and live
 only until the block ends, so a cached value is never older than the run that uses it.
-The memo is a ContextVar: each thread (the scheduler's, a request's) has its own.
+The memo is a ContextVar: each thread (the scheduler's, a request's) has its own, unless
+threads join one Memo on purpose (`joined`: the dashboard's refreshes that overlap in
+time, dashboard.data.one_reading); then a value one thread is computing is waited for,
+not computed twice.
 """
 
 from __future__ import annotations
 
+import threading
+from concurrent.futures import Future
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any, Callable, Hashable, Iterator, TypeVar
 
 T = TypeVar("T")
 
-_MEMO: ContextVar[dict[Hashable, Any] | None] = ContextVar("analytics_run_memo", default=None)
+
+class Memo:
+    """The values of one run, safe to share between threads."""
+
+    def __init__(self) -> None:
+        self._values: dict[Hashable, Any] = {}
+        self._pending: dict[Hashable, Future] = {}
+        self._lock = threading.Lock()
+
+    def get(self, key: Hashable) -> Any:
+        with self._lock:
+            return self._values.get(key)
+
+    def cached(self, key: Hashable, compute: Callable[[], T]) -> T:
+        with self._lock:
+            if key in self._values:
+                return self._values[key]  # type: ignore[no-any-return]
+            pending = self._pending.get(key)
+            if pending is None:
+                pending = self._pending[key] = Future()
+                owner = True
+            else:
+                owner = False
+        if not owner:
+            # No wait cycle: a computation asks for the same keys whoever runs it, and one
+            # that needed itself would recurse forever in a single thread too.
+            return pending.result()  # type: ignore[no-any-return]
+        try:
+            value = compute()
+        except BaseException as exc:
+            with self._lock:
+                del self._pending[key]  # the next reader tries again
+            pending.set_exception(exc)
+            raise
+        with self._lock:
+            self._values[key] = value
+            del self._pending[key]
+        pending.set_result(value)
+        return value
+
+
+_MEMO: ContextVar[Memo | None] = ContextVar("analytics_run_memo", default=None)
 
 
 @contextmanager
@@ -27,7 +73,14 @@ def run() -> Iterator[None]:
     if _MEMO.get() is not None:
         yield
         return
-    token = _MEMO.set({})
+    with joined(Memo()):
+        yield
+
+
+@contextmanager
+def joined(shared: Memo) -> Iterator[None]:
+    """Run this block in `shared`, a Memo other threads may be using at the same time."""
+    token = _MEMO.set(shared)
     try:
         yield
     finally:
@@ -47,11 +100,7 @@ def get(key: Hashable) -> Any:
 def cached(key: Hashable, compute: Callable[[], T]) -> T:
     """compute(), or inside run() the value computed earlier for the same key."""
     memo = _MEMO.get()
-    if memo is None:
-        return compute()
-    if key not in memo:
-        memo[key] = compute()
-    return memo[key]  # type: ignore[no-any-return]
+    return compute() if memo is None else memo.cached(key, compute)
 
 
 def key(name: str, store: object, settings: Any, *parts: Hashable) -> tuple[Hashable, ...]:

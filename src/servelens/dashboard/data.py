@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import copy
 import json
+import threading
+import time
 from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
@@ -145,6 +147,19 @@ class Filters:
 
 T = TypeVar("T")
 _INSTANT: ContextVar[datetime | None] = ContextVar("dashboard_reading_instant", default=None)
+SHARED_S = 2.0  # how long after it began a reading still takes in refreshes that overlap it
+
+
+@dataclass
+class _Reading:
+    instant: datetime
+    began: float  # time.monotonic()
+    memo: memo.Memo
+    readers: int = 0
+
+
+_current: _Reading | None = None
+_readings = threading.Lock()
 
 
 def one_reading(compute: Callable[[], T]) -> T:
@@ -152,15 +167,43 @@ def one_reading(compute: Callable[[], T]) -> T:
     instant, so its parts ask for one window and read what they share once
     (analytics.memo: a chart's lines, the GPU frames behind several costs). A range that
     ended at each part's own call asked for windows a few microseconds apart, which no
-    memo key matched."""
+    memo key matched.
+
+    Readings that overlap in time are one reading: a page's refreshes start together and
+    wait for the store in turn (the embedded engine runs one query at a time), and each
+    read the same GPU frames, token totals and request counts again. A refresh that starts
+    while another is still running, at most SHARED_S after that reading began, joins it:
+    its window ends at that reading's instant, and what the other computed or is computing
+    it takes or waits for. A refresh that starts when none is running reads afresh, so a
+    reading never serves what was computed before it began."""
     if _INSTANT.get() is not None:
         return compute()
-    token = _INSTANT.set(datetime.now(timezone.utc))
+    reading = _join()
+    token = _INSTANT.set(reading.instant)
     try:
-        with memo.run():
+        with memo.joined(reading.memo):
             return compute()
     finally:
         _INSTANT.reset(token)
+        _leave(reading)
+
+
+def _join() -> _Reading:
+    global _current
+    with _readings:
+        now = time.monotonic()
+        if _current is None or now - _current.began > SHARED_S:
+            _current = _Reading(datetime.now(timezone.utc), now, memo.Memo())
+        _current.readers += 1
+        return _current
+
+
+def _leave(reading: _Reading) -> None:
+    global _current
+    with _readings:
+        reading.readers -= 1
+        if reading.readers == 0 and _current is reading:
+            _current = None  # its values go with it
 
 
 class DataSource:
