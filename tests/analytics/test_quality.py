@@ -292,6 +292,31 @@ def test_report_flags_the_slice_that_regressed_while_the_aggregate_held(otlp_htt
 
 
 @pytest.mark.integration
+def test_the_reports_baseline_is_the_whole_hours_before_the_windows_first_hour(otlp_http, store, settings) -> None:
+    """The window starts at half past an hour: the baseline ends at that hour and starts
+    triggers.baseline before it, so a result in the window's first partial hour but before
+    it is in neither, and one in the half hour before since - 7 d is in the baseline."""
+    now = time.time()
+    hour = int(now) // 3600 * 3600 - 2 * 3600
+    since = datetime.fromtimestamp(hour + 1800, timezone.utc)
+    week = settings.triggers.baseline.total_seconds()
+
+    def at(t: float, passed: bool) -> Call:  # a result at t (its span started a second before)
+        return Call("qa", ago=now - t + 1, evals=[Eval("relevance", 0.9 if passed else 0.1)])
+
+    send_calls(otlp_http, [
+        at(hour + 1800 + 600, True),  # the window
+        at(hour + 900, False),  # after the baseline's end, before since: neither
+        at(hour - week + 600, True), at(hour - week + 900, True),  # the baseline's first half hour
+        at(hour - 3 * 3600, True),  # inside both readings of "a week before"
+        at(hour - week - 600, False),  # before the baseline
+    ])
+    (row,) = to_records(quality.report(store, settings, ReportQuery(since, datetime.fromtimestamp(now, timezone.utc),
+                                                                     by="task_type")))
+    assert (row["evaluations"], row["baseline_evaluations"], row["baseline_pass_rate"]) == (1, 3, 1.0)
+
+
+@pytest.mark.integration
 def test_report_by_a_pair_and_filters(otlp_http, store, settings) -> None:
     send_calls(otlp_http, MIXED)
     q = ReportQuery(*window(), by="task_type,language", filters={"tenant": "globex"})

@@ -8,7 +8,7 @@ stores there; the answers are the same.
 from __future__ import annotations
 
 import math
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any, Mapping
 
 import polars as pl
@@ -141,7 +141,13 @@ def shape(window: pl.DataFrame, baseline: pl.DataFrame, keys: list[str]) -> pl.D
 
 
 def report(store: StoreLike, settings: Settings, q: ReportQuery) -> pl.DataFrame:
+    """The window's slices against their baseline: the whole hours of triggers.baseline
+    (7 d) before the hour the window starts in. Whole hours, so a baseline reads only the
+    hours the analytics run stored: a partial hour at its ends is read raw, and matching
+    its results reads the requests of evaluation_delay (3 d) before it (BENCHMARKS.md,
+    "Dashboard load in the browser")."""
     keys = parse_keys(q.by)
     window = slice_table(store, settings, q.since, q.until, keys, q.filters)
-    baseline = slice_table(store, settings, q.since - settings.triggers.baseline, q.since, keys, q.filters)
+    base_until = datetime.fromtimestamp(q.since.timestamp() // 3600 * 3600, timezone.utc)
+    baseline = slice_table(store, settings, base_until - settings.triggers.baseline, base_until, keys, q.filters)
     return shape(window, baseline, keys)
