@@ -388,3 +388,18 @@ def test_deployment_mix_equal_with_and_without_rollups(loaded, make_settings) ->
             q = ReportQuery.from_params({**_window(*window, by=by), **filters})
             a, b = (traffic.deployment_mix(loaded, s, q).sort("key", "deployment") for s in (on, off))
             assert a.height and a.rows() == b.rows(), (window, by, filters)
+
+
+def test_key_values_equal_with_and_without_rollups(loaded, make_settings) -> None:
+    """The dashboard's filter options: the cost rollups' six hours and quarter hours give
+    the same distinct values as every request of the window."""
+    on, off = make_settings(), make_settings(analytics={"use_rollups": False})
+    keys = ("service", "deployment", "model", "tenant", "feature")
+    for window in WINDOWS:
+        for filters in ({}, {"tenant": "tenant-7"}, {"model": "gpt-4o", "service": "rag"}):
+            q = ReportQuery(*window, filters=filters)
+            (sql, params), (raw_sql, raw_params) = (rollups.key_values_sql(q, s, keys, 500) for s in (on, off))
+            a, b = (loaded.client().query(*args).first_row for args in ((sql, params), (raw_sql, raw_params)))
+            assert a == b and (a[0] or filters), (window, filters)
+            # every window but the one inside a minute holds whole quarter hours
+            assert ("rollup_costs" in sql) == (window != WINDOWS[3]) and "rollup_costs" not in raw_sql

@@ -22,11 +22,12 @@ import polars as pl
 
 from servelens.analytics import memo
 from servelens.analytics.plan import jobs
-from servelens.analytics.query import ReportQuery, key_expr
+from servelens.analytics.query import ReportQuery
 from servelens.analytics.reports import overview
 from servelens.analytics.reports import registry as reports
 from servelens.analytics.reports import series as series_report
 from servelens.analytics.reports import traces_search
+from servelens.analytics.sources import rollups
 from servelens.analytics.triggers import engine as triggers_engine
 from servelens.core.auth.credentials import OPEN, Principal
 from servelens.core.config import Settings
@@ -349,15 +350,8 @@ class DataSource:
         until = now or datetime.now(timezone.utc)
         since = until - RANGES.get(range_key, RANGES["30d"] if range_key == CUSTOM else RANGES[DEFAULT_RANGE])
         scope = {"tenant": access.tenant_scope(self.principal, None)} if self.restricted else {}
-        q = ReportQuery(since, until, filters=scope)
-        where, params = q.where(self.settings.attributes)
-        columns = []
-        for key in FILTER_KEYS:
-            expr, extra = key_expr(key, self.settings.attributes)
-            params.update(extra)
-            # toValidUTF8: a value that is not UTF-8 reads as the tables show it (U+FFFD)
-            columns.append(f"arraySort(groupUniqArrayIf({OPTION_LIMIT})(toValidUTF8({expr}), {expr} != '')) AS {key}")
-        sql = f"SELECT {', '.join(columns)} FROM llm_requests WHERE {where}"
+        sql, params = rollups.key_values_sql(ReportQuery(since, until, filters=scope), self.settings, FILTER_KEYS,
+                                             OPTION_LIMIT)
         row = self._store.client().query(sql, parameters=params).first_row
         options = {key: list(values) for key, values in zip(FILTER_KEYS, row)}
         if self.restricted:  # every tenant of theirs, active in the window or not
