@@ -57,14 +57,17 @@ def test_the_page_shows_tier_a_on_the_measured_hour(page, store, settings, histo
     bad = page.fetch(source, filters, "llama-prod", "p99_ttft_ms", "abc", "1", "1", "1")
     assert "target" in bad["error"]
     quiet = data.Filters(range="custom", since="2020-01-01T00:00:00Z", until="2020-01-02T00:00:00Z")
-    assert "no requests" in page.fetch(source, quiet, "llama-prod", None, None, "1", "1", "1")["error"]
+    empty_doc = page.fetch(source, quiet, "llama-prod", None, None, "1", "1", "1")
+    assert "no requests" in empty_doc["error"]
+    # the chart's panel says there is nothing to draw, not left blank as if still loading
+    assert texts(page.render(empty_doc, quiet)[2]) == [page.NOTHING_TO_DRAW]
 
 
 def test_without_deployments_the_page_explains_the_config(page, store, make_settings) -> None:
     source = data.DataSource(make_settings(), store)
     assert page.fetch(source, data.Filters(), None, None, None, None, None, None) is None
-    answer, *_ = page.render(None, data.Filters())
-    assert "deployments:" in texts(answer)[0]
+    answer, _, chart, *_ = page.render(None, data.Filters())
+    assert "deployments:" in texts(answer)[0] and texts(chart) == [page.NOTHING_TO_DRAW]
 
 
 @pytest.mark.browser

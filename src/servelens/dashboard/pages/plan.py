@@ -32,6 +32,7 @@ REPLAY_COLUMNS = (("p99", "p99", plain), ("observed_ms", "Observed", ms), ("repl
 TARGETS = {"p99_ttft_ms": "p99 TTFT", "p99_latency_ms": "p99 latency", "p99_queue_ms": "p99 queue wait"}
 NO_DEPLOYMENT = ("No self-hosted deployment is configured. Add one under deployments: in servelens.yaml "
                  "(name, gpus, gpu_hourly_usd) to plan its capacity.")
+NOTHING_TO_DRAW = "Nothing to draw: no plan for this range."
 COLUMNS = (
     ("replicas", "Replicas", integer), ("utilization", "Slot use", pct),
     ("p99_queue_ms", "p99 queue", ms), ("p99_ttft_ms", "p99 TTFT", ms), ("p99_latency_ms", "p99 latency", ms),
@@ -169,11 +170,12 @@ def _num(x: float | None) -> str | None:
 
 
 def render(doc: Any, filters: data.Filters) -> tuple:
+    # no plan, no chart: its panel says so (a chart left blank reads as still loading)
     if doc is None:
         none = empty(NO_DEPLOYMENT)
-        return none, empty(""), None, empty(""), updated_line(filters)
+        return none, empty(""), empty(NOTHING_TO_DRAW), empty(""), updated_line(filters)
     if "error" in doc:
-        return empty(doc["error"]), empty(""), None, empty(""), updated_line(filters)
+        return empty(doc["error"]), empty(""), empty(NOTHING_TO_DRAW), empty(""), updated_line(filters)
     return (_answer(doc), table(_rows(doc), COLUMNS, "No replica counts."), _chart(doc), _measured(doc),
             updated_line(filters, "the range's busiest hour"))
 
