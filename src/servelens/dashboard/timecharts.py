@@ -168,11 +168,35 @@ def _annotation(mark: dict[str, Any], scale: float) -> dict[str, Any]:
 
 def render(chart: Chart, prefix: str, fetched: tuple[list[tuple[Line, dict]], list], filters: data.Filters) -> tuple:
     docs, marks = fetched
+    docs, valueless = _with_values(docs)
     if not any(doc["series"] for _, doc in docs):
         return (empty(NO_DATA),)
     omitted = sum(doc.get("omitted", 0) for _, doc in docs)
-    note = html.Div(f"{omitted} smaller series not drawn", className="muted") if omitted else None
+    notes = [f"{omitted} smaller series not drawn"] if omitted else []
+    if valueless:  # e.g. the queue wait of a deployment that reports none: said, not drawn
+        shown = ", ".join(valueless[:MAX_NAMED])
+        more = f" and {len(valueless) - MAX_NAMED} more" if len(valueless) > MAX_NAMED else ""
+        notes.append(f"No value in this range for {shown}{more}")
+    note = html.Div("; ".join(notes), className="muted") if notes else None
     return (html.Div([graph_of(prefix, chart, docs, marks, filters), note]),)
+
+
+MAX_NAMED = 5  # series named in a chart's note; the rest counted
+
+
+def _with_values(docs: Sequence[tuple[Line, dict]]) -> tuple[list[tuple[Line, dict]], list[str]]:
+    """The docs without their series that hold no value at all (a legend entry with no
+    line reads as a line still loading), and those series' group labels, once each."""
+    kept, valueless = [], {}
+    for line, doc in docs:
+        series = []
+        for s in doc["series"]:
+            if any(p[1] is not None for p in s["points"]):
+                series.append(s)
+            else:
+                valueless[label(next(iter(s["key"].values()), None)) if s["key"] else line.name] = None
+        kept.append((line, {**doc, "series": series}))
+    return kept, list(valueless)
 
 
 def graph_of(prefix: str, chart: Chart, docs: Sequence[tuple[Line, dict]], marks: Sequence[dict[str, Any]],
