@@ -114,6 +114,25 @@ def test_hours_are_stored_once_in_one_unbroken_run(stored, make_settings) -> Non
     assert client.query("SELECT sum(Traces), count() FROM rollup_stages_1h").first_row == before
 
 
+def test_the_newest_settled_hours_are_stored_first(stored, make_settings) -> None:
+    """A history stored a run at a time: the last settled hours first (the windows read
+    most), then back towards the first request, the stored hours one run throughout."""
+    settings = make_settings(deployments=DEPLOYMENTS)
+    now = datetime.now(timezone.utc)
+    end = int(span_hours.settled(settings, now).timestamp()) * 10**9
+    due = span_hours.due(stored, settings, now, span_hours.STAGES)
+    assert len(due) >= 3 and due == sorted(due, reverse=True)  # nothing stored yet: newest first
+    assert span_hours.fill(stored, settings, now, limit=1, job=span_hours.STAGES)["hours"] == 1
+    assert traces.hours_stored(stored) == (end - traces.HOUR_NS, end)
+    span_hours.fill(stored, settings, now, limit=1, job=span_hours.STAGES)
+    assert traces.hours_stored(stored) == (end - 2 * traces.HOUR_NS, end)
+    # an hour settles: it is stored before the older ones, next to the run
+    later = now + timedelta(hours=1)
+    assert span_hours.due(stored, settings, later, span_hours.STAGES)[0] == span_hours.settled(settings, now)
+    span_hours.fill(stored, settings, later, limit=1, job=span_hours.STAGES)
+    assert traces.hours_stored(stored) == (end - 2 * traces.HOUR_NS, end + traces.HOUR_NS)
+
+
 def test_filters_and_small_windows_stay_exact(stored, make_settings) -> None:
     settings = make_settings(deployments=DEPLOYMENTS)  # exact up to 200,000 requests
     span_hours.fill(stored, settings, job=span_hours.STAGES)

@@ -8,8 +8,9 @@ at a time instead, after the hour has settled (its traces' spans may arrive up t
 slack after it: SLACK_NS plus triggers.settle), and the readers take the stored hours as
 they are, raw rows for the rest of their window.
 
-Hours go in order from the first stored request, `limit` per call, so each job's stored
-hours are one unbroken run that `traces.hours_stored` can read from analytics_results.
+Hours go newest first (`due`), `limit` per call, each next to those stored, so each job's
+stored hours are one unbroken run that `traces.hours_stored` can read from
+analytics_results.
 Each hour is taken under a lease (analytics_leases) and recorded in analytics_results once
 inserted; its insert carries a deduplication token, so an hour inserted by a runner that
 died before recording it is not counted twice when it is taken again.
@@ -61,15 +62,22 @@ def _first_hour(store: StoreLike) -> datetime | None:
 
 
 def due(store: StoreLike, settings: Settings, now: datetime, job: HourJob) -> list[datetime]:
-    """Starts of the hours to fill, oldest first: after the stored run, or from the first
-    stored request, up to the last settled hour."""
-    stored = hours_stored(store, job.name)
-    first = (datetime.fromtimestamp(stored[1] / 1e9, tz=timezone.utc) if stored is not None
-             else _first_hour(store))
+    """Starts of the hours to fill, newest first: the settled hours after the stored run, in
+    order, then the hours before it back to the first stored request, latest first. The
+    windows read most (the last day, the last week) are stored first, and every hour
+    stored is next to the run, so the run stays unbroken. Filled oldest first, a month of
+    history took several runs to reach last week, read from raw rows meanwhile
+    (BENCHMARKS.md, "The settled hours newest first")."""
+    first = _first_hour(store)
     if first is None:
         return []
     end = settled(settings, now)
-    return [first + i * HOUR for i in range(max(0, int((end - first) / HOUR)))]
+    stored = hours_stored(store, job.name)
+    bottom, top = ((datetime.fromtimestamp(b / 1e9, tz=timezone.utc) for b in stored) if stored is not None
+                   else (end, end))
+    after = [top + i * HOUR for i in range(max(0, int((end - top) / HOUR)))]
+    before = [bottom - (i + 1) * HOUR for i in range(max(0, int((bottom - first) / HOUR)))]
+    return after + before
 
 
 def fill(store: StoreLike, settings: Settings, now: datetime | None = None, *, job: HourJob,
