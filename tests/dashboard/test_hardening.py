@@ -201,6 +201,21 @@ def test_the_engine_stops_a_query_at_the_deadline(store):
         sources.frame(store, "SELECT 1", {})
 
 
+def test_a_large_group_by_spills_to_disk_with_the_same_answer(store, monkeypatch):
+    """Every report query may spill (sources.SPILL_BYTES): bounded memory, the same rows."""
+    seen = sources.frame(store, "SELECT getSetting('max_bytes_before_external_group_by') AS g, "
+                                "getSetting('max_bytes_before_external_sort') AS s", {})
+    assert seen.row(0) == (sources.SPILL_BYTES, sources.SPILL_BYTES)
+    many = ("SELECT number % 300000 AS k, count() AS n, min(number) AS first, sum(number) AS total "
+            "FROM numbers(1200000) GROUP BY k ORDER BY k")
+    whole = sources.frame(store, many, {})
+    monkeypatch.setitem(sources._SPILL, "max_bytes_before_external_group_by", 1024**2)
+    monkeypatch.setitem(sources._SPILL, "max_bytes_before_external_sort", 1024**2)
+    assert sources.frame(store, "SELECT getSetting('max_bytes_before_external_group_by') AS g", {}).item() == 1024**2
+    spilled = sources.frame(store, many, {})
+    assert spilled.height == 300000 and spilled.equals(whole)
+
+
 def test_a_busy_guard_answers_503(settings, store):
     guard = Guard(deadline_s=5, max_in_flight=1)
     release = []

@@ -6,6 +6,7 @@ The heavy aggregation runs in ClickHouse; Polars receives small pre-aggregated f
 `frame` is the one place a store query becomes a Polars frame, so the guards live here:
 strings are made valid UTF-8 first (Polars panics on invalid ones); inside
 `deadline(seconds)` every query carries the time left as the engine's max_execution_time;
+every query spills a large GROUP BY or ORDER BY to disk (SPILL_BYTES);
 inside `background()` every query runs on one engine thread, so that work nobody waits on
 leaves the cores to the work someone does.
 """
@@ -51,8 +52,16 @@ def background() -> Iterator[None]:
         _BACKGROUND.reset(token)
 
 
+# A query's GROUP BY or ORDER BY past this much memory goes on in parts on disk: the same
+# answer, slower, in bounded memory. What reads raw rows over long windows (a month's
+# stages per trace before their hours are stored) held the process at 2.9 GiB and more at
+# 10 M requests, 1.1 GiB with this (BENCHMARKS.md, "Dashboard: refreshes that overlap").
+SPILL_BYTES = 512 * 1024**2
+_SPILL = {"max_bytes_before_external_group_by": SPILL_BYTES, "max_bytes_before_external_sort": SPILL_BYTES}
+
+
 def _query_settings() -> dict[str, Any]:
-    settings: dict[str, Any] = {"max_threads": 1} if _BACKGROUND.get() else {}
+    settings: dict[str, Any] = {**_SPILL, **({"max_threads": 1} if _BACKGROUND.get() else {})}
     ends = _DEADLINE.get()
     if ends is None:
         return settings
