@@ -145,7 +145,7 @@ def report(store: StoreLike, settings: Settings, q: ReportQuery) -> pl.DataFrame
     (7 d) before the hour the window starts in. Whole hours, so a baseline reads only the
     hours the analytics run stored: a partial hour at its ends is read raw, and matching
     its results reads the requests of evaluation_delay (3 d) before it (BENCHMARKS.md,
-    "Dashboard load in the browser")."""
+    "Dashboard: refreshes that overlap")."""
     keys = parse_keys(q.by)
     window = slice_table(store, settings, q.since, q.until, keys, q.filters)
     base_until = datetime.fromtimestamp(q.since.timestamp() // 3600 * 3600, timezone.utc)

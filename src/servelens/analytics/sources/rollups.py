@@ -394,7 +394,7 @@ def key_values_sql(q: ReportQuery, settings: Settings, keys: Sequence[str], limi
     q's window under q's filters (the dashboard's filter options). Exact either way; where
     the cost rollups hold every key (COST_DIMS, default business-unit keys) their whole six
     hours and quarter hours are read instead of every request: at 30 days of a 10 M-request
-    fleet 0.8 s of raw rows (BENCHMARKS.md, "Dashboard load in the browser")."""
+    fleet 0.7 s of raw rows (BENCHMARKS.md, "Dashboard: refreshes that overlap")."""
     bounds = q.bounds()
     params: dict[str, Any] = dict(bounds)
     filtered = ReportQuery(q.since, q.until, filters=q.filters)

@@ -1,0 +1,96 @@
+"""What a page load reads on a fleet store, in this process (BENCHMARKS.md, "Dashboard:
+refreshes that overlap share one reading").
+
+    .venv/bin/python -m bench.dashboard_reads --fleet /tmp/fleet10m [--ranges 24h,7d,30d]
+
+Per range, median of 3 after a first, the window ending now (as the pages read it: a
+store bench.fleet_data wrote lately, or the windows hold less than the range):
+1. each page's refreshes started at once in threads, as a browser sends them on a load
+   (`--pages`, the pages' prefixes): wall seconds and the queries they ran;
+2. the top bar's filter options (dashboard.data.DataSource.filter_options);
+3. the `quality` report (the window's slices and their baseline).
+No answer is shared between rounds (the results cache is not on this path). Prints the
+figures, so that two trees can be compared on one store (PYTHONPATH=<tree>/src). Writes
+nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from servelens.analytics.reports import registry
+from servelens.core.config import load
+from servelens.core.store import Store
+from servelens.dashboard import components, data
+from servelens.dashboard.app import create_app
+
+
+def _median(fn: Callable[[], Any], runs: int = 4) -> float:
+    seconds = []
+    for _ in range(runs):
+        started = time.perf_counter()
+        fn()
+        seconds.append(time.perf_counter() - started)
+    return statistics.median(seconds[1:])
+
+
+class _Counted:
+    """Counts the queries every client of the store runs (one client per thread)."""
+
+    def __init__(self, store: Store) -> None:
+        self.n = 0
+        self._lock = threading.Lock()
+        cls = type(store.client())
+        original = cls.raw_query
+
+        def raw_query(client: Any, *args: Any, **kwargs: Any) -> Any:
+            with self._lock:
+                self.n += 1
+            return original(client, *args, **kwargs)
+        cls.raw_query = raw_query
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--fleet", required=True, help="a bench.fleet_data directory")
+    parser.add_argument("--ranges", default="24h,7d,30d")
+    parser.add_argument("--pages", default="overview,cost,lat,qual,gpus", help="refresh prefixes")
+    args = parser.parse_args(argv)
+    settings = load(Path(args.fleet) / "servelens.yaml")
+    store = Store(settings.store_url, settings.store.database)
+    app = create_app(settings, store)
+    source = data.source_of(app.server)
+    counted = _Counted(store)
+    refreshes = app.server.extensions[components._REFRESHES]
+    for key in args.ranges.split(","):
+        filters = data.Filters(key)
+        for prefix in args.pages.split(","):
+            mine = [(fetch, controls) for owner, _, controls, fetch in refreshes if owner == prefix]
+
+            def load_page() -> None:
+                threads = [threading.Thread(target=components._read, args=(fetch, source, filters, (None,) * controls))
+                           for fetch, controls in mine]
+                for t in threads:
+                    t.start()
+                for t in threads:
+                    t.join()
+            counted.n = 0
+            load_page()
+            queries = counted.n
+            print(f"{key:>4} {prefix:9} {len(mine)} refreshes at once: {_median(load_page):.2f} s, {queries} queries",
+                  flush=True)
+        print(f"{key:>4} filter options: {_median(lambda: source.filter_options(key)):.3f} s", flush=True)
+
+        def quality() -> None:
+            registry.run("quality", store, settings, {k: v.isoformat() for k, v in filters.params().items()})
+        print(f"{key:>4} quality report: {_median(quality):.3f} s", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
