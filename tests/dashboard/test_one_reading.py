@@ -8,7 +8,7 @@ import time
 from datetime import datetime
 from typing import Any
 
-from servelens.analytics import memo
+from servelens.analytics import memo, sources
 from servelens.dashboard import data
 
 
@@ -123,3 +123,28 @@ def _raised(fn: Any) -> BaseException | None:
     except BaseException as exc:  # noqa: BLE001 - the test compares what was raised
         return exc
     return None
+
+
+def test_background_work_reads_on_its_own():
+    """A background recomputation (low priority, one engine thread) overlapping a refresh
+    shares nothing with it: the refresh must not wait on it, nor it on the refresh."""
+    got: dict[str, str] = {}
+
+    def other(name: str, background: bool) -> None:
+        def read() -> None:
+            got[name] = memo.cached(("k",), lambda: name)
+        if background:
+            with sources.background():
+                data.one_reading(read)
+        else:
+            data.one_reading(read)
+
+    def refresh() -> None:
+        memo.cached(("k",), lambda: "refresh")
+        for name, background in (("background", True), ("another refresh", False)):
+            worker = threading.Thread(target=other, args=(name, background))
+            worker.start()
+            worker.join(5)
+
+    data.one_reading(refresh)
+    assert got == {"background": "background", "another refresh": "refresh"}

@@ -20,7 +20,7 @@ from typing import Any, Callable, Mapping, Sequence, TypeVar
 import flask
 import polars as pl
 
-from servelens.analytics import memo
+from servelens.analytics import memo, sources
 from servelens.analytics.plan import jobs
 from servelens.analytics.query import ReportQuery
 from servelens.analytics.reports import overview
@@ -176,17 +176,21 @@ def one_reading(compute: Callable[[], T]) -> T:
     while another is still running, at most SHARED_S after that reading began, joins it:
     its window ends at that reading's instant, and what the other computed or is computing
     it takes or waits for. A refresh that starts when none is running reads afresh, so a
-    reading never serves what was computed before it began."""
+    reading never serves what was computed before it began. Background work
+    (dashboard.results_cache) reads on its own: it runs at low priority on one engine
+    thread, and a refresh someone waits for must not wait on it."""
     if _INSTANT.get() is not None:
         return compute()
-    reading = _join()
+    private = sources.in_background()
+    reading = _Reading(datetime.now(timezone.utc), time.monotonic(), memo.Memo()) if private else _join()
     token = _INSTANT.set(reading.instant)
     try:
         with memo.joined(reading.memo):
             return compute()
     finally:
         _INSTANT.reset(token)
-        _leave(reading)
+        if not private:
+            _leave(reading)
 
 
 def _join() -> _Reading:

@@ -60,6 +60,11 @@ SPILL_BYTES = 512 * 1024**2
 _SPILL = {"max_bytes_before_external_group_by": SPILL_BYTES, "max_bytes_before_external_sort": SPILL_BYTES}
 
 
+def in_background() -> bool:
+    """Whether this block's queries are background work (`background()`)."""
+    return _BACKGROUND.get()
+
+
 def _query_settings() -> dict[str, Any]:
     settings: dict[str, Any] = {**_SPILL, **({"max_threads": 1} if _BACKGROUND.get() else {})}
     ends = _DEADLINE.get()
