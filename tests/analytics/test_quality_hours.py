@@ -236,6 +236,25 @@ def test_hours_taken_again_are_read_once(filled, make_settings) -> None:
     assert quality_hours.fill(store, settings, later, margin=timedelta(0))["hours"] == 0
 
 
+def test_the_newest_settled_hours_are_filled_first(store, make_settings) -> None:
+    """Filled a call at a time, the last settled hours (the windows read most) go first,
+    and what is stored reads as the raw rows do at every step."""
+    insert_all(store, _traffic())
+    settings = make_settings(quality=QUALITY)
+    job = results.job_name(settings)
+    due = quality_hours.due(store, settings, NOW)
+    assert len(due) >= 8 and due == sorted(due, reverse=True)
+    assert quality_hours.fill(store, settings, NOW, limit=2, margin=timedelta(0))["hours"] == 2
+    assert sorted(results.recorded(store, job)) == sorted(int(h.timestamp()) for h in due[:2])
+    got, want = _tables(store, settings, make_settings)
+    _same(got, want, ["task_type", "tenant"])
+    quality_hours.fill(store, settings, NOW, margin=timedelta(0))
+    assert sorted(results.recorded(store, job)) == sorted(int(h.timestamp()) for h in due)
+    assert quality_hours.due(store, settings, NOW) == []
+    got, want = _tables(store, settings, make_settings)
+    _same(got, want, ["task_type", "tenant"])
+
+
 def test_only_settled_hours_are_filled(store, make_settings) -> None:
     settings = make_settings()
     insert_all(store, [Segment(NOW - timedelta(hours=3), NOW, Traffic(per_hour=60), pass_rate=0.9)])

@@ -6,7 +6,7 @@ of their time. This job joins one hour at a time instead, once the hour has sett
 results' requests may lie up to an hour after them (clock skew) and their spans arrive
 up to the slack after that, plus triggers.settle.
 
-Hours go in order from the first stored result, `limit` per call. Each hour is taken under
+Hours go newest first, back to the first stored result, `limit` per call. Each hour is taken under
 a lease (analytics_leases) and recorded in analytics_results once inserted, with the
 instant it was read (Filled). Readers read an hour's rows of the Filled recorded last
 only, so an hour inserted by a runner that died before recording it is never counted.
@@ -53,17 +53,19 @@ def _first_hour(store: StoreLike) -> datetime | None:
 
 
 def due(store: StoreLike, settings: Settings, now: datetime) -> list[datetime]:
-    """Starts of the hours to fill, oldest first: after the last stored one, or from the
-    first stored result (within the retention), up to the last settled hour."""
-    stored = results.recorded(store, results.job_name(settings))
-    first = (datetime.fromtimestamp(max(stored) + 3600, tz=timezone.utc) if stored else _first_hour(store))
+    """Starts of the hours to fill, newest first: every settled hour from the first stored
+    result (within the retention) that none has stored. The windows read most (the last
+    day, the last week) are stored first, as the span hours are (analytics.span_hours.due)."""
+    first = _first_hour(store)
     if first is None:
         return []
     # nothing older than the retention is kept (a result stamped in the distant past would
     # otherwise be a long run of empty hours to walk through)
     first = max(first, aligned(now - timedelta(days=settings.store.retention_days), HOUR))
     end = settled(settings, now)
-    return [first + i * HOUR for i in range(max(0, int((end - first) / HOUR)))]
+    stored = results.recorded(store, results.job_name(settings))
+    hours = (end - (i + 1) * HOUR for i in range(max(0, int((end - first) / HOUR))))
+    return [h for h in hours if int(h.timestamp()) not in stored]
 
 
 def fill(store: StoreLike, settings: Settings, now: datetime | None = None, *, owner: str | None = None,
@@ -87,7 +89,7 @@ def fill(store: StoreLike, settings: Settings, now: datetime | None = None, *, o
     # counted (its timestamp moved): late_hours, which counts the rows of hours not
     # recorded against every fill, finds that stored hour too, and it is taken again.
     inserted = []
-    for run in _runs(taken):
+    for run in _runs(sorted(taken)):
         if stop is not None and stop.is_set():
             break
         inserted.append((run, _insert(store, settings, fill_sql, config, run, margin)))
