@@ -226,3 +226,54 @@ def test_an_ungrouped_spend_series_adds_up_a_grouped_one_read_in_the_same_run(co
         expected = [p for s in want["series"] for p in s["points"]]
         assert [t for t, _ in points] == [t for t, _ in expected]
         assert [v for _, v in points] == [None if v is None else pytest.approx(v, rel=1e-9) for _, v in expected]
+
+
+def _write_tenants(store, tenants: int) -> None:
+    """Requests of `tenants` tenants, tenant i with about twice the requests of tenant i+1
+    up to a floor, so the ranking by requests has no ties at the top."""
+    span_ms = int((END - START).total_seconds() * 1000)
+    store.client().command(f"""
+        INSERT INTO otel_traces (Timestamp, TraceId, SpanId, ParentSpanId, SpanName, SpanKind, ServiceName,
+                                 SpanAttributes, Duration, StatusCode)
+        SELECT fromUnixTimestamp64Nano(toInt64({int(START.timestamp())} * 1e9
+                   + (cityHash64(number, 0) % 1000000) / 1e6 * {span_ms} * 1e6)),
+               lower(hex(cityHash64(number, 1))), lower(hex(cityHash64(number, 2))), '',
+               'chat', 'SPAN_KIND_CLIENT', 'chat-api',
+               map('gen_ai.operation.name', 'chat',
+                   'gen_ai.request.model', ['gpt-4o-mini', 'gpt-4o', 'in-house-7b'][1 + cityHash64(number, 4) % 3],
+                   'gen_ai.provider.name', 'openai',
+                   'app.tenant', concat('t', toString(least(toUInt32(log2(1 + cityHash64(number, 7) % 4096)),
+                                                            {tenants - 1}))),
+                   'gen_ai.usage.input_tokens', toString(100 + cityHash64(number, 5) % 5000),
+                   'gen_ai.usage.output_tokens', toString(1 + cityHash64(number, 6) % 900)),
+               toUInt64(2e8 + cityHash64(number, 9) % 3000000000), 'STATUS_CODE_OK'
+        FROM numbers(12000)""")
+
+
+def test_spend_by_many_tenants_draws_the_busiest_and_totals_them_all(counting_store, settings) -> None:
+    # Past MAX_SERIES tenants the ones not drawn are read as one key (series._costed):
+    # each drawn tenant's spend per bucket is still the cost report's for it alone, the
+    # others are counted as omitted, and the total read from the same groups is every
+    # tenant's.
+    store = counting_store.store
+    _write_tenants(store, 12)
+    counts = store.client().query("SELECT Tenant, count() AS n FROM llm_requests GROUP BY Tenant "
+                                  "ORDER BY n DESC, Tenant").result_rows
+    assert len(counts) == 12
+    with memo.run():
+        by_tenant = series.series(counting_store, settings, "cost_usd", _q(by="tenant"), "1h")
+        read = counting_store.queries
+        total = series.series(counting_store, settings, "cost_usd", _q(), "1h")
+        assert counting_store.queries == read  # the total adds up the folded groups
+    assert [s["key"]["tenant"] for s in by_tenant["series"]] == [t for t, _ in counts[:series.MAX_SERIES]]
+    assert by_tenant["omitted"] == 12 - series.MAX_SERIES
+    for s in by_tenant["series"]:
+        for t, value in s["points"][-3:]:
+            since = datetime.fromisoformat(t.replace("Z", "+00:00"))
+            rows = run("cost", store, settings, {"since": since.isoformat(),
+                                                 "until": (since + timedelta(hours=1)).isoformat(),
+                                                 "by": "tenant", "tenant": s["key"]["tenant"]})["rows"]
+            assert value == pytest.approx(rows[0]["cost_usd"] if rows else 0.0, rel=1e-9), (s["key"], t)
+    alone = series.series(store, settings, "cost_usd", _q(), "1h")
+    assert [v for _, v in total["series"][0]["points"]] == [
+        None if v is None else pytest.approx(v, rel=1e-9) for _, v in alone["series"][0]["points"]]

@@ -21,7 +21,7 @@ since when the newest of its prices is in force (`price_updated`, when known).
 from __future__ import annotations
 
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, Sequence
 
 import polars as pl
 
@@ -151,19 +151,26 @@ def gpu_allocation(store: StoreLike, settings: Settings, q: ReportQuery) -> pl.D
 
 
 def costed_groups(store: StoreLike, settings: Settings, q: ReportQuery, per_model: bool = True,
-                  bucket_s: int | None = None, flags: bool = True) -> pl.LazyFrame:
+                  bucket_s: int | None = None, flags: bool = True,
+                  keep: Sequence[str] | None = None) -> pl.LazyFrame:
     """Token groups of the window with their cost (the input of cost, cost-change and the
     spend series). per_model=False: the groups are per price entry, not per model
     (loader.cost_groups' `entries`), for callers that add cost up by key only: it takes a
     query for the window's models first, so it pays where a key's groups span many models
     and few keys (the spend series: a bucket is a key), not per tenant or for one total
-    (BENCHMARKS.md "Dashboard cardinality"). flags=False: see loader.cost_groups."""
+    (BENCHMARKS.md "Dashboard cardinality"). flags=False, keep: see loader.cost_groups."""
     catalog = Catalog.of(settings.pricing.models, settings.pricing.catalog)
     cuts = catalog.cuts(q.since, q.until)
     entries = None if per_model else priced_pairs(catalog, loader.cost_models(store, settings, q, cuts))
-    groups = loader.cost_groups(store, settings, q, cuts, bucket_s=bucket_s, entries=entries, flags=flags)
+    groups = loader.cost_groups(store, settings, q, cuts, bucket_s=bucket_s, entries=entries, flags=flags, keep=keep)
     prices = group_prices(catalog, groups, cuts.tier_starts)
     return priced(groups.lazy(), prices.lazy(), gpu_allocation(store, settings, q).lazy())
+
+
+def key_requests(store: StoreLike, settings: Settings, q: ReportQuery) -> pl.DataFrame:
+    """Requests per key of q.by in the window (key, requests), as costed_groups reads them."""
+    catalog = Catalog.of(settings.pricing.models, settings.pricing.catalog)
+    return loader.key_requests(store, settings, q, catalog.cuts(q.since, q.until))
 
 
 def priced_pairs(catalog: Catalog, pairs: pl.DataFrame) -> pl.DataFrame:

@@ -71,16 +71,17 @@ def series(store: StoreLike, settings: Settings, metric: str, q: ReportQuery, bu
     if metric not in METRICS:
         raise QueryError(f"unknown metric {metric!r}; available: {sorted(METRICS)}")
     seconds = bucket_seconds(bucket, q)
+    folded = 0  # keys read as one and not drawn (_costed)
     if metric in _REQUEST_METRICS:
         points = _request_points(store, settings, q, seconds, metric)
     elif metric in COST_METRICS:
-        points = _cost_points(store, settings, q, max(seconds, 900), metric)
+        points, folded = _cost_points(store, settings, q, max(seconds, 900), metric)
         seconds = max(seconds, 900)
     elif metric in GPU_METRICS:
         points = _gpu_points(store, settings, q, seconds, metric)
     else:
         points = _pass_points(store, settings, q, seconds)
-    return {"metric": metric, "bucket": _name(seconds), **_shape(points, q, seconds, metric)}
+    return {"metric": metric, "bucket": _name(seconds), **_shape(points, q, seconds, metric, folded)}
 
 
 def _request_points(store: StoreLike, settings: Settings, q: ReportQuery, seconds: int, metric: str) -> pl.DataFrame:
@@ -102,25 +103,37 @@ def _request_points(store: StoreLike, settings: Settings, q: ReportQuery, second
                     _REQUEST_METRICS[metric]().cast(pl.Float64).alias("value")))
 
 
-def _costed(store: StoreLike, settings: Settings, q: ReportQuery, seconds: int) -> pl.DataFrame:
-    """The window's priced groups per bucket, keyed by q.by. Within a run an ungrouped
-    series adds up a grouped one read for the same window, view and bucket (a page's spend
-    stacked by tenant and its cost per request): the same groups under another key, the
-    same sums (BENCHMARKS.md "Dashboard load in the browser")."""
-    read: dict[str | None, pl.DataFrame] = memo.cached(
+def _costed(store: StoreLike, settings: Settings, q: ReportQuery, seconds: int) -> tuple[pl.DataFrame, int]:
+    """The window's priced groups per bucket, keyed by q.by, and how many keys were folded.
+    Within a run an ungrouped series adds up a grouped one read for the same window, view
+    and bucket (a page's spend stacked by tenant and its cost per request): the same groups
+    under another key, the same sums (BENCHMARKS.md "Dashboard load in the browser").
+    Keyed by a business unit of the cost rollups (tenants, features, teams: hundreds or
+    thousands), the keys past the MAX_SERIES with the most requests, which _shape would
+    leave out, are read as one (loader.FOLDED): the same series and total in far fewer
+    groups. Their ranking reads the rollups; the other keys are few by design
+    (rollups.REQUEST_DIMS) or ranked only from raw rows (outcome): ranking them would
+    cost more than it saves (BENCHMARKS.md "Spend series by tenant")."""
+    read: dict[str | None, tuple[pl.DataFrame, int]] = memo.cached(
         memo.key("series.costed", store, settings, repr(replace(q, by=None)), seconds), dict)
     if q.by is None and read:
-        return next(iter(read.values())).with_columns(pl.lit("").alias("key"))
+        return next(iter(read.values()))[0].with_columns(pl.lit("").alias("key")), 0
     if q.by not in read:
-        read[q.by] = cost.costed_groups(store, settings, q, per_model=q.by == "model", bucket_s=seconds,
-                                        flags=False).collect()
+        keep, folded = None, 0
+        if q.by in rollups.COST_DIMS and q.by not in rollups.REQUEST_DIMS:
+            ranked = cost.key_requests(store, settings, q).sort(["requests", "key"], descending=[True, False])
+            if ranked.height > MAX_SERIES:
+                keep, folded = ranked.get_column("key").head(MAX_SERIES).to_list(), ranked.height - MAX_SERIES
+        read[q.by] = (cost.costed_groups(store, settings, q, per_model=q.by == "model", bucket_s=seconds,
+                                         flags=False, keep=keep).collect(), folded)
     return read[q.by]
 
 
-def _cost_points(store: StoreLike, settings: Settings, q: ReportQuery, seconds: int, metric: str) -> pl.DataFrame:
-    costed = _costed(store, settings, q, seconds)
+def _cost_points(store: StoreLike, settings: Settings, q: ReportQuery, seconds: int,
+                 metric: str) -> tuple[pl.DataFrame, int]:
+    costed, folded = _costed(store, settings, q, seconds)
     if not costed.height:
-        return _EMPTY
+        return _EMPTY, 0
     costed = _seconds(costed).lazy()
     unpriced = pl.col("cost_usd").is_null()
     per = (costed.group_by("key", "t")
@@ -130,8 +143,9 @@ def _cost_points(store: StoreLike, settings: Settings, q: ReportQuery, seconds: 
            .collect())
     value = pl.col("cost_usd") if metric == "cost_usd" else \
         pl.when(pl.col("_priced") > 0).then(pl.col("cost_usd") / pl.col("_priced"))
-    return per.select(pl.col("key").cast(pl.String), "t", pl.col("_weight").cast(pl.Float64),
-                      value.cast(pl.Float64).alias("value"))
+    return per.filter(pl.col("key") != loader.FOLDED).select(
+        pl.col("key").cast(pl.String), "t", pl.col("_weight").cast(pl.Float64),
+        value.cast(pl.Float64).alias("value")), folded
 
 
 def _gpu_points(store: StoreLike, settings: Settings, q: ReportQuery, seconds: int, metric: str) -> pl.DataFrame:
@@ -191,9 +205,10 @@ def _seconds(df: pl.DataFrame, column: str = "bucket") -> pl.DataFrame:
     return df.with_columns(t.cast(pl.Int64).alias("t"))
 
 
-def _shape(points: pl.DataFrame, q: ReportQuery, seconds: int, metric: str) -> dict[str, Any]:
+def _shape(points: pl.DataFrame, q: ReportQuery, seconds: int, metric: str, folded: int = 0) -> dict[str, Any]:
     """Series per key, the heaviest MAX_SERIES first, each with a point per bucket of
-    the window (null where the bucket has nothing to say; 0 for counts)."""
+    the window (null where the bucket has nothing to say; 0 for counts). `folded`: keys
+    the points leave out already, counted as omitted."""
     start = int(q.since.timestamp()) // seconds * seconds
     end = int(q.until.timestamp())
     grid = list(range(start, end, seconds))
@@ -209,7 +224,7 @@ def _shape(points: pl.DataFrame, q: ReportQuery, seconds: int, metric: str) -> d
         values = dict(zip(mine.get_column("t").to_list(), mine.get_column("value").to_list()))
         pts = [[_iso(t), _clean(values.get(t, fill))] for t in grid]
         out.append({"key": {by: key} if by else {}, "points": pts})
-    return {"series": out, "omitted": max(0, len(keys) - MAX_SERIES)}
+    return {"series": out, "omitted": max(0, len(keys) - MAX_SERIES) + folded}
 
 
 def _clean(v: Any) -> Any:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 import polars as pl
 
@@ -144,7 +144,7 @@ def _price_cut_columns(cuts: PriceCuts, params: dict[str, Any], time_sql: str = 
 
 def cost_groups(store: StoreLike, settings: Settings, q: ReportQuery, cuts: PriceCuts,
                 bucket_s: int | None = None, entries: pl.DataFrame | None = None,
-                flags: bool = True) -> pl.DataFrame:
+                flags: bool = True, keep: Sequence[str] | None = None) -> pl.DataFrame:
     """Token sums per (key, model, provider, deployment, price period, time of day, tier,
     retry?, error?), with one request's time (any: all in a group pay one price).
     flags=False: retry and error are not split on (false throughout), for callers that add
@@ -162,12 +162,17 @@ def cost_groups(store: StoreLike, settings: Settings, q: ReportQuery, cuts: Pric
     model: model and provider are then one request's pair, which prices like every pair
     of the group (all unpriced pairs make one group). At tens of thousands of models that
     is a few rows instead of one per model (BENCHMARKS.md "Dashboard cardinality").
+
+    With `keep` (keys of q.by), every other key's groups are read as one key, FOLDED: the
+    same sums in far fewer groups where only a few keys are drawn (a spend series by
+    tenant draws the top MAX_SERIES of hundreds, and adds all of them up for its total).
     """
     if rollups.cost_answerable(q, settings, cuts) and (bucket_s is None or bucket_s % 900 == 0):
-        return _cost_groups_rollup(store, settings, q, cuts, bucket_s, entries, flags)
+        return _cost_groups_rollup(store, settings, q, cuts, bucket_s, entries, flags, keep)
     where, params = q.where(settings.attributes)
     key_sql, join, key_params = _key(q, settings)
     params.update(key_params)
+    key_sql = _folded(key_sql, keep, params)
     join = join.replace("{where}", where)
     bucket, bucket_key = _bucket_sql(bucket_s, "Timestamp")
     cached = "least(CachedInputTokens, InputTokens)"
@@ -190,6 +195,36 @@ def cost_groups(store: StoreLike, settings: Settings, q: ReportQuery, cuts: Pric
         WHERE {where}
         GROUP BY key, {model_key}, deployment, period, daypart, tier{flag_group}{bucket_key}"""
     return frame(store, sql, params)
+
+
+def key_requests(store: StoreLike, settings: Settings, q: ReportQuery, cuts: PriceCuts) -> pl.DataFrame:
+    """Requests per key of q.by in the window, as cost_groups reads them (key, requests)."""
+    if rollups.cost_answerable(q, settings, cuts):
+        params: dict[str, Any] = {}
+        source = rollups.cost_source_sql(q, settings, params, cuts)
+        return frame(store, f"SELECT toString(key) AS key, sum(Requests) AS requests FROM {source} GROUP BY key",
+                     params)
+    where, params = q.where(settings.attributes)
+    key_sql, join, key_params = _key(q, settings)
+    params.update(key_params)
+    sql = f"""
+        SELECT toString({key_sql}) AS key, count() AS requests
+        FROM llm_requests {join.replace("{where}", where)}
+        WHERE {where}
+        GROUP BY key"""
+    return frame(store, sql, params)
+
+
+# The key every key outside cost_groups' `keep` is read as: a NUL no attribute value
+# starts with, so it never names a real group.
+FOLDED = "\x00folded"
+
+
+def _folded(key_sql: str, keep: Sequence[str] | None, params: dict[str, Any]) -> str:
+    if keep is None:
+        return key_sql
+    params.update(kept_keys=list(keep), folded_key=FOLDED)
+    return f"if(toString({key_sql}) IN {{kept_keys:Array(String)}}, toString({key_sql}), {{folded_key:String}})"
 
 
 def _flags(flags: bool, retry: str, error: str) -> tuple[str, str]:
@@ -235,7 +270,8 @@ def _bucket_sql(bucket_s: int | None, time_sql: str) -> tuple[str, str]:
 
 
 def _cost_groups_rollup(store: StoreLike, settings: Settings, q: ReportQuery, cuts: PriceCuts,
-                        bucket_s: int | None, entries: pl.DataFrame | None, flags: bool) -> pl.DataFrame:
+                        bucket_s: int | None, entries: pl.DataFrame | None, flags: bool,
+                        keep: Sequence[str] | None) -> pl.DataFrame:
     """cost_groups from the cost rollups (+ raw rows at the window's edges): every price
     cut is on the grid of the rows it reads, so a row's start prices all of its requests."""
     params: dict[str, Any] = {}
@@ -245,7 +281,7 @@ def _cost_groups_rollup(store: StoreLike, settings: Settings, q: ReportQuery, cu
     models, model_key = _model_columns(entries, params, "toString(Model)", "toString(Provider)")
     flag_columns, flag_group = _flags(flags, "Retry", "Error")
     sql = f"""
-        SELECT toString(key) AS key,
+        SELECT toString({_folded("key", keep, params)}) AS key,
                {models},
                toString(Deployment) AS deployment,
                {_price_cut_columns(cuts, params, at, ("InputFloor", ">="))},
