@@ -131,26 +131,31 @@ MIXED_MODELS = (("gpt-4o", "openai"), ("gpt-4o-2024-08-06", "openai"), ("gpt-4o-
                 ("in-house-7b", ""), ("in-house-70b", "vllm"))
 
 
-def _write_mixed(store) -> None:
+def _write_uniform(store, n: int, service: str, attributes: str, status: str) -> None:
+    """`n` LLM spans spread evenly over the window: `service`, `attributes` (a map) and
+    `status` are SQL over `number`, the row's index."""
     span_ms = int((END - START).total_seconds() * 1000)
-    models = "[" + ", ".join(f"'{m}'" for m, _ in MIXED_MODELS) + "]"
-    providers = "[" + ", ".join(f"'{p}'" for _, p in MIXED_MODELS) + "]"
     store.client().command(f"""
         INSERT INTO otel_traces (Timestamp, TraceId, SpanId, ParentSpanId, SpanName, SpanKind, ServiceName,
                                  SpanAttributes, Duration, StatusCode)
         SELECT fromUnixTimestamp64Nano(toInt64({int(START.timestamp())} * 1e9
                    + (cityHash64(number, 0) % 1000000) / 1e6 * {span_ms} * 1e6)),
                lower(hex(cityHash64(number, 1))), lower(hex(cityHash64(number, 2))), '',
-               'chat', 'SPAN_KIND_CLIENT', ['chat-api', 'batch', 'rag'][1 + number % 3],
-               mapFilter((k, v) -> v != '', map(
+               'chat', 'SPAN_KIND_CLIENT', {service}, {attributes},
+               toUInt64(2e8 + cityHash64(number, 9) % 3000000000), {status}
+        FROM numbers({n})""")
+
+
+def _write_mixed(store) -> None:
+    models = "[" + ", ".join(f"'{m}'" for m, _ in MIXED_MODELS) + "]"
+    providers = "[" + ", ".join(f"'{p}'" for _, p in MIXED_MODELS) + "]"
+    _write_uniform(store, 6000, "['chat-api', 'batch', 'rag'][1 + number % 3]", f"""mapFilter((k, v) -> v != '', map(
                    'gen_ai.operation.name', 'chat',
                    'gen_ai.request.model', {models}[1 + cityHash64(number, 4) % {len(MIXED_MODELS)}],
                    'gen_ai.provider.name', {providers}[1 + cityHash64(number, 4) % {len(MIXED_MODELS)}],
                    'gen_ai.usage.input_tokens', toString(100 + cityHash64(number, 5) % 5000),
-                   'gen_ai.usage.output_tokens', toString(1 + cityHash64(number, 6) % 900))),
-               toUInt64(2e8 + cityHash64(number, 9) % 3000000000),
-               if(cityHash64(number, 3) % 29 = 0, 'STATUS_CODE_ERROR', 'STATUS_CODE_OK')
-        FROM numbers(6000)""")
+                   'gen_ai.usage.output_tokens', toString(1 + cityHash64(number, 6) % 900)))""",
+                   "if(cityHash64(number, 3) % 29 = 0, 'STATUS_CODE_ERROR', 'STATUS_CODE_OK')")
 
 
 @pytest.mark.parametrize("by, extra", [(None, {}), ("service", {}), (None, {"operation": "chat"})],
@@ -229,25 +234,16 @@ def test_an_ungrouped_spend_series_adds_up_a_grouped_one_read_in_the_same_run(co
 
 
 def _write_tenants(store, tenants: int) -> None:
-    """Requests of `tenants` tenants, tenant i with about twice the requests of tenant i+1
-    up to a floor, so the ranking by requests has no ties at the top."""
-    span_ms = int((END - START).total_seconds() * 1000)
-    store.client().command(f"""
-        INSERT INTO otel_traces (Timestamp, TraceId, SpanId, ParentSpanId, SpanName, SpanKind, ServiceName,
-                                 SpanAttributes, Duration, StatusCode)
-        SELECT fromUnixTimestamp64Nano(toInt64({int(START.timestamp())} * 1e9
-                   + (cityHash64(number, 0) % 1000000) / 1e6 * {span_ms} * 1e6)),
-               lower(hex(cityHash64(number, 1))), lower(hex(cityHash64(number, 2))), '',
-               'chat', 'SPAN_KIND_CLIENT', 'chat-api',
-               map('gen_ai.operation.name', 'chat',
+    """Requests of `tenants` tenants, tenant i+1 with about twice the requests of tenant i
+    (the last takes the rest), so the ranking by requests has no ties."""
+    _write_uniform(store, 12000, "'chat-api'", f"""map(
+                   'gen_ai.operation.name', 'chat',
                    'gen_ai.request.model', ['gpt-4o-mini', 'gpt-4o', 'in-house-7b'][1 + cityHash64(number, 4) % 3],
                    'gen_ai.provider.name', 'openai',
                    'app.tenant', concat('t', toString(least(toUInt32(log2(1 + cityHash64(number, 7) % 4096)),
                                                             {tenants - 1}))),
                    'gen_ai.usage.input_tokens', toString(100 + cityHash64(number, 5) % 5000),
-                   'gen_ai.usage.output_tokens', toString(1 + cityHash64(number, 6) % 900)),
-               toUInt64(2e8 + cityHash64(number, 9) % 3000000000), 'STATUS_CODE_OK'
-        FROM numbers(12000)""")
+                   'gen_ai.usage.output_tokens', toString(1 + cityHash64(number, 6) % 900))""", "'STATUS_CODE_OK'")
 
 
 def test_spend_by_many_tenants_draws_the_busiest_and_totals_them_all(counting_store, settings) -> None:
