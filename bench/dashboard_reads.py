@@ -6,7 +6,8 @@ refreshes that overlap share one reading").
 Per range, median of 3 after a first, the window ending now (as the pages read it: a
 store bench.fleet_data wrote lately, or the windows hold less than the range):
 1. each page's refreshes started at once in threads, as a browser sends them on a load
-   (`--pages`, the pages' prefixes): wall seconds and the queries they ran;
+   (`--pages`, the pages' prefixes), each with its controls' values as the page's layout
+   sets them (the Cost page's grouping is tenant): wall seconds and the queries they ran;
 2. the top bar's filter options (dashboard.data.DataSource.filter_options);
 3. the `quality` report (the window's slices and their baseline).
 No answer is shared between rounds (the results cache is not on this path). Prints the
@@ -23,6 +24,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+import dash
 from servelens.analytics.reports import registry
 from servelens.core.config import load
 from servelens.core.store import Store
@@ -55,6 +57,34 @@ class _Counted:
         cls.raw_query = raw_query
 
 
+def _initial(component: Any, wanted: set[str], found: dict[str, Any]) -> None:
+    """The `value` of every component of a layout whose id is in `wanted`."""
+    if getattr(component, "id", None) in wanted:
+        found[component.id] = getattr(component, "value", None)
+    children = getattr(component, "children", None)
+    for child in children if isinstance(children, (list, tuple)) else [children]:
+        if child is not None and not isinstance(child, (str, int, float)):
+            _initial(child, wanted, found)
+
+
+def control_values(app: Any, prefix: str, alert_name: str) -> tuple:
+    """The values a browser sends for a refresh's controls on a page's first load: the
+    callback's inputs after the filters and the interval, as the page's layout sets them."""
+    callback = next(v for k, v in app.callback_map.items() if f"..{prefix}-{alert_name}.children.." in f"{k}..")
+    ids = [i["id"] for i in callback["inputs"][2:]]
+    found: dict[str, Any] = {}
+    for page in dash.page_registry.values():
+        if set(ids) <= set(found):
+            break
+        layout = page["layout"]
+        with app.server.test_request_context(page["path"]):
+            try:
+                _initial(layout() if callable(layout) else layout, set(ids), found)
+            except RuntimeError:  # a layout that reads the signed-in user: not one with controls here
+                continue
+    return tuple(found.get(i) for i in ids)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fleet", required=True, help="a bench.fleet_data directory")
@@ -70,11 +100,12 @@ def main(argv: list[str] | None = None) -> int:
     for key in args.ranges.split(","):
         filters = data.Filters(key)
         for prefix in args.pages.split(","):
-            mine = [(fetch, controls) for owner, _, controls, fetch in refreshes if owner == prefix]
+            mine = [(fetch, control_values(app, prefix, alert)) for owner, alert, _, fetch in refreshes
+                    if owner == prefix]
 
             def load_page() -> None:
-                threads = [threading.Thread(target=components._read, args=(fetch, source, filters, (None,) * controls))
-                           for fetch, controls in mine]
+                threads = [threading.Thread(target=components._read, args=(fetch, source, filters, values))
+                           for fetch, values in mine]
                 for t in threads:
                     t.start()
                 for t in threads:
