@@ -215,8 +215,8 @@ def key_requests(store: StoreLike, settings: Settings, q: ReportQuery, cuts: Pri
     return frame(store, sql, params)
 
 
-# The key every key outside cost_groups' `keep` is read as: a NUL no attribute value
-# starts with, so it never names a real group.
+# The key every key outside cost_groups' `keep` is read as: it starts with a NUL, which
+# no tenant, feature or team name that instrumentation sends does, so it names no group.
 FOLDED = "\x00folded"
 
 
