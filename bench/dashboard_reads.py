@@ -18,27 +18,16 @@ nothing.
 from __future__ import annotations
 
 import argparse
-import statistics
 import threading
-import time
-from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import dash
+
+from bench.report import median_after_first, open_fleet
 from servelens.analytics.reports import registry
-from servelens.core.config import load
 from servelens.core.store import Store
 from servelens.dashboard import components, data
 from servelens.dashboard.app import create_app
-
-
-def _median(fn: Callable[[], Any], runs: int = 4) -> float:
-    seconds = []
-    for _ in range(runs):
-        started = time.perf_counter()
-        fn()
-        seconds.append(time.perf_counter() - started)
-    return statistics.median(seconds[1:])
 
 
 class _Counted:
@@ -91,8 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ranges", default="24h,7d,30d")
     parser.add_argument("--pages", default="overview,cost,lat,qual,gpus", help="refresh prefixes")
     args = parser.parse_args(argv)
-    settings = load(Path(args.fleet) / "servelens.yaml")
-    store = Store(settings.store_url, settings.store.database)
+    settings, store = open_fleet(args.fleet)
     app = create_app(settings, store)
     source = data.source_of(app.server)
     counted = _Counted(store)
@@ -113,13 +101,13 @@ def main(argv: list[str] | None = None) -> int:
             counted.n = 0
             load_page()
             queries = counted.n
-            print(f"{key:>4} {prefix:9} {len(mine)} refreshes at once: {_median(load_page):.2f} s, {queries} queries",
+            print(f"{key:>4} {prefix:9} {len(mine)} refreshes at once: {median_after_first(load_page)[0]:.2f} s, {queries} queries",
                   flush=True)
-        print(f"{key:>4} filter options: {_median(lambda: source.filter_options(key)):.3f} s", flush=True)
+        print(f"{key:>4} filter options: {median_after_first(lambda: source.filter_options(key))[0]:.3f} s", flush=True)
 
         def quality() -> None:
             registry.run("quality", store, settings, {k: v.isoformat() for k, v in filters.params().items()})
-        print(f"{key:>4} quality report: {_median(quality):.3f} s", flush=True)
+        print(f"{key:>4} quality report: {median_after_first(quality)[0]:.3f} s", flush=True)
     return 0
 
 

@@ -1,8 +1,15 @@
-"""What both benchmarks share: the machine line and their own section of BENCHMARKS.md."""
+"""What the benchmarks share: the machine line, their own section of BENCHMARKS.md, a
+fleet directory opened, and a median time."""
 
 from __future__ import annotations
 
+import statistics
+import time
 from pathlib import Path
+from typing import Any, Callable
+
+from servelens.core.config import Settings, load
+from servelens.core.store import Store
 
 BENCHMARKS_MD = Path(__file__).resolve().parent.parent / "BENCHMARKS.md"
 
@@ -29,3 +36,20 @@ def write_section(name: str, title: str, section: str, path: Path = BENCHMARKS_M
     else:
         text = text.rstrip("\n") + f"\n\n## {title}\n\n" + block + "\n"
     path.write_text(text)
+
+
+def open_fleet(directory: str | Path) -> tuple[Settings, Store]:
+    """The settings and store of a bench.fleet_data directory."""
+    settings = load(Path(directory) / "servelens.yaml")
+    return settings, Store(settings.store_url, settings.store.database)
+
+
+def median_after_first(fn: Callable[[], Any], runs: int = 4) -> tuple[float, Any]:
+    """Median wall seconds of `fn` over `runs` calls, the first left out (it fills the
+    caches), and the last call's answer."""
+    seconds, out = [], None
+    for _ in range(runs):
+        started = time.perf_counter()
+        out = fn()
+        seconds.append(time.perf_counter() - started)
+    return statistics.median(seconds[1:]), out

@@ -16,23 +16,12 @@ import argparse
 import statistics
 import time
 from datetime import datetime, timedelta, timezone
-from pathlib import Path
-from typing import Any, Callable
 
+from bench.report import median_after_first, open_fleet
 from servelens.analytics.query import ReportQuery
 from servelens.analytics.reports import series, slo
 from servelens.analytics.triggers import detect_slo, engine
-from servelens.core.config import SloConfig, load, parse_duration
-from servelens.core.store import Store
-
-
-def _median(fn: Callable[[], Any], runs: int = 4) -> tuple[float, Any]:
-    seconds, out = [], None
-    for _ in range(runs):
-        started = time.perf_counter()
-        out = fn()
-        seconds.append(time.perf_counter() - started)
-    return statistics.median(seconds[1:]), out
+from servelens.core.config import SloConfig, parse_duration
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -41,8 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--period", default="30d")
     parser.add_argument("--latency", action="store_true", help="the second SLO a latency one (raw rows)")
     args = parser.parse_args(argv)
-    settings = load(Path(args.fleet) / "servelens.yaml")
-    store = Store(settings.store_url, settings.store.database)
+    settings, store = open_fleet(args.fleet)
     client = store.client()
     busiest = [r[0] for r in client.query("SELECT ServiceName, count() AS n FROM llm_requests "
                                           "GROUP BY ServiceName ORDER BY n DESC LIMIT 2").result_rows]
@@ -64,13 +52,13 @@ def main(argv: list[str] | None = None) -> int:
           + "; ".join(f"{f.subject['slo']} {f.evidence['period_requests']:,} requests, "
                       f"budget left {f.evidence['error_budget_remaining']}" for f in found))
     until = hour - timedelta(minutes=20)
-    took, table = _median(lambda: slo.report(store, settings, ReportQuery(until - timedelta(days=1), until)))
+    took, table = median_after_first(lambda: slo.report(store, settings, ReportQuery(until - timedelta(days=1), until)))
     print(f"slo report at {until:%H:%M}: {took:.3f} s; "
           + "; ".join(f"{r['name']} {r['total']:,} / {r['bad']:,} bad" for r in table.iter_rows(named=True)))
     for days in (1, 7, 21):
         q = ReportQuery(until - timedelta(days=days), until)
         bucket = series.bucket_seconds(None, q)
-        took, doc = _median(lambda: slo.budget_series(store, settings, q, bucket))
+        took, doc = median_after_first(lambda: slo.budget_series(store, settings, q, bucket))
         first = doc["series"][0]["points"] if doc["series"] else []
         print(f"budget series {days} d ({bucket} s buckets): {took:.3f} s; first and last points "
               f"{first[:1] + first[-1:]}")
