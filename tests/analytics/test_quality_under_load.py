@@ -161,3 +161,33 @@ def test_a_path_that_degrades_under_load_shows_in_its_first_busy_hours(store, se
     diluted = next(f for f in quality_under_load(store, whole_day, at) if f.subject == subject)
     assert diluted.evidence["high_side"]["read"] == "recent"  # 24 windows: the lookback itself
     assert -diluted.evidence["delta"] < recent_drop - 0.05 and not diluted.firing
+
+
+@pytest.mark.integration
+def test_a_path_that_gives_way_above_the_mean_shows_before_the_peak(store, settings) -> None:
+    """Two daily peaks (09:00, 20:00); from 15:00 on day 1 the summaries fail more while the
+    load is above its mean, which it passes near 16:30. Until 18:00 the busy afternoon is
+    the day's middle third, not its busiest: the buckets above the mean show it."""
+    change = DAY0 + timedelta(days=1, hours=15)
+    for seed, (traffic, rate) in enumerate([(QA, 0.9), (SUMMARIES, 0.85)]):
+        peaks = replace(traffic, shape="two_peaks", per_hour=4 * traffic.per_hour)
+        insert(store, DAY0, change, peaks, seed=seed, pass_rate=rate)
+        insert(store, change, DAY0 + timedelta(days=2), replace(peaks, busy_pass_drop=0.25 if traffic is SUMMARIES
+                                                                   else 0.0), seed=10 + seed, pass_rate=rate)
+    subject = {"deployment": "chat-api", "task_type": "summarize"}
+
+    def summaries(hour: int):
+        at = engine.window_at(settings, DAY0 + timedelta(days=1, hours=hour))
+        return next(f for f in quality_under_load(store, settings, at) if f.subject == subject)
+
+    # 16:00-17:00: no bucket above the mean yet, and the day's busiest, read back to the
+    # morning peak, passed.
+    assert not summaries(17).firing and summaries(17).evidence["high_side"]["read"] == "lookback"
+    first = summaries(18)  # nothing fired in the busiest buckets: the buckets above the mean did
+    assert first.firing and first.evidence["high_side"] == {
+        "since": iso(DAY0 + timedelta(days=1, hours=16)), "until": iso(DAY0 + timedelta(days=1, hours=18)),
+        "read": "recent_above_mean"}
+    assert first.evidence["delta"] < -0.15
+    assert first.evidence["load"]["recent_above_mean_arrivals"] >= 1.5 * first.evidence["load"]["low_mean_arrivals"]
+    # At the peak the busiest buckets hold it themselves.
+    assert summaries(19).firing and summaries(19).evidence["high_side"]["read"] == "recent"

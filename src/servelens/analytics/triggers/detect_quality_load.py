@@ -22,6 +22,16 @@ short of `min_evaluations` there (a quiet hour, a thin slice) is read over every
 bucket of the lookback instead, so a change seen yesterday afternoon still shows tonight
 (evidence `high_side`). The low side is always the lookback's.
 
+Above the mean, too. A path can give way as soon as the load passes its mean, hours before
+the day's peak: between two daily peaks the busy afternoon is the middle third, which the
+read above leaves out until the peak itself. So the recent buckets above the deployment's
+mean arrivals are read as well, where their mean load is `min_load_ratio` times the low
+side's; a slice fires when either read shows the drop (each read tested at `fdr` / 2, so
+the two together stay within `fdr`). Read alone, this wider side would hide an earlier
+degradation: the recent buckets above the mean that hold would stop the fall-back to the
+lookback's busiest buckets that failed (evidence `high_side.read`: recent, lookback or
+recent_above_mean).
+
 Quality. Per slice of the deployment's results (each value of each key, and pairs),
 the pass rate in high-load buckets is tested against the low-load buckets' exactly as
 quality_regression tests a window against its baseline (analytics.triggers.detect_quality):
@@ -59,6 +69,7 @@ from servelens.core.store import StoreLike
 
 HIGH, LOW, MID = "high", "low", "mid"
 RECENT = "recent"  # the high-load buckets of the last `windows` windows
+RECENT_ABOVE = "recent_above_mean"  # the buckets above the mean arrivals in the last `windows` windows
 _BUCKET = "intDiv(toUnixTimestamp64Nano(Timestamp), {bucket_ns:Int64}) * {bucket_ns:Int64}"
 
 
@@ -83,10 +94,12 @@ def arrivals(store: StoreLike, settings: Settings, since: datetime, until: datet
 
 def load_sides(buckets: pl.DataFrame) -> pl.DataFrame:
     """Each deployment's buckets with `side`: the third with the fewest arrivals "low", the
-    third with the most "high", the rest "mid" (ties ranked by time, so it is stable)."""
+    third with the most "high", the rest "mid" (ties ranked by time, so it is stable); and
+    `above`: the bucket holds more arrivals than the deployment's buckets on average."""
     ranked = buckets.sort("deployment", "arrivals", "bucket_ns").with_columns(
         pl.int_range(pl.len()).over("deployment").alias("rank"),
-        pl.len().over("deployment").alias("buckets"))
+        pl.len().over("deployment").alias("buckets"),
+        (pl.col("arrivals") > pl.col("arrivals").mean().over("deployment")).alias("above"))
     third = pl.col("buckets") // 3
     return ranked.with_columns(
         pl.when(pl.col("rank") < third).then(pl.lit(LOW))
@@ -119,13 +132,16 @@ def latency_by_side(store: StoreLike, since: datetime, until: datetime, bucket: 
 def side_tables(results: pl.DataFrame, sides: pl.DataFrame, keys: list[str],
                 recent_ns: int | None = None) -> dict[str, pl.DataFrame]:
     """Slice tables (keys, evaluations, passed) of the high-load and the low-load buckets,
-    and (with `recent_ns`) of the high-load buckets starting at or after it: RECENT."""
+    and (with `recent_ns`) of the buckets starting at or after it: the high-load ones
+    (RECENT) and those above the mean arrivals (RECENT_ABOVE)."""
     bucket_ns = pl.col("bucket").dt.epoch("ns")
     joined = results.with_columns(bucket_ns.alias("bucket_ns")).join(
-        sides.select("deployment", "bucket_ns", "side"), on=["deployment", "bucket_ns"], how="inner")
+        sides.select("deployment", "bucket_ns", "side", "above"), on=["deployment", "bucket_ns"], how="inner")
     picks = {HIGH: pl.col("side") == HIGH, LOW: pl.col("side") == LOW}
     if recent_ns is not None:
-        picks[RECENT] = (pl.col("side") == HIGH) & (pl.col("bucket_ns") >= recent_ns)
+        recent = pl.col("bucket_ns") >= recent_ns
+        picks[RECENT] = (pl.col("side") == HIGH) & recent
+        picks[RECENT_ABOVE] = pl.col("above") & (pl.col("side") != LOW) & recent
     return {side: joined.filter(pick).group_by(keys).agg(
         pl.col("evaluations").sum(), pl.col("passed").sum()).sort(keys) for side, pick in picks.items()}
 
@@ -142,15 +158,36 @@ def latency_check(rows: dict[str, dict[str, Any]], tolerance: float) -> dict[str
     return {**out, "rise": rise, "holds": rise <= tolerance}
 
 
-def _rules(settings: Settings) -> Any:
+def _rules(settings: Settings, reads: int) -> Any:
     """quality_regression's settings for its slice test, with this kind's levels: the low
-    side is the baseline. The deployment key goes first: slices holding all of the
-    deployment's results are then tested once as the deployment itself, the rest aliases."""
+    side is the baseline, and each of `reads` high sides is tested at fdr / reads. The
+    deployment key goes first: slices holding all of the deployment's results are then
+    tested once as the deployment itself, the rest aliases."""
     cfg = settings.triggers.quality_under_load
     keys = sorted(cfg.keys, key=lambda k: k != "deployment")
     return settings.triggers.quality_regression.model_copy(update={
-        "keys": keys, "pairs": cfg.pairs, "min_drop": cfg.min_drop, "fdr": cfg.fdr,
+        "keys": keys, "pairs": cfg.pairs, "min_drop": cfg.min_drop, "fdr": cfg.fdr / reads,
         "min_evaluations": cfg.min_evaluations, "min_baseline": cfg.min_evaluations})
+
+
+def tested_slices(tables: dict[str, pl.DataFrame], settings: Settings, above_mean: bool) -> list[dict[str, Any]]:
+    """Each slice's test (detect_quality.regressions), with `read`: the recent busiest buckets
+    or, where a slice is short there, the lookback's (module doc: Recent first). With
+    `above_mean`, where nothing fires in that read but something does over the recent
+    buckets above the mean, the latter read's tests (module doc: Above the mean, too): one
+    read's tests, so the slices that explain a drop are named as that read found them."""
+    rules = _rules(settings, 2 if above_mean else 1)
+    tested = regressions(tables[RECENT], tables[LOW], rules, wider=(tables[HIGH], tables[LOW]), wider_windows=0)
+    for r in tested:  # pooled_windows is None where the recent busy buckets held the slice
+        r["read"] = RECENT if r["pooled_windows"] is None else "lookback"
+    if not above_mean or tables[RECENT_ABOVE].is_empty() or any(r["firing"] for r in tested):
+        return tested
+    wider = regressions(tables[RECENT_ABOVE], tables[LOW], rules)
+    if not any(r["firing"] for r in wider):
+        return tested
+    for r in wider:
+        r["read"] = RECENT_ABOVE
+    return wider
 
 
 class QualityUnderLoad(TriggerKindConfig):
@@ -194,7 +231,11 @@ def quality_under_load(store: StoreLike, settings: Settings, at: Evaluation) -> 
     sides = load_sides(arrivals(store, settings, since, until, cfg.bucket))
     load = (sides.filter(pl.col("side") != MID).group_by("deployment", "side")
             .agg(pl.len().alias("buckets"), pl.col("arrivals").mean().alias("mean_arrivals")))
-    loads = {(d, s): (b, m) for d, s, b, m in load.iter_rows()}
+    loads: dict[tuple[str, str], Any] = {(d, s): (b, m) for d, s, b, m in load.iter_rows()}
+    # The mean load of each deployment's recent buckets above its mean (module doc: Above the mean, too).
+    above_means = (sides.filter(pl.col("above") & (pl.col("side") != LOW) & (pl.col("bucket_ns") >= _ns(recent)))
+                   .group_by("deployment").agg(pl.col("arrivals").mean()))
+    loads.update({(d, RECENT_ABOVE): m for d, m in above_means.iter_rows()})
     latency: dict[str, dict[str, dict[str, Any]]] = {}
     for row in latency_by_side(store, since, until, cfg.bucket, sides).iter_rows(named=True):
         latency.setdefault(row["deployment"], {})[row["side"]] = row
@@ -212,19 +253,17 @@ def quality_under_load(store: StoreLike, settings: Settings, at: Evaluation) -> 
             lat["reason"] = (f"latency p99 rose with the load ({lat['rise']:+.0%}, tolerance "
                              f"+{cfg.p99_tolerance:.0%}): a latency problem (p99_drift, queue_wait_growth), "
                              f"not quality lost while latency holds")
+        above_mean = loads.get((deployment, RECENT_ABOVE))
         load_evidence = {"bucket_s": int(cfg.bucket.total_seconds()), "lookback_s": int(cfg.lookback.total_seconds()),
-                         "split": "terciles of the deployment's buckets by arrivals",
+                         "split": "terciles of the deployment's buckets by arrivals; recently, also "
+                                  "the buckets above its mean",
                          "high_buckets": high_buckets, "low_buckets": low_buckets,
                          "high_mean_arrivals": high_mean, "low_mean_arrivals": low_mean,
-                         "load_ratio": high_mean / low_mean}
-        # The recent busy buckets first; a slice short of min_evaluations there is read
-        # over the lookback's (module doc: Recent first).
-        tested = regressions(tables[RECENT], tables[LOW], _rules(settings), wider=(tables[HIGH], tables[LOW]),
-                             wider_windows=0)
+                         "load_ratio": high_mean / low_mean, "recent_above_mean_arrivals": above_mean}
+        tested = tested_slices(tables, settings, above_mean is not None and above_mean >= cfg.min_load_ratio * low_mean)
         for r in tested:
-            # pooled_windows is None where the recent busy buckets held the slice.
-            high_side = {"since": iso(recent if r["pooled_windows"] is None else since), "until": iso(until),
-                         "read": "recent" if r["pooled_windows"] is None else "lookback"}
+            high_side = {"since": iso(since if r["read"] == "lookback" else recent), "until": iso(until),
+                         "read": r["read"]}
             firing = r["firing"] and lat["holds"] is True
             name = ", ".join(f"{k}={v}" for k, v in r["slice"].items())
             rate = r["passed"] / r["n"]
