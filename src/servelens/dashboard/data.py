@@ -171,8 +171,8 @@ def one_reading(compute: Callable[[], T]) -> T:
     memo key matched.
 
     Readings that overlap in time are one reading: a page's refreshes start together and
-    wait for the store in turn (the embedded engine runs one query at a time), and each
-    read the same GPU frames, token totals and request counts again. A refresh that starts
+    share the store's cores (each query uses all of them), and each read the same GPU
+    frames, token totals and request counts again. A refresh that starts
     while another is still running, at most SHARED_S after that reading began, joins it:
     its window ends at that reading's instant, and what the other computed or is computing
     it takes or waits for. A refresh that starts when none is running reads afresh, so a
