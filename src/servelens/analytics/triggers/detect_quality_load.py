@@ -26,11 +26,12 @@ Above the mean, too. A path can give way as soon as the load passes its mean, ho
 the day's peak: between two daily peaks the busy afternoon is the middle third, which the
 read above leaves out until the peak itself. So the recent buckets above the deployment's
 mean arrivals are read as well, where their mean load is `min_load_ratio` times the low
-side's; a slice fires when either read shows the drop (each read tested at `fdr` / 2, so
-the two together stay within `fdr`). Read alone, this wider side would hide an earlier
-degradation: the recent buckets above the mean that hold would stop the fall-back to the
-lookback's busiest buckets that failed (evidence `high_side.read`: recent, lookback or
-recent_above_mean).
+side's; a slice fires when either read shows the drop. Each read is tested at `fdr` (the
+two together at up to twice it): at half of it each, the busiest read fired a window later
+on a thin drop (BENCHMARKS.md, "Detection: quality under load above the mean"). Read
+alone, this wider side would hide an earlier degradation: recent buckets above the mean
+that hold would stop the fall-back to the lookback's busiest buckets that failed
+(evidence `high_side.read`: recent, lookback or recent_above_mean).
 
 Quality. Per slice of the deployment's results (each value of each key, and pairs),
 the pass rate in high-load buckets is tested against the low-load buckets' exactly as
@@ -158,15 +159,14 @@ def latency_check(rows: dict[str, dict[str, Any]], tolerance: float) -> dict[str
     return {**out, "rise": rise, "holds": rise <= tolerance}
 
 
-def _rules(settings: Settings, reads: int) -> Any:
+def _rules(settings: Settings) -> Any:
     """quality_regression's settings for its slice test, with this kind's levels: the low
-    side is the baseline, and each of `reads` high sides is tested at fdr / reads. The
-    deployment key goes first: slices holding all of the deployment's results are then
-    tested once as the deployment itself, the rest aliases."""
+    side is the baseline. The deployment key goes first: slices holding all of the
+    deployment's results are then tested once as the deployment itself, the rest aliases."""
     cfg = settings.triggers.quality_under_load
     keys = sorted(cfg.keys, key=lambda k: k != "deployment")
     return settings.triggers.quality_regression.model_copy(update={
-        "keys": keys, "pairs": cfg.pairs, "min_drop": cfg.min_drop, "fdr": cfg.fdr / reads,
+        "keys": keys, "pairs": cfg.pairs, "min_drop": cfg.min_drop, "fdr": cfg.fdr,
         "min_evaluations": cfg.min_evaluations, "min_baseline": cfg.min_evaluations})
 
 
@@ -176,7 +176,7 @@ def tested_slices(tables: dict[str, pl.DataFrame], settings: Settings, above_mea
     `above_mean`, where nothing fires in that read but something does over the recent
     buckets above the mean, the latter read's tests (module doc: Above the mean, too): one
     read's tests, so the slices that explain a drop are named as that read found them."""
-    rules = _rules(settings, 2 if above_mean else 1)
+    rules = _rules(settings)
     tested = regressions(tables[RECENT], tables[LOW], rules, wider=(tables[HIGH], tables[LOW]), wider_windows=0)
     for r in tested:  # pooled_windows is None where the recent busy buckets held the slice
         r["read"] = RECENT if r["pooled_windows"] is None else "lookback"
