@@ -28,6 +28,7 @@ from polars.testing import assert_frame_equal
 from servelens.analytics.query import ReportQuery
 from servelens.analytics.reports import workload
 from servelens.analytics.reports.registry import to_records
+from servelens.analytics.sources import rollups
 
 S = 10**9
 MS = 10**6
@@ -181,6 +182,23 @@ def test_arrivals_tokens_and_shares_match_independent_computation(send, store, s
 
     records = to_records(frame)
     assert json.loads(json.dumps(records, allow_nan=False)) == records
+
+    # A window too large to rank exactly reads the same rows into DD sketches: each token
+    # percentile within the sketch's 1 % of a value at its rank; every other field equal.
+    sketching = settings.model_copy(deep=True)
+    sketching.analytics.exact_quantiles_up_to = 1
+    assert rollups.raw_quantiles(store, settings, q, "0.5").startswith("quantilesExactInclusive(")
+    assert rollups.raw_quantiles(store, sketching, q, "0.5").startswith("quantilesDD(")
+    sketched = {r["service"]: r for r in workload.report(store, sketching, q).iter_rows(named=True)}
+    for service, reqs in (("chat-api", chat_reqs), ("batch-jobs", batch_reqs)):
+        for column, level in (("p50", 0.5), ("p99", 0.99)):
+            for kind in ("input", "output"):
+                values = sorted(getattr(r, f"{kind}_tokens") for r in reqs)
+                rank = level * (len(values) - 1)
+                got = sketched[service][f"{kind}_tokens_{column}"]
+                assert values[int(np.floor(rank))] * 0.99 <= got <= values[int(np.ceil(rank))] * 1.01
+        exact_fields = {k: v for k, v in rows[service].items() if "_tokens_p" not in k}
+        assert {k: sketched[service][k] for k in exact_fields} == exact_fields
 
 
 @pytest.mark.integration

@@ -11,7 +11,8 @@ Two kinds of rows:
   analytics.sources.context; `requests`, `covered` and `measured` say how much of the unit
   it rests on. An unpriced unit has null $, never 0.
 - `size`: per context-size class (`context.size_bounds` of input tokens), over every
-  successful LLM request of the window: requests, latency p50 / p99, TTFT p50, the
+  successful LLM request of the window: requests, latency p50 / p99, TTFT p50 (exact, or
+  sketched in windows too large to rank: rollups.raw_quantiles), the
   evaluations and their pass rate (the quality report's rule), and the retrieved share of
   the input where the split is known. Cutting irrelevant context shows here first:
   latency and pass rate by size, side by side.
@@ -24,7 +25,7 @@ import polars as pl
 from servelens.analytics.query import ReportQuery, key_expr
 from servelens.analytics.reports import cost, quality
 from servelens.analytics.sources import context as source
-from servelens.analytics.sources import frame
+from servelens.analytics.sources import frame, rollups
 from servelens.core.config import Settings
 from servelens.core.store import StoreLike
 
@@ -80,10 +81,13 @@ def size_rows(store: StoreLike, settings: Settings, q: ReportQuery, sums: pl.Dat
     where, params = q.where(settings.attributes)
     size_sql, size_params = source.size_class(bounds)
     params.update(size_params)
+    # exact in windows small enough to rank
+    latency = rollups.raw_quantiles(store, settings, q, "0.5, 0.99")
+    ttft = rollups.raw_quantiles(store, settings, q, "0.5", "If")
     timing = frame(store, f"""
         SELECT {size_sql} AS size, count() AS requests,
-               quantilesExactInclusive(0.5, 0.99)(LatencySeconds) AS latency,
-               quantileExactInclusiveIf(0.5)(TtftSeconds, TtftSeconds IS NOT NULL) AS ttft
+               {latency}(LatencySeconds) AS latency,
+               {ttft}(TtftSeconds, TtftSeconds IS NOT NULL)[1] AS ttft
         FROM llm_requests
         WHERE {where} AND NOT IsError AND Operation != 'embeddings'
         GROUP BY size""", params)

@@ -36,7 +36,8 @@ from servelens.core.keys import UNIT_COLUMNS
 from servelens.core.store import StoreLike
 
 NS = 1_000_000_000
-SKETCH = "quantilesDD(0.0025, 0.5, 0.95, 0.99)"  # the rollups' state: keep in step with 0019
+DD_ACCURACY = 0.0025  # the rollups' DD sketches' relative accuracy
+SKETCH = f"quantilesDD({DD_ACCURACY}, 0.5, 0.95, 0.99)"  # the rollups' state: keep in step with 0019
 SKETCH_ERROR = 0.01  # relative, within a rank of the percentile (the module docstring)
 
 # Hours and minutes alone where rows are read by clock hour (analytics.plan's busiest hour).
@@ -416,6 +417,19 @@ def key_values_sql(q: ReportQuery, settings: Settings, keys: Sequence[str], limi
     columns = ", ".join(f"arraySort(groupUniqArrayIf({int(limit)})(toValidUTF8(k_{k}), k_{k} != '')) AS {k}"
                         for k in keys)
     return f"SELECT {columns} FROM ({' UNION ALL '.join(parts or [raw + '0'])})", params
+
+
+def raw_quantiles(store: StoreLike, settings: Settings, q: ReportQuery, levels: str, combinator: str = "") -> str:
+    """The aggregate (with `combinator`, e.g. "If") for percentiles `levels` ("0.5, 0.99") of
+    q's raw rows: exact where the
+    window holds at most `analytics.exact_quantiles_up_to` requests, else a DD sketch at
+    the rollups' accuracy. Ranked exactly, a window's every value is held at once (8 bytes
+    a request per column: a month of 100 M requests took the dashboard to 3.9 GiB,
+    BENCHMARKS.md "Fleet scale at 100 M stored requests"); a sketch is a few KiB a group."""
+    limit = settings.analytics.exact_quantiles_up_to
+    if limit and request_count(store, settings, q) <= limit:
+        return f"quantilesExactInclusive{combinator}({levels})"
+    return f"quantilesDD{combinator}({DD_ACCURACY}, {levels})"
 
 
 def request_count(store: StoreLike, settings: Settings, q: ReportQuery) -> int:

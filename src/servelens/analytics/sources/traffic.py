@@ -17,8 +17,6 @@ from servelens.core.config import Settings
 from servelens.core.store import StoreLike
 
 NS = 1_000_000_000
-# quantilesExactInclusive interpolates linearly between closest ranks: numpy's default.
-_Q = "quantilesExactInclusive(0.5, 0.99)"
 # error.type is free text: HTTP status, OpenAI's RateLimitError, vLLM/LiteLLM's rate_limit_*.
 _RATE_LIMITED = "(HttpStatusCode = 429 OR match(ErrorType, '(?i)429|rate_?limit'))"
 
@@ -62,8 +60,8 @@ def _arrivals_sql(key_sql: str, where: str) -> str:
 
 
 def workload_groups(store: StoreLike, settings: Settings, q: ReportQuery) -> pl.DataFrame:
-    """Per group: requests, token p50/p99 and sums, reused-prefix and batch counts, and the
-    per-second arrival sums (`_arrivals_sql`), in one round trip.
+    """Per group: requests, token p50/p99 (rollups.raw_quantiles) and sums, reused-prefix
+    and batch counts, and the per-second arrival sums (`_arrivals_sql`), in one round trip.
 
     A prefix counts as reused when its hash occurs on more than one request anywhere in
     the (filtered) window, not only inside the group: a shared system prompt is cache-hot
@@ -71,13 +69,15 @@ def workload_groups(store: StoreLike, settings: Settings, q: ReportQuery) -> pl.
     64-bit key (PrefixKey, migration 0034), which groups in half the time of the strings.
     """
     key_sql, where, params = _scoped(settings, q)
+    # Exact (linear between closest ranks, numpy's default) in windows small enough to rank.
+    quantiles = rollups.raw_quantiles(store, settings, q, "0.5, 0.99")
     sql = f"""
         SELECT *
         FROM (
             SELECT {key_sql} AS key,
                    count() AS requests,
-                   {_Q}(InputTokens) AS input_q,
-                   {_Q}(OutputTokens) AS output_q,
+                   {quantiles}(InputTokens) AS input_q,
+                   {quantiles}(OutputTokens) AS output_q,
                    sum(InputTokens) AS input_tokens,
                    sum(OutputTokens) AS output_tokens,
                    countIf(CachedInputTokens > 0 OR PrefixKey IN (
