@@ -427,9 +427,17 @@ def raw_quantiles(store: StoreLike, settings: Settings, q: ReportQuery, levels: 
     a request per column: a month of 100 M requests took the dashboard to 3.9 GiB,
     BENCHMARKS.md "Fleet scale at 100 M stored requests"); a sketch is a few KiB a group."""
     limit = settings.analytics.exact_quantiles_up_to
-    if limit and request_count(store, settings, q) <= limit:
+    if limit and _requests(store, settings, q) <= limit:
         return f"quantilesExactInclusive{combinator}({levels})"
     return f"quantilesDD{combinator}({DD_ACCURACY}, {levels})"
+
+
+def _requests(store: StoreLike, settings: Settings, q: ReportQuery) -> int:
+    """request_count where the rollups answer q's filters, else counted in raw rows."""
+    if uses_rollup(q, settings, None):
+        return request_count(store, settings, q)
+    where, params = q.where(settings.attributes)
+    return int(frame(store, f"SELECT count() AS n FROM llm_requests WHERE {where}", params).item())
 
 
 def request_count(store: StoreLike, settings: Settings, q: ReportQuery) -> int:
