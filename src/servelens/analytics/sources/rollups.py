@@ -421,11 +421,11 @@ def key_values_sql(q: ReportQuery, settings: Settings, keys: Sequence[str], limi
 
 def raw_quantiles(store: StoreLike, settings: Settings, q: ReportQuery, levels: str, combinator: str = "") -> str:
     """The aggregate (with `combinator`, e.g. "If") for percentiles `levels` ("0.5, 0.99") of
-    q's raw rows: exact where the
-    window holds at most `analytics.exact_quantiles_up_to` requests, else a DD sketch at
-    the rollups' accuracy. Ranked exactly, a window's every value is held at once (8 bytes
-    a request per column: a month of 100 M requests took the dashboard to 3.9 GiB,
-    BENCHMARKS.md "Fleet scale at 100 M stored requests"); a sketch is a few KiB a group."""
+    q's raw rows: exact where the window holds at most `analytics.exact_quantiles_up_to`
+    requests, else a DD sketch at the rollups' accuracy. Ranked exactly, a window's every
+    value is held at once (8 bytes a request per column: a month of 100 M requests took the
+    dashboard to 3.9 GiB, BENCHMARKS.md "Fleet scale at 100 M stored requests"); a sketch
+    is a few KiB a group."""
     limit = settings.analytics.exact_quantiles_up_to
     if limit and _requests(store, settings, q) <= limit:
         return f"quantilesExactInclusive{combinator}({levels})"
@@ -433,11 +433,15 @@ def raw_quantiles(store: StoreLike, settings: Settings, q: ReportQuery, levels: 
 
 
 def _requests(store: StoreLike, settings: Settings, q: ReportQuery) -> int:
-    """request_count where the rollups answer q's filters, else counted in raw rows."""
+    """request_count where the rollups answer q's filters, else counted in raw rows (once
+    per reading, as request_count is: a report may ask for several aggregates)."""
     if uses_rollup(q, settings, None):
         return request_count(store, settings, q)
     where, params = q.where(settings.attributes)
-    return int(frame(store, f"SELECT count() AS n FROM llm_requests WHERE {where}", params).item())
+    bounds = q.bounds()
+    return memo.cached(memo.key("rollups.raw_request_count", store, settings, bounds["since_ns"], bounds["until_ns"],
+                                repr(sorted(q.filters.items()))),
+                       lambda: int(frame(store, f"SELECT count() AS n FROM llm_requests WHERE {where}", params).item()))
 
 
 def request_count(store: StoreLike, settings: Settings, q: ReportQuery) -> int:

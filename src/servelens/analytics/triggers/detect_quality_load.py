@@ -130,6 +130,11 @@ def latency_by_side(store: StoreLike, since: datetime, until: datetime, bucket: 
                               "side_keys": keys or [""], "side_values": keyed.get_column("side").to_list() or [""]})
 
 
+def _recent_above(recent_ns: int) -> pl.Expr:
+    """Buckets from `recent_ns` on above the deployment's mean arrivals (module doc: Above the mean, too)."""
+    return pl.col("above") & (pl.col("side") != LOW) & (pl.col("bucket_ns") >= recent_ns)
+
+
 def side_tables(results: pl.DataFrame, sides: pl.DataFrame, keys: list[str],
                 recent_ns: int | None = None) -> dict[str, pl.DataFrame]:
     """Slice tables (keys, evaluations, passed) of the high-load and the low-load buckets,
@@ -140,9 +145,8 @@ def side_tables(results: pl.DataFrame, sides: pl.DataFrame, keys: list[str],
         sides.select("deployment", "bucket_ns", "side", "above"), on=["deployment", "bucket_ns"], how="inner")
     picks = {HIGH: pl.col("side") == HIGH, LOW: pl.col("side") == LOW}
     if recent_ns is not None:
-        recent = pl.col("bucket_ns") >= recent_ns
-        picks[RECENT] = (pl.col("side") == HIGH) & recent
-        picks[RECENT_ABOVE] = pl.col("above") & (pl.col("side") != LOW) & recent
+        picks[RECENT] = (pl.col("side") == HIGH) & (pl.col("bucket_ns") >= recent_ns)
+        picks[RECENT_ABOVE] = _recent_above(recent_ns)
     return {side: joined.filter(pick).group_by(keys).agg(
         pl.col("evaluations").sum(), pl.col("passed").sum()).sort(keys) for side, pick in picks.items()}
 
@@ -231,11 +235,10 @@ def quality_under_load(store: StoreLike, settings: Settings, at: Evaluation) -> 
     sides = load_sides(arrivals(store, settings, since, until, cfg.bucket))
     load = (sides.filter(pl.col("side") != MID).group_by("deployment", "side")
             .agg(pl.len().alias("buckets"), pl.col("arrivals").mean().alias("mean_arrivals")))
-    loads: dict[tuple[str, str], Any] = {(d, s): (b, m) for d, s, b, m in load.iter_rows()}
-    # The mean load of each deployment's recent buckets above its mean (module doc: Above the mean, too).
-    above_means = (sides.filter(pl.col("above") & (pl.col("side") != LOW) & (pl.col("bucket_ns") >= _ns(recent)))
-                   .group_by("deployment").agg(pl.col("arrivals").mean()))
-    loads.update({(d, RECENT_ABOVE): m for d, m in above_means.iter_rows()})
+    loads = {(d, s): (b, m) for d, s, b, m in load.iter_rows()}
+    # The mean arrivals of each deployment's recent buckets above its mean.
+    above_means = dict(sides.filter(_recent_above(_ns(recent))).group_by("deployment")
+                       .agg(pl.col("arrivals").mean()).iter_rows())
     latency: dict[str, dict[str, dict[str, Any]]] = {}
     for row in latency_by_side(store, since, until, cfg.bucket, sides).iter_rows(named=True):
         latency.setdefault(row["deployment"], {})[row["side"]] = row
@@ -253,7 +256,7 @@ def quality_under_load(store: StoreLike, settings: Settings, at: Evaluation) -> 
             lat["reason"] = (f"latency p99 rose with the load ({lat['rise']:+.0%}, tolerance "
                              f"+{cfg.p99_tolerance:.0%}): a latency problem (p99_drift, queue_wait_growth), "
                              f"not quality lost while latency holds")
-        above_mean = loads.get((deployment, RECENT_ABOVE))
+        above_mean = above_means.get(deployment)
         load_evidence = {"bucket_s": int(cfg.bucket.total_seconds()), "lookback_s": int(cfg.lookback.total_seconds()),
                          "split": "terciles of the deployment's buckets by arrivals; recently, also "
                                   "the buckets above its mean",
