@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
 import pytest
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.resources import Resource
@@ -43,26 +46,10 @@ def test_unrecognized_keys_from_stored_hours_equal_the_spans(store, make_setting
     """Over hours the analytics job has stored (analytics.span_hours, rollup_span_keys_1h)
     the unrecognized keys, their spans and examples are what reading every span gives.
     Spans written as an otelcol-contrib exporter writes them, over five past hours."""
-    from datetime import datetime, timedelta, timezone
-
     from servelens.analytics import span_hours
     from servelens.analytics.sources import span_keys, traces
 
-    t0 = (datetime.now(timezone.utc) - timedelta(hours=8)).replace(minute=0, second=0, microsecond=0)
-    store.client().command(f"""
-        INSERT INTO otel_traces (Timestamp, TraceId, SpanId, ParentSpanId, SpanName, SpanKind, ServiceName,
-                                 SpanAttributes, Duration, StatusCode)
-        SELECT fromUnixTimestamp64Nano(toInt64({int(t0.timestamp())} * 1e9 + (cityHash64(number) % 18000) * 1e9)),
-               lower(hex(cityHash64(number, 1))), lower(hex(cityHash64(number, 2))), '', 'call',
-               'SPAN_KIND_CLIENT', ['chat-api', 'in-house', 'batch'][1 + number % 3],
-               multiIf(number % 3 = 0, map('gen_ai.operation.name', 'chat', 'gen_ai.request.model', 'gpt-4o',
-                                          'gen_ai.usage.input_tokens', '10', 'gen_ai.usage.output_tokens', '5'),
-                       number % 3 = 1, map('acme.model_id', 'gpt-4o', 'acme.usage.prompt_tokens', '12',
-                                          'http.route', '/v1/chat'),
-                       number % 7 = 2, map('Vendor.TokenCount', '3'),
-                       map('db.system', 'redis')),
-               1000000, 'STATUS_CODE_OK'
-        FROM numbers(3000)""")
+    t0 = _exporter_spans(store)
     raw, stored = make_settings(analytics={"use_rollups": False}), make_settings()
     windows = [{"since": (t0 + timedelta(minutes=17)).isoformat(), "until": (t0 + timedelta(hours=4, minutes=13)).isoformat()},
                {"since": t0.isoformat(), "until": (t0 + timedelta(hours=5)).isoformat(), "service": "in-house"}]
@@ -88,3 +75,71 @@ def test_unrecognized_keys_from_stored_hours_equal_the_spans(store, make_setting
                     "SELECT count() FROM otel_traces WHERE TraceId = {t:String} AND ServiceName = {s:String} "
                     "AND mapContains(SpanAttributes, {k:String})", parameters={"t": trace_id, "s": service, "k": key}
                 ).result_rows[0][0] == 1
+
+
+def _exporter_spans(store: Any) -> datetime:
+    """3,000 spans over five past hours, written as an otelcol-contrib exporter writes them
+    (the views make the requests): LLM calls (some with no usage, some streamed without a
+    TTFT, some with no model), an in-house dialect no table reads, and other spans.
+    Returns the first hour."""
+    t0 = (datetime.now(timezone.utc) - timedelta(hours=8)).replace(minute=0, second=0, microsecond=0)
+    store.client().command(f"""
+        INSERT INTO otel_traces (Timestamp, TraceId, SpanId, ParentSpanId, SpanName, SpanKind, ServiceName,
+                                 SpanAttributes, Duration, StatusCode)
+        SELECT fromUnixTimestamp64Nano(toInt64({int(t0.timestamp())} * 1e9 + (cityHash64(number) % 18000) * 1e9)),
+               lower(hex(cityHash64(number, 1))), lower(hex(cityHash64(number, 2))), '', 'call',
+               'SPAN_KIND_CLIENT', ['chat-api', 'in-house', 'batch'][1 + number % 3],
+               multiIf(number % 3 = 0 AND number % 5 = 0, map('gen_ai.operation.name', 'chat',
+                                                              'gen_ai.request.model', 'gpt-4o'),
+                       number % 3 = 0 AND number % 5 = 1, map('gen_ai.operation.name', 'chat',
+                                                              'gen_ai.usage.input_tokens', '10',
+                                                              'gen_ai.usage.output_tokens', '5'),
+                       number % 3 = 0 AND number % 5 = 2, map('gen_ai.operation.name', 'chat',
+                                                              'gen_ai.request.model', 'gpt-4o',
+                                                              'gen_ai.request.stream', 'true',
+                                                              'gen_ai.usage.input_tokens', '10',
+                                                              'gen_ai.usage.output_tokens', '5'),
+                       number % 3 = 0, map('gen_ai.operation.name', 'chat', 'gen_ai.request.model', 'gpt-4o',
+                                          'gen_ai.usage.input_tokens', '10', 'gen_ai.usage.output_tokens', '5'),
+                       number % 3 = 1, map('acme.model_id', 'gpt-4o', 'acme.usage.prompt_tokens', '12',
+                                          'http.route', '/v1/chat'),
+                       number % 7 = 2, map('Vendor.TokenCount', '3'),
+                       map('db.system', 'redis')),
+               1000000, 'STATUS_CODE_OK'
+        FROM numbers(3000)""")
+    return t0
+
+
+def test_ingest_counts_from_hours_equal_the_raw_rows(store, make_settings) -> None:
+    """The whole hours of a window from the ingest rollups (migrations/0035), its partial
+    hours raw: every count equal to reading every request and span, on spans written as an
+    otelcol-contrib exporter writes them; the example trace is one of that service's
+    requests."""
+    t0 = _exporter_spans(store)
+    raw, rolled = make_settings(analytics={"use_rollups": False}), make_settings()
+    windows = [{"since": (t0 + timedelta(minutes=17)).isoformat(), "until": (t0 + timedelta(hours=4, minutes=13)).isoformat()},
+               {"since": t0.isoformat(), "until": (t0 + timedelta(hours=5)).isoformat()},
+               {"since": t0.isoformat(), "until": (t0 + timedelta(hours=5)).isoformat(), "service": "chat-api"},
+               {"since": (t0 + timedelta(minutes=5)).isoformat(), "until": (t0 + timedelta(minutes=55)).isoformat()}]
+    counts = ("requests", "spans_seen", "without_usage", "without_model", "streams_without_ttft",
+              "unpriced_requests", "unpriced_models", "unrecognized_spans")
+
+    def rows(settings: Any, params: dict[str, str]) -> dict:
+        return {(r["service"], r["dialect"]): r for r in reports.run("ingest", store, settings, params)["rows"]}
+
+    for window in windows:
+        want, got = rows(raw, window), rows(rolled, window)
+        assert got.keys() == want.keys()
+        for key, row in got.items():
+            assert {c: row[c] for c in counts} == {c: want[key][c] for c in counts}, (window, key)
+            if row["requests"]:
+                [(n,)] = store.client().query(
+                    "SELECT count() FROM llm_requests WHERE TraceId = {t:String} AND ServiceName = {s:String}",
+                    parameters={"t": row["example_trace_id"], "s": key[0]}).result_rows
+                assert n == 1
+    whole = rows(rolled, windows[1])
+    chat = whole[("chat-api", "semconv")]
+    assert chat["requests"] == 1000 and chat["spans_seen"] == 1000
+    assert chat["without_usage"] == 200 and chat["without_model"] == 200 and chat["streams_without_ttft"] == 200
+    [(stored,)] = store.client().query("SELECT sum(Spans) FROM rollup_spans_1h").result_rows
+    assert stored == 3000

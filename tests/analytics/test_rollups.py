@@ -321,6 +321,10 @@ def test_upgrade_backfills_rows_stored_before(make_settings, tmp_path) -> None:
         raw = client.query("SELECT count(), sum(InputTokens) FROM llm_requests").result_rows[0]
         for table in ("rollup_requests_1m", "rollup_requests_1h", "rollup_requests_6h", "rollup_costs_15m", "rollup_costs_6h"):
             assert tuple(client.query(f"SELECT sum(Requests), sum(InputTokens) FROM {table}").result_rows[0]) == raw
+        # the ingest rollups (0035) back-filled too: every request and every span once
+        assert client.query("SELECT sum(Requests) FROM rollup_ingest_1h").result_rows[0][0] == raw[0]
+        assert (client.query("SELECT sum(Spans) FROM rollup_spans_1h").result_rows[0][0]
+                == client.query("SELECT count() FROM otel_traces").result_rows[0][0])
     finally:
         store.client().command("DROP DATABASE IF EXISTS rollup_upgrade")
 

@@ -41,6 +41,8 @@ TTL_COLUMNS = {
     "rollup_stages_1h": "toDate(Hour)",
     "rollup_stages_6h": "toDate(Hour)",
     "rollup_span_keys_1h": "toDate(Hour)",
+    "rollup_ingest_1h": "toDate(Hour)",
+    "rollup_spans_1h": "toDate(Hour)",
     "rollup_quality_15m": "toDate(Bucket)",
 }
 

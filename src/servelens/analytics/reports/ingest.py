@@ -18,7 +18,7 @@ import polars as pl
 
 from servelens.analytics.pricing import Catalog
 from servelens.analytics.query import ReportQuery
-from servelens.analytics.sources import frame, span_keys
+from servelens.analytics.sources import frame, rollups, span_keys
 from servelens.analytics.sql import window
 from servelens.core.config import Settings
 from servelens.core.store import StoreLike
@@ -26,24 +26,51 @@ from servelens.core.store import StoreLike
 DEFAULT_BY = None
 
 
+# The whole hours of a window come from the ingest rollups (migrations/0035), its partial
+# hours from raw rows: a month of raw rows at 100 M requests was 16 s (BENCHMARKS.md,
+# "Ingest health from hours").
+_HOURS = 3600
+_REQUESTS_RAW = """
+    SELECT ServiceName, Dialect, Model, count() AS Requests,
+           countIf(InputTokens = 0 AND OutputTokens = 0 AND NOT IsError) AS WithoutUsage,
+           countIf(Model = '') AS WithoutModel,
+           countIf(Streaming = 1 AND TtftSeconds IS NULL) AS StreamsWithoutTtft,
+           any(TraceId) AS ExampleTraceId
+    FROM llm_requests WHERE {when}{service} GROUP BY ServiceName, Dialect, Model"""
+_REQUESTS_ROLLUP = """
+    SELECT ServiceName, Dialect, Model, Requests, WithoutUsage, WithoutModel, StreamsWithoutTtft, ExampleTraceId
+    FROM rollup_ingest_1h WHERE {when}{service}"""
+_SPANS_RAW = "SELECT ServiceName, count() AS Spans FROM otel_traces WHERE {when}{service} GROUP BY ServiceName"
+_SPANS_ROLLUP = "SELECT ServiceName, Spans FROM rollup_spans_1h WHERE {when}{service}"
+
+
+def _union(q: ReportQuery, settings: Settings, params: dict[str, Any], service: str, rollup: str, raw: str,
+           table: str) -> str:
+    """[since, until) as one UNION ALL: whole hours from `table`, the rest raw (or all raw
+    where analytics.use_rollups is off)."""
+    bounds = q.bounds()
+    grains = ((table, _HOURS),) if settings.analytics.use_rollups else ()
+    parts = rollups.piece_selects(bounds["since_ns"], bounds["until_ns"], grains, params,
+                                  lambda _table, when: rollup.format(when=when, service=service),
+                                  lambda when: raw.format(when=when, service=service), column="Hour")
+    return " UNION ALL ".join(parts) or raw.format(when=window().sql, service=service)
+
+
 def report(store: StoreLike, settings: Settings, q: ReportQuery) -> pl.DataFrame:
-    in_window = window().sql
     params: dict[str, Any] = q.bounds()
     service = ""
     if q.filters.get("service"):
         service, params["service"] = " AND ServiceName = {service:String}", q.filters["service"]
     requests = frame(store, f"""
-        SELECT ServiceName AS service, Dialect AS dialect, Model AS model,
-               count() AS requests,
-               countIf(InputTokens = 0 AND OutputTokens = 0 AND NOT IsError) AS without_usage,
-               countIf(Model = '') AS without_model,
-               countIf(Streaming = 1 AND TtftSeconds IS NULL) AS streams_without_ttft,
-               any(TraceId) AS example_trace_id
-        FROM llm_requests WHERE {in_window}{service}
+        SELECT toString(ServiceName) AS service, toString(Dialect) AS dialect, toString(Model) AS model,
+               sum(Requests) AS requests, sum(WithoutUsage) AS without_usage, sum(WithoutModel) AS without_model,
+               sum(StreamsWithoutTtft) AS streams_without_ttft, any(ExampleTraceId) AS example_trace_id
+        FROM ({_union(q, settings, params, service, _REQUESTS_ROLLUP, _REQUESTS_RAW, "rollup_ingest_1h")})
         GROUP BY service, dialect, model""", params)
     spans = frame(store, f"""
-        SELECT ServiceName AS service, count() AS spans_seen
-        FROM otel_traces WHERE {in_window}{service} GROUP BY service""", params)
+        SELECT toString(ServiceName) AS service, sum(Spans) AS spans_seen
+        FROM ({_union(q, settings, params, service, _SPANS_ROLLUP, _SPANS_RAW, "rollup_spans_1h")})
+        GROUP BY service""", params)
     unknown = span_keys.unrecognized(store, settings, q)
     return _assemble(requests, spans, unknown, Catalog.of(settings.pricing.models), q.until)
 
