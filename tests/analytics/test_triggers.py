@@ -167,6 +167,31 @@ def test_a_single_queue_spike_is_no_trend(store, make_settings) -> None:
     assert run_windows(store, settings, start + 6 * HOUR, 1, ["queue_wait_growth"]) == [[]]
 
 
+def test_a_busy_queue_that_eased_then_climbs_fast_is_seen_in_its_second_window(store, make_settings) -> None:
+    """At thousands of requests an hour a queue's p95 has almost no noise: four hours easing
+    by half a percent an hour order the series' first twelve points downwards, and a rank
+    test that counts those signs finds two windows of +50 % and +100 % no trend at alpha 0.01
+    (p 0.03 here). Read on the 5 % grid (QueueWaitGrowth.resolution), the eased points are
+    ties (p 0.003)."""
+    settings = make_settings(triggers={"baseline": "2d"})
+    base = Traffic(service="batch-svc", deployment="batch", per_hour=6000, diurnal=0.0, queue_s=0.2)
+    start = T0 + timedelta(days=2)
+    insert(store, T0, start, base)
+    for i, factor in enumerate((0.995, 0.99, 0.985, 0.98, 1.5, 2.0)):
+        insert(store, start + i * HOUR, start + (i + 1) * HOUR, replace(base, queue_s=0.2 * factor), seed=10 + i)
+    at = engine.window_at(settings, start + 6 * HOUR)
+    findings, _, _ = engine.run_detectors(store, settings, at, ["queue_wait_growth"])
+    (found,) = [f for f in findings if f.subject == {"deployment": "batch"}]
+    assert found.firing, found.summary
+    assert found.evidence["trend"]["p_value"] < 0.01 and found.evidence["growth"] > 0.9
+    # The same series with every difference counted (resolution 0) is no trend: the eased
+    # points are what outvoted the climb.
+    exact = make_settings(triggers={"baseline": "2d", "queue_wait_growth": {"resolution": 0}})
+    findings, _, _ = engine.run_detectors(store, exact, at, ["queue_wait_growth"])
+    (counted,) = [f for f in findings if f.subject == {"deployment": "batch"}]
+    assert not counted.firing and counted.evidence["trend"]["p_value"] > 0.01, counted.summary
+
+
 def test_p99_drift_fires_on_the_tail_not_on_a_uniform_slowdown(store, make_settings) -> None:
     settings = make_settings(triggers={"baseline": "2d"})
     normal = Traffic(per_hour=300)

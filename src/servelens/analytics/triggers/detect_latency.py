@@ -30,6 +30,10 @@ class QueueWaitGrowth(TriggerKindConfig):
     # point of the series, not a sixth of it, and the trend is seen on more points.
     points: int = Field(3, ge=1, le=12, description="series points per window")
     alpha: float = Field(0.01, gt=0, lt=1, description="Mann-Kendall, one-sided")
+    # Mann-Kendall counts signs, not sizes: at thousands of requests an hour a queue's p95
+    # drifts by a percent with no noise to hide it, and those pairs outvote a step of +50 %.
+    # Points are compared on a grid of this relative step, closer ones read as ties.
+    resolution: float = Field(0.05, ge=0, lt=1, description="relative difference read as a tie by the trend test")
     min_growth: float = Field(0.5, gt=0, description="last window's level / first window's - 1")
     # The p95's rise in time, at least: a queue of a few milliseconds may double unseen.
     min_increase: timedelta = timedelta(milliseconds=10)
@@ -116,7 +120,7 @@ def _queue_findings(store: StoreLike, settings: Settings, cfg: Any, at: Evaluati
         # A ten-minute burst lifts one point: smoothed away before the rank test, where an
         # early outlier would cost up to n - 1 pairs of an otherwise steady climb.
         series = stats.running_median3(ratio)
-        trend = stats.mann_kendall(series, cfg.alpha)
+        trend = stats.mann_kendall(stats.log_grid(series, cfg.resolution), cfg.alpha)
         fit = stats.theil_sen(series)
         # How far it grew: the last window's lowest point over the first window's median.
         # A fitted slope spread over the whole span would understate a climb that began

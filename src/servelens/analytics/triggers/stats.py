@@ -110,6 +110,14 @@ def mann_kendall(series: Sequence[float], alpha: float = TREND_ALPHA) -> StatRes
                       {"n": n, "tau": tau, "z": z})
 
 
+def log_grid(series: Sequence[float], step: float) -> np.ndarray:
+    """Positive values as the index of their cell on a grid of relative `step`, cell k
+    centred on (1 + step)^k (cell 0 on 1, the usual level of a ratio): values within a cell
+    compare as ties in a rank test. step 0 leaves the series as it is."""
+    y = np.asarray(series, dtype=float)
+    return y if step <= 0 else np.rint(np.log(np.maximum(y, 1e-12)) / math.log1p(step))
+
+
 def running_median3(series: Sequence[float]) -> np.ndarray:
     """Tukey's running median of three: an isolated spike becomes its larger neighbour,
     while a monotone run is left exactly as it is. End points are kept."""
