@@ -10,11 +10,13 @@ the documented 1 %.
 
 from __future__ import annotations
 
+import math
 from datetime import datetime, timedelta, timezone
 
 import pytest
 
 from servelens.analytics.query import ReportQuery
+from servelens.analytics import sql
 from servelens.analytics.reports.registry import run
 from servelens.analytics.sources import requests as loader
 from servelens.analytics.sources import rollups
@@ -321,8 +323,9 @@ def test_upgrade_backfills_rows_stored_before(make_settings, tmp_path) -> None:
         raw = client.query("SELECT count(), sum(InputTokens) FROM llm_requests").result_rows[0]
         for table in ("rollup_requests_1m", "rollup_requests_1h", "rollup_requests_6h", "rollup_costs_15m", "rollup_costs_6h"):
             assert tuple(client.query(f"SELECT sum(Requests), sum(InputTokens) FROM {table}").result_rows[0]) == raw
-        # the ingest rollups (0035) back-filled too: every request and every span once
-        assert client.query("SELECT sum(Requests) FROM rollup_ingest_1h").result_rows[0][0] == raw[0]
+        # the ingest (0035) and reliability (0036) rollups back-filled too: every request and every span once
+        for table in ("rollup_ingest_1h", "rollup_reliability_1h"):
+            assert client.query(f"SELECT sum(Requests) FROM {table}").result_rows[0][0] == raw[0]
         assert (client.query("SELECT sum(Spans) FROM rollup_spans_1h").result_rows[0][0]
                 == client.query("SELECT count() FROM otel_traces").result_rows[0][0])
     finally:
@@ -407,3 +410,83 @@ def test_key_values_equal_with_and_without_rollups(loaded, make_settings) -> Non
             assert a == b and (a[0] or filters), (window, filters)
             # every window but the one inside a minute holds whole quarter hours
             assert ("rollup_costs" in sql) == (window != WINDOWS[3]) and "rollup_costs" not in raw_sql
+
+
+# --- reliability (migrations/0036) ---------------------------------------------------------
+
+DEPLOYMENTS = [{"name": name, "gpus": {"hosts": [f"{name}-node"]}, "gpu_hourly_usd": 2.5, "primary_model": model,
+                "budgets": {"total": "3s"}}
+               for name, model in (("llama-prod", "llama-70b"), ("qwen-prod", "qwen-32b"))]
+
+
+def _write_reliability_spans(store, n: int = 40_000) -> None:
+    """Two deployments with a primary model each; some requests served by another model
+    (a fallback by the configuration), some flagged app.fallback, rate limiting said by
+    status 429 and by error types in their usual spellings, retries, a lognormal latency."""
+    span_s = (END - START).total_seconds()
+    store.client().command(f"""
+        INSERT INTO otel_traces (Timestamp, TraceId, SpanId, ParentSpanId, SpanName, SpanKind, ServiceName,
+                                 ResourceAttributes, SpanAttributes, Duration, StatusCode)
+        SELECT fromUnixTimestamp64Nano(toInt64({int(START.timestamp())} * 1e9
+                                               + (cityHash64(number, 0) % {int(span_s * 1000)}) * 1e6)),
+               lower(hex(cityHash64(number, 1))), lower(hex(cityHash64(number, 2))), '',
+               'chat', 'SPAN_KIND_CLIENT', ['chat-api', 'rag', 'agent'][1 + number % 3],
+               map('app.deployment', ['llama-prod', 'qwen-prod'][1 + number % 2]),
+               map('gen_ai.operation.name', 'chat',
+                   'gen_ai.request.model', multiIf(number % 11 = 0, 'gpt-4o', number % 2 = 0, 'llama-70b', 'qwen-32b'),
+                   'app.fallback', if(number % 13 = 0, 'true', 'false'),
+                   'error.type', multiIf(number % 29 = 0, 'RateLimitError', number % 31 = 0, 'rate_limit_exceeded',
+                                         number % 37 = 0, '500', ''),
+                   'http.response.status_code', if(number % 41 = 0, '429', '200'),
+                   'http.request.resend_count', if(number % 23 = 0, '1', '0'),
+                   'gen_ai.usage.input_tokens', '100', 'gen_ai.usage.output_tokens', '50'),
+               toUInt64(1e9 * exp(0.7 * sqrt(-2 * log((cityHash64(number, 10) % 100000 + 1) / 100001.))
+                                  * cos(6.283185 * (cityHash64(number, 11) % 1000) / 1000.))),
+               if(number % 29 = 0 OR number % 31 = 0 OR number % 37 = 0, 'STATUS_CODE_ERROR', 'STATUS_CODE_OK')
+        FROM numbers({n})""")
+
+
+@pytest.mark.parametrize("window", WINDOWS[:3], ids=["all", "off-grain", "under-an-hour"])
+def test_reliability_equal_with_and_without_rollups(store, make_settings, window) -> None:
+    """Counts and rates equal to the raw rows' exactly; the fallback p99 from the sketches
+    within 1 % of an exact value at most one rank from the percentile. Fallbacks both
+    flagged and by the configured primary model (taken whole from the hour rollups)."""
+    _write_reliability_spans(store)
+    sketch = make_settings(deployments=DEPLOYMENTS, analytics={"exact_quantiles_up_to": 0})
+    exact = make_settings(deployments=DEPLOYMENTS, analytics={"use_rollups": False})
+    eps = rollups.SKETCH_ERROR
+    counted = ("requests", "error_rate", "retry_rate", "amplification", "fallback_rate", "rate_limited",
+               "primary_budget_ms")
+    fallback = sql.fallback(exact.deployments)
+    for by, column, filters in (("service", "ServiceName", {}), ("deployment", "Deployment", {}),
+                                ("model", "Model", {}), ("service", "ServiceName", {"deployment": "qwen-prod"})):
+        params = _window(*window, by=by, **filters)
+        a = _by_key(run("reliability", store, sketch, params)["rows"], by)
+        b = _by_key(run("reliability", store, exact, params)["rows"], by)
+        assert a.keys() == b.keys() and a
+        where = " AND Deployment = 'qwen-prod'" if filters else ""
+        q = ReportQuery.from_params(params)
+        latencies = dict(store.client().query(
+            f"SELECT {column}, arraySort(groupArrayIf(LatencySeconds, {fallback.sql})) FROM llm_requests "
+            f"WHERE Timestamp >= {{a:DateTime64(9)}} AND Timestamp < {{b:DateTime64(9)}}{where} GROUP BY {column}",
+            parameters={"a": q.since.replace(tzinfo=None), "b": q.until.replace(tzinfo=None), **fallback.params}
+        ).result_rows)
+        for key in a:
+            assert {c: a[key][c] for c in counted} == {c: b[key][c] for c in counted}, (by, key)
+            got = a[key]["fallback_latency_p99_ms"] / 1000
+            # the values a rank either side of the percentile's (exact reports interpolate at 0.99 (n - 1))
+            values = latencies[key]
+            at = 0.99 * (len(values) - 1)
+            lo, hi = values[max(math.floor(at) - 1, 0)], values[min(math.ceil(at) + 1, len(values) - 1)]
+            assert lo * (1 - eps) <= got <= hi * (1 + eps), (by, key, lo, got, hi)
+    # every spelling of rate limiting counted, in the rollup as in the raw rows
+    [(limited,)] = store.client().query(f"SELECT countIf({sql.RATE_LIMITED.sql}) FROM llm_requests").result_rows
+    [(rolled,)] = store.client().query("SELECT sum(RateLimited) FROM rollup_reliability_1h").result_rows
+    assert limited == rolled > 0
+
+
+def test_reliability_rollup_counts_rate_limiting_as_the_reports_do() -> None:
+    """The migration's view spells analytics.sql.RATE_LIMITED (SQL cannot import it)."""
+    from servelens.core.migrate import MIGRATIONS_DIR
+    view = (MIGRATIONS_DIR / "0036_reliability_rollup.sql").read_text()
+    assert view.count(f"countIf({sql.RATE_LIMITED.sql}) AS RateLimited") == 2  # the view and the back-fill

@@ -70,12 +70,24 @@ def like_hours(column: str = "Timestamp") -> Fragment:
 # --- requests ------------------------------------------------------------------------------
 
 def fallback(deployments: Iterable[DeploymentConfig]) -> Fragment:
-    """An attempt that fell back: app.fallback = true, or a known model other than the
-    primary_model configured for its deployment (deployment -> primary as two arrays)."""
+    """An attempt that fell back: app.fallback = true, or `other_model`."""
+    other = other_model(deployments)
+    return Fragment(f"(Fallback OR {other.sql})", other.params)
+
+
+def other_model(deployments: Iterable[DeploymentConfig]) -> Fragment:
+    """A known model other than the primary_model configured for the row's deployment
+    (deployment -> primary as two arrays): a fallback whatever app.fallback says. Reads
+    Deployment and Model only, so it applies to rollup rows as to requests."""
     primaries = {d.name: d.primary_model for d in deployments if d.primary_model}
-    return Fragment("(Fallback OR ((transform(toString(Deployment), {fb_deployments:Array(String)}, "
-                    "{fb_primaries:Array(String)}, '') AS primary_) != '' AND Model != '' AND Model != primary_))",
+    return Fragment("((transform(toString(Deployment), {fb_deployments:Array(String)}, "
+                    "{fb_primaries:Array(String)}, '') AS primary_) != '' AND Model != '' AND Model != primary_)",
                     {"fb_deployments": list(primaries), "fb_primaries": list(primaries.values())})
+
+
+# error.type is free text: HTTP status, OpenAI's RateLimitError, vLLM/LiteLLM's rate_limit_*.
+# migrations/0036 counts the same in rollup_reliability_1h (a test holds the two the same).
+RATE_LIMITED = Fragment("(HttpStatusCode = 429 OR match(ErrorType, '(?i)429|rate_?limit'))", {})
 
 
 def length_class(bounds: Sequence[int]) -> Fragment:

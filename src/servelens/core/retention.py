@@ -43,6 +43,7 @@ TTL_COLUMNS = {
     "rollup_span_keys_1h": "toDate(Hour)",
     "rollup_ingest_1h": "toDate(Hour)",
     "rollup_spans_1h": "toDate(Hour)",
+    "rollup_reliability_1h": "toDate(Hour)",
     "rollup_quality_15m": "toDate(Bucket)",
 }
 

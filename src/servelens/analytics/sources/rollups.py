@@ -426,10 +426,15 @@ def raw_quantiles(store: StoreLike, settings: Settings, q: ReportQuery, levels: 
     value is held at once (8 bytes a request per column: a month of 100 M requests took the
     dashboard to 3.9 GiB, BENCHMARKS.md "Fleet scale at 100 M stored requests"); a sketch
     is a few KiB a group."""
-    limit = settings.analytics.exact_quantiles_up_to
-    if limit and _requests(store, settings, q) <= limit:
+    if ranks_exactly(store, settings, q):
         return f"quantilesExactInclusive{combinator}({levels})"
     return f"quantilesDD{combinator}({DD_ACCURACY}, {levels})"
+
+
+def ranks_exactly(store: StoreLike, settings: Settings, q: ReportQuery) -> bool:
+    """Whether q's window holds at most `analytics.exact_quantiles_up_to` requests (0: never)."""
+    limit = settings.analytics.exact_quantiles_up_to
+    return bool(limit) and _requests(store, settings, q) <= limit
 
 
 def _requests(store: StoreLike, settings: Settings, q: ReportQuery) -> int:

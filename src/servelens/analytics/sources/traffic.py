@@ -12,13 +12,11 @@ import polars as pl
 
 from servelens.analytics.query import ReportQuery, key_expr
 from servelens.analytics.sources import frame, rollups
-from servelens.analytics.sql import bind, fallback
+from servelens.analytics.sql import RATE_LIMITED, bind, fallback, other_model
 from servelens.core.config import Settings
 from servelens.core.store import StoreLike
 
 NS = 1_000_000_000
-# error.type is free text: HTTP status, OpenAI's RateLimitError, vLLM/LiteLLM's rate_limit_*.
-_RATE_LIMITED = "(HttpStatusCode = 429 OR match(ErrorType, '(?i)429|rate_?limit'))"
 
 
 def _scoped(settings: Settings, q: ReportQuery) -> tuple[str, str, dict[str, Any]]:
@@ -96,10 +94,18 @@ def reliability_groups(store: StoreLike, settings: Settings, q: ReportQuery) -> 
     """Per group: attempts, errors, retries, originals, fallbacks (+ their p99 latency in
     seconds) and rate-limited attempts.
 
-    A fallback is what analytics.sql.fallback says.
+    A fallback is what analytics.sql.fallback says. The p99 is exact where the window holds
+    at most `analytics.exact_quantiles_up_to` requests (read from raw rows), else a DD
+    sketch (rollups.raw_quantiles): from the reliability rollup's whole hours and raw rows
+    at the edges where the rollups answer the grouping and filters (`_rollup_reliability`),
+    from raw rows otherwise.
     """
+    exact = rollups.ranks_exactly(store, settings, q)
+    if not exact and rollups.uses_rollup(q, settings, q.by):
+        return _rollup_reliability(store, settings, q)
     key_sql, where, params = _scoped(settings, q)
     is_fallback = fallback(settings.deployments)
+    p99 = "quantileExactInclusiveIf(0.99)" if exact else f"quantileDDIf({rollups.DD_ACCURACY}, 0.99)"
     sql = f"""
         WITH {is_fallback.sql} AS fallback_
         SELECT {key_sql} AS key,
@@ -108,12 +114,64 @@ def reliability_groups(store: StoreLike, settings: Settings, q: ReportQuery) -> 
                countIf(RetryAttempt > 0) AS retries,
                countIf(RetryAttempt = 0) AS originals,
                countIf(fallback_) AS fallbacks,
-               quantileExactInclusiveIf(0.99)(LatencySeconds, fallback_) AS fallback_p99,
-               countIf({_RATE_LIMITED}) AS rate_limited
+               {p99}(LatencySeconds, fallback_) AS fallback_p99,
+               countIf({RATE_LIMITED.sql}) AS rate_limited
         FROM llm_requests
         WHERE {where}
         GROUP BY key"""
     return frame(store, sql, bind(is_fallback, **params))
+
+
+# rollup_reliability_1h (migrations/0036) and its raw rows, as one set of columns: the
+# flagged fallbacks there, a row served by another model than its deployment's primary
+# taken whole (its latency from rollup_requests_1h, which holds every request's).
+_EMPTY_SKETCH = f"arrayReduce('{rollups.SKETCH.replace('(', 'State(', 1)}', emptyArrayFloat64())"
+_RELIABILITY_GRAIN = (("rollup_reliability_1h", 3600),)
+
+
+def _rollup_reliability(store: StoreLike, settings: Settings, q: ReportQuery) -> pl.DataFrame:
+    other = other_model(settings.deployments)
+    is_fallback = fallback(settings.deployments)
+    params: dict[str, Any] = bind(is_fallback)
+    key = rollups.REQUEST_DIMS[q.by] if q.by else "''"
+    kept = rollups.filter_sql(q, rollups.REQUEST_DIMS, params)
+    key_sql, where, raw_params = _scoped(settings, q)
+    params.update(raw_params)
+    bounds = q.bounds()
+    params.update(bounds)
+    sketch = rollups.SKETCH.replace("(", "StateIf(", 1)
+    parts = []
+    for i, piece in enumerate(rollups.pieces(bounds["since_ns"], bounds["until_ns"], _RELIABILITY_GRAIN)):
+        if not piece.table:
+            parts.append(f"""
+                SELECT {key_sql} AS key, count() AS Requests, countIf(IsError) AS Errors,
+                       countIf(RetryAttempt > 0) AS Retries, countIf({is_fallback.sql}) AS Fallbacks,
+                       countIf({RATE_LIMITED.sql}) AS RateLimited,
+                       {sketch}(LatencySeconds, {is_fallback.sql}) AS FallbackLatency
+                FROM llm_requests
+                WHERE {rollups.time_range('Timestamp', piece, i, params, raw=True)} AND {where}
+                GROUP BY key""")
+            continue
+        hours = rollups.time_range("Hour", piece, i, params, raw=False)
+        parts.append(f"""
+            SELECT {key} AS key, Requests, Errors, Retries, if({other.sql}, Requests, Fallbacks) AS Fallbacks,
+                   RateLimited, if({other.sql}, {_EMPTY_SKETCH}, FallbackLatency) AS FallbackLatency
+            FROM rollup_reliability_1h WHERE {hours} AND {kept}""")
+        if other.params["fb_deployments"]:
+            parts.append(f"""
+                SELECT {key} AS key, 0 AS Requests, 0 AS Errors, 0 AS Retries, 0 AS Fallbacks, 0 AS RateLimited,
+                       Latency AS FallbackLatency
+                FROM rollup_requests_1h
+                WHERE {rollups.time_range('Minute', piece, i, params, raw=False)} AND {kept} AND {other.sql}""")
+    sql = f"""
+        SELECT toString(key) AS key, sum(Requests) AS requests, sum(Errors) AS errors, sum(Retries) AS retries,
+               sum(Requests) - sum(Retries) AS originals, sum(Fallbacks) AS fallbacks,
+               {rollups.SKETCH.replace('(', 'Merge(', 1)}(FallbackLatency)[3] AS fallback_p99,
+               sum(RateLimited) AS rate_limited
+        FROM ({' UNION ALL '.join(parts)})
+        GROUP BY key
+        HAVING requests > 0"""
+    return frame(store, sql, params)
 
 
 def deployment_mix(store: StoreLike, settings: Settings, q: ReportQuery) -> pl.DataFrame:
