@@ -19,9 +19,10 @@ from servelens.core.config import TRIGGER_KINDS, ConfigError, Settings
 pytestmark = pytest.mark.integration
 
 # Read from core/config.py's TriggersConfig before the kinds' models moved to their modules.
+# Keys added since are added here on purpose (queue_wait_growth.resolution).
 FIELDS_BEFORE = {
     "queue_wait_growth": ["alpha", "critical_growth", "min_growth", "min_increase", "min_requests", "min_windows",
-                          "points", "windows"],
+                          "points", "resolution", "windows"],
     "p99_drift": ["alpha", "critical_rise", "min_baseline", "min_requests", "min_rise", "p50_tolerance",
                   "recovery_alpha"],
     "quality_regression": ["critical_drop", "fdr", "keys", "min_baseline", "min_drop", "min_evaluations", "pairs",

@@ -323,9 +323,8 @@ def test_upgrade_backfills_rows_stored_before(make_settings, tmp_path) -> None:
         raw = client.query("SELECT count(), sum(InputTokens) FROM llm_requests").result_rows[0]
         for table in ("rollup_requests_1m", "rollup_requests_1h", "rollup_requests_6h", "rollup_costs_15m", "rollup_costs_6h"):
             assert tuple(client.query(f"SELECT sum(Requests), sum(InputTokens) FROM {table}").result_rows[0]) == raw
-        # the ingest (0035) and reliability (0036) rollups back-filled too: every request and every span once
-        for table in ("rollup_ingest_1h", "rollup_reliability_1h"):
-            assert client.query(f"SELECT sum(Requests) FROM {table}").result_rows[0][0] == raw[0]
+        # the ingest rollups (0035) back-filled too: every request and every span once
+        assert client.query("SELECT sum(Requests) FROM rollup_ingest_1h").result_rows[0][0] == raw[0]
         assert (client.query("SELECT sum(Spans) FROM rollup_spans_1h").result_rows[0][0]
                 == client.query("SELECT count() FROM otel_traces").result_rows[0][0])
     finally:
@@ -479,14 +478,25 @@ def test_reliability_equal_with_and_without_rollups(store, make_settings, window
             at = 0.99 * (len(values) - 1)
             lo, hi = values[max(math.floor(at) - 1, 0)], values[min(math.ceil(at) + 1, len(values) - 1)]
             assert lo * (1 - eps) <= got <= hi * (1 + eps), (by, key, lo, got, hi)
-    # every spelling of rate limiting counted, in the rollup as in the raw rows
-    [(limited,)] = store.client().query(f"SELECT countIf({sql.RATE_LIMITED.sql}) FROM llm_requests").result_rows
-    [(rolled,)] = store.client().query("SELECT sum(RateLimited) FROM rollup_reliability_1h").result_rows
-    assert limited == rolled > 0
+    # every spelling of rate limiting counted, in the rollups as in the raw rows; the
+    # reliability rollup holds only the hours' fallbacks and rate limiting by error type
+    client = store.client()
+    [(limited,)] = client.query(f"SELECT countIf({sql.RATE_LIMITED.sql}) FROM llm_requests").result_rows
+    [(rolled,)] = client.query("SELECT (SELECT sum(RateLimited) FROM rollup_requests_1h) "
+                               "+ (SELECT sum(RateLimitedByType) FROM rollup_reliability_1h)").result_rows
+    assert limited == rolled > client.query("SELECT sum(RateLimited) FROM rollup_requests_1h").result_rows[0][0]
 
 
 def test_reliability_rollup_counts_rate_limiting_as_the_reports_do() -> None:
-    """The migration's view spells analytics.sql.RATE_LIMITED (SQL cannot import it)."""
+    """The migration's view spells analytics.sql.RATE_LIMITED_BY_TYPE (SQL cannot import it),
+    and the request rollups count status 429: RATE_LIMITED is the two."""
     from servelens.core.migrate import MIGRATIONS_DIR
     view = (MIGRATIONS_DIR / "0036_reliability_rollup.sql").read_text()
-    assert view.count(f"countIf({sql.RATE_LIMITED.sql}) AS RateLimited") == 2  # the view and the back-fill
+    assert view.count(f"countIf(HttpStatusCode != 429 AND {sql.RATE_LIMITED_BY_TYPE.sql}) AS RateLimitedByType") == 2
+    requests = (MIGRATIONS_DIR / "0019_request_rollups.sql").read_text()
+    assert "countIf(HttpStatusCode = 429) AS RateLimited" in requests
+    assert sql.RATE_LIMITED.sql == f"(HttpStatusCode = 429 OR {sql.RATE_LIMITED_BY_TYPE.sql})"
+    # the back-fill selects what the view selects
+    selects = [view.split(marker, 1)[1].split(";", 1)[0]
+               for marker in ("TO rollup_reliability_1h AS\n", "INSERT INTO rollup_reliability_1h\n")]
+    assert selects[0] == selects[1] and selects[0].startswith("SELECT")

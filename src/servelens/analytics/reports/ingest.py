@@ -28,7 +28,7 @@ DEFAULT_BY = None
 
 # The whole hours of a window come from the ingest rollups (migrations/0035), its partial
 # hours from raw rows: a month of raw rows at 100 M requests was 16 s (BENCHMARKS.md,
-# "Ingest health from hours").
+# "Ingest health and reliability from hours").
 _HOURS = 3600
 _REQUESTS_RAW = """
     SELECT ServiceName, Dialect, Model, count() AS Requests,

@@ -122,11 +122,13 @@ def reliability_groups(store: StoreLike, settings: Settings, q: ReportQuery) -> 
     return frame(store, sql, bind(is_fallback, **params))
 
 
-# rollup_reliability_1h (migrations/0036) and its raw rows, as one set of columns: the
-# flagged fallbacks there, a row served by another model than its deployment's primary
-# taken whole (its latency from rollup_requests_1h, which holds every request's).
+# Whole hours from rollup_requests_1h (counts, flagged fallbacks, status-429 answers, every
+# request's latency) and rollup_reliability_1h (rate limiting by error type, the flagged
+# fallbacks' latency; migrations/0036), the partial hours from raw rows, as one set of
+# columns. A row served by another model than its deployment's primary is taken whole:
+# all its requests and their latency.
 _EMPTY_SKETCH = f"arrayReduce('{rollups.SKETCH.replace('(', 'State(', 1)}', emptyArrayFloat64())"
-_RELIABILITY_GRAIN = (("rollup_reliability_1h", 3600),)
+_HOUR_GRAIN = (("rollup_requests_1h", 3600),)
 
 
 def _rollup_reliability(store: StoreLike, settings: Settings, q: ReportQuery) -> pl.DataFrame:
@@ -141,7 +143,7 @@ def _rollup_reliability(store: StoreLike, settings: Settings, q: ReportQuery) ->
     params.update(bounds)
     sketch = rollups.SKETCH.replace("(", "StateIf(", 1)
     parts = []
-    for i, piece in enumerate(rollups.pieces(bounds["since_ns"], bounds["until_ns"], _RELIABILITY_GRAIN)):
+    for i, piece in enumerate(rollups.pieces(bounds["since_ns"], bounds["until_ns"], _HOUR_GRAIN)):
         if not piece.table:
             parts.append(f"""
                 SELECT {key_sql} AS key, count() AS Requests, countIf(IsError) AS Errors,
@@ -152,17 +154,14 @@ def _rollup_reliability(store: StoreLike, settings: Settings, q: ReportQuery) ->
                 WHERE {rollups.time_range('Timestamp', piece, i, params, raw=True)} AND {where}
                 GROUP BY key""")
             continue
-        hours = rollups.time_range("Hour", piece, i, params, raw=False)
         parts.append(f"""
             SELECT {key} AS key, Requests, Errors, Retries, if({other.sql}, Requests, Fallbacks) AS Fallbacks,
-                   RateLimited, if({other.sql}, {_EMPTY_SKETCH}, FallbackLatency) AS FallbackLatency
-            FROM rollup_reliability_1h WHERE {hours} AND {kept}""")
-        if other.params["fb_deployments"]:
-            parts.append(f"""
-                SELECT {key} AS key, 0 AS Requests, 0 AS Errors, 0 AS Retries, 0 AS Fallbacks, 0 AS RateLimited,
-                       Latency AS FallbackLatency
-                FROM rollup_requests_1h
-                WHERE {rollups.time_range('Minute', piece, i, params, raw=False)} AND {kept} AND {other.sql}""")
+                   RateLimited, if({other.sql}, Latency, {_EMPTY_SKETCH}) AS FallbackLatency
+            FROM rollup_requests_1h WHERE {rollups.time_range('Minute', piece, i, params, raw=False)} AND {kept}
+            UNION ALL
+            SELECT {key} AS key, 0 AS Requests, 0 AS Errors, 0 AS Retries, 0 AS Fallbacks,
+                   RateLimitedByType AS RateLimited, if({other.sql}, {_EMPTY_SKETCH}, FallbackLatency) AS FallbackLatency
+            FROM rollup_reliability_1h WHERE {rollups.time_range('Hour', piece, i, params, raw=False)} AND {kept}""")
     sql = f"""
         SELECT toString(key) AS key, sum(Requests) AS requests, sum(Errors) AS errors, sum(Retries) AS retries,
                sum(Requests) - sum(Retries) AS originals, sum(Fallbacks) AS fallbacks,

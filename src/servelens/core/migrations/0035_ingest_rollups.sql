@@ -1,6 +1,6 @@
 -- The ingest report's counts per hour, maintained at ingest: a month of it read every
 -- request and every span (at 100 M stored requests, 11 s over llm_requests and 4.6 s
--- over otel_traces; BENCHMARKS.md, "Ingest health from hours"). The reader
+-- over otel_traces; BENCHMARKS.md, "Ingest health and reliability from hours"). The reader
 -- (analytics/reports/ingest.py) takes the window's whole hours from here and its partial
 -- hours from the raw rows.
 --

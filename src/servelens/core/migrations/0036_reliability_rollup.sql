@@ -1,18 +1,23 @@
--- The reliability report's counts and fallback latency per hour, maintained at ingest: a
--- month of it read every request (at 100 M stored requests, 5.7 s; BENCHMARKS.md,
--- "Reliability from hours"). The reader (analytics/sources/traffic.py) takes the window's
--- whole hours from here and its partial hours from the raw rows.
+-- What the reliability report needs beyond the request rollups (0019), per hour, from the
+-- few requests it concerns: a month of the report read every request (at 100 M stored
+-- requests, 5.7 s; BENCHMARKS.md, "Ingest health and reliability from hours"). The reader
+-- (analytics/sources/traffic.py) takes the window's whole hours from rollup_requests_1h
+-- (requests, errors, retries, flagged fallbacks, status-429 answers, every request's
+-- latency sketch) and from here, its partial hours from the raw rows.
 --
--- Per (service, deployment, model, provider, operation, region), as the request rollups
--- (0019), so the same groupings and filters are answered; rows per hour are bounded by the
--- combinations active in it. Sums are exact. RateLimited is analytics/sql.py's
--- RATE_LIMITED (a test holds the two the same). A fallback is app.fallback = true here;
--- a request served by a model other than its deployment's configured primary_model is one
--- too, but the configuration may change after ingest, so the reader decides that per row
--- (its Deployment and Model), taking all its requests and their latency
--- (rollup_requests_1h's sketch). FallbackLatency: a DDSketch state of the flagged
--- fallbacks' latency, the request rollups' type and accuracy (within 1 % of an exact
--- value at most one rank from the percentile).
+-- Per (service, deployment, model, provider, operation, region), as the request rollups,
+-- so the same groupings and filters are answered; a row only where an hour held such a
+-- request. The view reads only them (a WHERE before its GROUP BY), so it costs an insert
+-- little beyond the filter:
+-- RateLimitedByType: rate-limited answers the request rollups' RateLimited (status 429)
+--   does not count: an error type naming it (analytics/sql.py RATE_LIMITED_BY_TYPE, a test
+--   holds the two the same) with another status; RATE_LIMITED = the two together.
+-- FallbackLatency: a DDSketch state of the flagged fallbacks' (app.fallback = true)
+--   latency, the request rollups' type and accuracy (within 1 % of an exact value at most
+--   one rank from the percentile). A request served by a model other than its deployment's
+--   configured primary_model is a fallback too, but the configuration may change after
+--   ingest, so the reader decides that per row (its Deployment and Model), taking all its
+--   requests and rollup_requests_1h's sketch of their latency.
 CREATE TABLE IF NOT EXISTS rollup_reliability_1h (
     Hour DateTime CODEC(Delta, ZSTD(1)),
     ServiceName LowCardinality(String),
@@ -21,11 +26,7 @@ CREATE TABLE IF NOT EXISTS rollup_reliability_1h (
     Provider LowCardinality(String),
     Operation LowCardinality(String),
     Region LowCardinality(String),
-    Requests SimpleAggregateFunction(sum, UInt64),
-    Errors SimpleAggregateFunction(sum, UInt64),
-    Retries SimpleAggregateFunction(sum, UInt64),
-    Fallbacks SimpleAggregateFunction(sum, UInt64),
-    RateLimited SimpleAggregateFunction(sum, UInt64),
+    RateLimitedByType SimpleAggregateFunction(sum, UInt64),
     FallbackLatency AggregateFunction(quantilesDD(0.0025, 0.5, 0.95, 0.99), Float64)
 ) ENGINE = AggregatingMergeTree
 PARTITION BY toDate(Hour)
@@ -35,13 +36,10 @@ SETTINGS non_replicated_deduplication_window = 10000, ttl_only_drop_parts = 1;
 CREATE MATERIALIZED VIEW IF NOT EXISTS rollup_reliability_1h_mv TO rollup_reliability_1h AS
 SELECT toStartOfHour(Timestamp) AS Hour,
        ServiceName, Deployment, Model, Provider, Operation, Region,
-       count() AS Requests,
-       countIf(IsError) AS Errors,
-       countIf(RetryAttempt > 0) AS Retries,
-       countIf(Fallback) AS Fallbacks,
-       countIf((HttpStatusCode = 429 OR match(ErrorType, '(?i)429|rate_?limit'))) AS RateLimited,
+       countIf(HttpStatusCode != 429 AND match(ErrorType, '(?i)429|rate_?limit')) AS RateLimitedByType,
        quantilesDDStateIf(0.0025, 0.5, 0.95, 0.99)(LatencySeconds, Fallback) AS FallbackLatency
 FROM llm_requests
+WHERE Fallback OR (ErrorType != '' AND HttpStatusCode != 429 AND match(ErrorType, '(?i)429|rate_?limit'))
 GROUP BY Hour, ServiceName, Deployment, Model, Provider, Operation, Region;
 
 -- What llm_requests held before this migration (migrations run before the receivers
@@ -49,11 +47,8 @@ GROUP BY Hour, ServiceName, Deployment, Model, Provider, Operation, Region;
 INSERT INTO rollup_reliability_1h
 SELECT toStartOfHour(Timestamp) AS Hour,
        ServiceName, Deployment, Model, Provider, Operation, Region,
-       count() AS Requests,
-       countIf(IsError) AS Errors,
-       countIf(RetryAttempt > 0) AS Retries,
-       countIf(Fallback) AS Fallbacks,
-       countIf((HttpStatusCode = 429 OR match(ErrorType, '(?i)429|rate_?limit'))) AS RateLimited,
+       countIf(HttpStatusCode != 429 AND match(ErrorType, '(?i)429|rate_?limit')) AS RateLimitedByType,
        quantilesDDStateIf(0.0025, 0.5, 0.95, 0.99)(LatencySeconds, Fallback) AS FallbackLatency
 FROM llm_requests
+WHERE Fallback OR (ErrorType != '' AND HttpStatusCode != 429 AND match(ErrorType, '(?i)429|rate_?limit'))
 GROUP BY Hour, ServiceName, Deployment, Model, Provider, Operation, Region;
