@@ -351,14 +351,30 @@ def test_bad_slice_keys_are_rejected(by) -> None:
 
 
 @pytest.mark.integration
-def test_results_match_requests_within_the_evaluation_delay(store, make_settings) -> None:
+@pytest.mark.parametrize("writer", ["requests", "exporter"])
+def test_results_match_requests_within_the_evaluation_delay(store, make_settings, writer) -> None:
     """The request side of the match reads the days a result can come from: a result scored
     four days after its request is matched with evaluation_delay 7d, and under no slice
-    (counted in the totals) with the default 3d."""
+    (counted in the totals) with the default 3d. Requests written straight into the typed
+    table, or as an otelcol-contrib exporter writes spans (the views making them)."""
     from bench.history import Traffic, insert
 
     now = datetime.now(timezone.utc).replace(microsecond=0)
-    insert(store, now - timedelta(days=4, hours=1), now - timedelta(days=4), Traffic(per_hour=50, task_type="summarize"))
+    if writer == "requests":
+        insert(store, now - timedelta(days=4, hours=1), now - timedelta(days=4), Traffic(per_hour=50, task_type="summarize"))
+    else:
+        store.client().command(f"""
+            INSERT INTO otel_traces (Timestamp, TraceId, SpanId, ParentSpanId, SpanName, SpanKind, ServiceName,
+                                     SpanAttributes, Duration, StatusCode)
+            SELECT fromUnixTimestamp64Nano(toInt64({int((now - timedelta(days=4, hours=1)).timestamp())} * 1e9
+                                                   + number * 60e9)),
+                   lower(hex(cityHash64(number, 1))), lower(hex(cityHash64(number, 2))), '', 'chat',
+                   'SPAN_KIND_CLIENT', 'chat-api',
+                   map('gen_ai.operation.name', 'chat', 'gen_ai.request.model', 'gpt-4o', 'app.task_type', 'summarize',
+                       'gen_ai.usage.input_tokens', '10', 'gen_ai.usage.output_tokens', '5'),
+                   1000000000, 'STATUS_CODE_OK'
+            FROM numbers(50)""")
+        assert store.client().command("SELECT count() FROM llm_requests") == 50
     store.client().command(
         "INSERT INTO evaluations (Timestamp, TraceId, SpanId, Name, Passed, Source) "
         "SELECT now64(9) - INTERVAL 1 MINUTE, TraceId, SpanId, 'faithfulness', true, 'api' FROM llm_requests")

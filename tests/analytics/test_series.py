@@ -211,6 +211,14 @@ def test_pass_rate_points_fall_in_their_buckets(store, settings) -> None:
     points = doc["series"][0]["points"]
     assert [p[0] for p in points] == [iso(until - timedelta(hours=h)) for h in (3, 2, 1)]
     assert all(0.7 < p[1] < 0.9 for p in points)
+    # Finer than the stored quarter hours is not asked of them: auto over 3 h (1-minute
+    # buckets for requests) and 5m both give quarter hours, twelve of them.
+    for bucket in ("auto", "5m"):
+        doc = series.run("pass_rate", store, settings, {"since": iso(until - timedelta(hours=3)), "until": iso(until),
+                                                         "bucket": bucket})
+        assert doc["bucket"] == "15m"
+        assert [p[0] for p in doc["series"][0]["points"]] == [iso(until - timedelta(minutes=m))
+                                                                for m in range(180, 0, -15)]
 
 
 def test_an_ungrouped_spend_series_adds_up_a_grouped_one_read_in_the_same_run(counting_store, settings) -> None:
