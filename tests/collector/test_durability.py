@@ -122,7 +122,14 @@ def test_full_queue_refuses_with_retry_after_and_client_retries_land(make_settin
         threads = [threading.Thread(target=client, args=(4,)) for _ in range(6)]
         for t in threads:
             t.start()
-        time.sleep(1.0)
+        # Stalled until the queue is seen full (bounded): a fixed second was not always
+        # enough for six clients to reach a loaded machine's receiver.
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            with lock:
+                if refusals:
+                    break
+            time.sleep(0.05)
         store.client().command("ATTACH TABLE otel_traces")
         for t in threads:
             t.join(120)
