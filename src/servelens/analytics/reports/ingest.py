@@ -30,6 +30,7 @@ DEFAULT_BY = None
 # hours from raw rows: a month of raw rows at 100 M requests was 16 s (BENCHMARKS.md,
 # "Ingest health and reliability from hours").
 _HOURS = 3600
+# The partial hours' rows as the rollups' views compute them (a test holds both equal).
 _REQUESTS_RAW = """
     SELECT ServiceName, Dialect, Model, count() AS Requests,
            countIf(InputTokens = 0 AND OutputTokens = 0 AND NOT IsError) AS WithoutUsage,

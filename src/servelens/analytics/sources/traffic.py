@@ -96,12 +96,11 @@ def reliability_groups(store: StoreLike, settings: Settings, q: ReportQuery) -> 
 
     A fallback is what analytics.sql.fallback says. The p99 is exact where the window holds
     at most `analytics.exact_quantiles_up_to` requests (read from raw rows), else a DD
-    sketch (rollups.raw_quantiles): from the reliability rollup's whole hours and raw rows
-    at the edges where the rollups answer the grouping and filters (`_rollup_reliability`),
-    from raw rows otherwise.
+    sketch at the rollups' accuracy: from the hour rollups and raw rows at the edges where
+    they answer the grouping and filters (`_rollup_reliability`), from raw rows otherwise.
     """
     exact = rollups.ranks_exactly(store, settings, q)
-    if not exact and rollups.uses_rollup(q, settings, q.by):
+    if not exact and q.since < q.until and rollups.uses_rollup(q, settings, q.by):
         return _rollup_reliability(store, settings, q)
     key_sql, where, params = _scoped(settings, q)
     is_fallback = fallback(settings.deployments)
