@@ -104,7 +104,7 @@ def reliability_groups(store: StoreLike, settings: Settings, q: ReportQuery) -> 
         return _rollup_reliability(store, settings, q)
     key_sql, where, params = _scoped(settings, q)
     is_fallback = fallback(settings.deployments)
-    p99 = "quantileExactInclusiveIf(0.99)" if exact else f"quantileDDIf({rollups.DD_ACCURACY}, 0.99)"
+    p99 = rollups.raw_quantiles(store, settings, q, "0.99", "If")
     sql = f"""
         WITH {is_fallback.sql} AS fallback_
         SELECT {key_sql} AS key,
@@ -113,7 +113,7 @@ def reliability_groups(store: StoreLike, settings: Settings, q: ReportQuery) -> 
                countIf(RetryAttempt > 0) AS retries,
                countIf(RetryAttempt = 0) AS originals,
                countIf(fallback_) AS fallbacks,
-               {p99}(LatencySeconds, fallback_) AS fallback_p99,
+               {p99}(LatencySeconds, fallback_)[1] AS fallback_p99,
                countIf({RATE_LIMITED.sql}) AS rate_limited
         FROM llm_requests
         WHERE {where}
