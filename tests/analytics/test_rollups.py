@@ -327,6 +327,9 @@ def test_upgrade_backfills_rows_stored_before(make_settings, tmp_path) -> None:
         assert client.query("SELECT sum(Requests) FROM rollup_ingest_1h").result_rows[0][0] == raw[0]
         assert (client.query("SELECT sum(Spans) FROM rollup_spans_1h").result_rows[0][0]
                 == client.query("SELECT count() FROM otel_traces").result_rows[0][0])
+        # and the context sizes (0037): the successful requests' input tokens
+        assert (client.query("SELECT sum(Requests), sum(InputSum) FROM rollup_context_1h").result_rows
+                == client.query("SELECT count(), sum(InputTokens) FROM llm_requests WHERE NOT IsError").result_rows)
     finally:
         store.client().command("DROP DATABASE IF EXISTS rollup_upgrade")
 
@@ -500,3 +503,77 @@ def test_reliability_rollup_counts_rate_limiting_as_the_reports_do() -> None:
     selects = [view.split(marker, 1)[1].split(";", 1)[0]
                for marker in ("TO rollup_reliability_1h AS\n", "INSERT INTO rollup_reliability_1h\n")]
     assert selects[0] == selects[1] and selects[0].startswith("SELECT")
+
+
+# --- context sizes (migrations/0037) -------------------------------------------------------
+
+EDGES = (0, 99, 100, 101, 999, 1000, 1001, 3999, 4000, 15999, 16000, 63999, 64000, 127999, 128000)
+
+
+def _write_edge_spans(store, n: int = 6_000) -> None:
+    """Requests at and either side of every default size edge (and of a three-digit one),
+    with embeddings and errors among them, which the report leaves out."""
+    span_s = (END - START).total_seconds()
+    edges = "[" + ", ".join(map(str, EDGES)) + "]"
+    store.client().command(f"""
+        INSERT INTO otel_traces (Timestamp, TraceId, SpanId, ParentSpanId, SpanName, SpanKind, ServiceName,
+                                 SpanAttributes, Duration, StatusCode)
+        SELECT fromUnixTimestamp64Nano(toInt64({int(START.timestamp())} * 1e9
+                                               + (cityHash64(number, 20) % {int(span_s * 1000)}) * 1e6)),
+               lower(hex(cityHash64(number, 21))), lower(hex(cityHash64(number, 22))), '',
+               'chat', 'SPAN_KIND_CLIENT', ['chat-api', 'rag', 'agent'][1 + number % 3],
+               map('gen_ai.operation.name', if(number % 7 = 0, 'embeddings', 'chat'),
+                   'gen_ai.request.model', 'gpt-4o', 'gen_ai.provider.name', 'openai',
+                   'app.tenant', concat('tenant-', toString(number % 4)),
+                   'gen_ai.usage.input_tokens', toString({edges}[1 + intDiv(number, 3) % {len(EDGES)}]),
+                   'gen_ai.usage.output_tokens', '20'),
+               toUInt64(1e8 * (1 + cityHash64(number, 23) % 50)),
+               if(number % 11 = 0, 'STATUS_CODE_ERROR', 'STATUS_CODE_OK')
+        FROM numbers({n})""")
+
+
+def test_context_size_edges_fall_on_the_rollup_grid() -> None:
+    from servelens.analytics.sources import context
+
+    assert all(context.on_bucket_grid(b) for b in (0, 99, 100, 1000, 4000, 16000, 64000, 990, 1_200_000))
+    assert not any(context.on_bucket_grid(b) for b in (101, 1001, 128000, 4321))
+
+
+@pytest.mark.parametrize("window", WINDOWS[:3], ids=["all", "off-grain", "under-an-hour"])
+@pytest.mark.parametrize("bounds", [[1000, 4000, 16000, 64000], [100, 1000, 128000]], ids=["on-grid", "off-grid"])
+def test_context_sizes_equal_with_and_without_rollups(loaded, make_settings, window, bounds) -> None:
+    """Per size class, requests equal to the raw rows' exactly and the latency percentiles
+    within 1 % of an exact value at most one rank from the percentile; per service, the
+    requests and input tokens of the parts' rows equal. An edge off the buckets' grid
+    (128k) reads raw rows, the same answer."""
+    from servelens.analytics.sources import context
+
+    _write_edge_spans(loaded)
+    sketch = make_settings(context={"size_bounds": bounds}, analytics={"exact_quantiles_up_to": 0})
+    exact = make_settings(context={"size_bounds": bounds}, analytics={"use_rollups": False})
+    eps = rollups.SKETCH_ERROR
+    labels = context.size_labels(bounds)
+    for by, filters in (("service", {}), ("tenant", {}), ("service", {"service": "rag"})):
+        params = _window(*window, by=by, **filters)
+        q = ReportQuery.from_params(params)
+        assert context._hours_answer(sketch, q, None) == (bounds[-1] != 128000)
+        a, b = (run("context", loaded, s, params)["rows"] for s in (sketch, exact))
+        sizes_a, sizes_b = ({r["key"]: r for r in rows if r["kind"] == "size"} for rows in (a, b))
+        assert sizes_a.keys() == sizes_b.keys() and sizes_a
+        parts_a, parts_b = ({r["key"]: r["requests"] for r in rows if r["kind"] == "part"} for rows in (a, b))
+        assert parts_a == parts_b and parts_a
+        size_sql, size_params = context.size_class(bounds)
+        where = " AND ServiceName = 'rag'" if filters else ""
+        latencies = dict(loaded.client().query(
+            f"SELECT {size_sql} AS size, arraySort(groupArray(LatencySeconds)) FROM llm_requests "
+            f"WHERE Timestamp >= {{a:DateTime64(9)}} AND Timestamp < {{b:DateTime64(9)}} AND NOT IsError "
+            f"AND Operation != 'embeddings'{where} GROUP BY size",
+            parameters={"a": q.since.replace(tzinfo=None), "b": q.until.replace(tzinfo=None), **size_params}
+        ).result_rows)
+        for size, values in latencies.items():
+            got, want = sizes_a[labels[size - 1]], sizes_b[labels[size - 1]]
+            assert got["requests"] == want["requests"] == len(values), (by, size)
+            for level, column in ((0.5, "latency_p50_ms"), (0.99, "latency_p99_ms")):
+                at = level * (len(values) - 1)
+                lo, hi = values[max(math.floor(at) - 1, 0)], values[min(math.ceil(at) + 1, len(values) - 1)]
+                assert lo * (1 - eps) <= got[column] / 1000 <= hi * (1 + eps), (by, size, column)

@@ -44,6 +44,8 @@ TTL_COLUMNS = {
     "rollup_ingest_1h": "toDate(Hour)",
     "rollup_spans_1h": "toDate(Hour)",
     "rollup_reliability_1h": "toDate(Hour)",
+    "rollup_context_1h": "toDate(Hour)",
+    "rollup_context_1d": "toDate(Hour)",
     "rollup_quality_15m": "toDate(Bucket)",
 }
 

@@ -25,7 +25,6 @@ import polars as pl
 from servelens.analytics.query import ReportQuery, key_expr
 from servelens.analytics.reports import cost, quality
 from servelens.analytics.sources import context as source
-from servelens.analytics.sources import frame, rollups
 from servelens.core.config import Settings
 from servelens.core.store import StoreLike
 
@@ -76,21 +75,8 @@ def part_rows(sums: pl.DataFrame, prices: pl.DataFrame) -> pl.DataFrame:
 
 
 def size_rows(store: StoreLike, settings: Settings, q: ReportQuery, sums: pl.DataFrame) -> pl.DataFrame:
-    bounds = settings.context.size_bounds
-    labels = source.size_labels(bounds)
-    where, params = q.where(settings.attributes)
-    size_sql, size_params = source.size_class(bounds)
-    params.update(size_params)
-    # exact in windows small enough to rank
-    latency = rollups.raw_quantiles(store, settings, q, "0.5, 0.99")
-    ttft = rollups.raw_quantiles(store, settings, q, "0.5", "If")
-    timing = frame(store, f"""
-        SELECT {size_sql} AS size, count() AS requests,
-               {latency}(LatencySeconds) AS latency,
-               {ttft}(TtftSeconds, TtftSeconds IS NOT NULL)[1] AS ttft
-        FROM llm_requests
-        WHERE {where} AND NOT IsError AND Operation != 'embeddings'
-        GROUP BY size""", params)
+    labels = source.size_labels(settings.context.size_bounds)
+    timing = source.size_timing(store, settings, q)
     if timing.is_empty():
         return _shaped()
     evaluated = quality.slice_table(store, settings, q.since, q.until, [quality.CONTEXT_SIZE], q.filters)

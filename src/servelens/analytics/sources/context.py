@@ -31,7 +31,7 @@ from typing import Any, Sequence
 import polars as pl
 
 from servelens.analytics.query import ReportQuery, key_expr
-from servelens.analytics.sources import frame
+from servelens.analytics.sources import frame, rollups
 from servelens.analytics.sql import bind, window
 from servelens.core.config import Settings
 from servelens.core.store import StoreLike
@@ -110,9 +110,103 @@ HAS_DOCUMENTS = ("(mapContains(a, 'retrieval.documents.0.document.content') "
                  "OR mapContains(a, 'gen_ai.retrieval.documents'))")
 
 
-def size_class(bounds: Sequence[int]) -> tuple[str, dict[str, Any]]:
-    """The context-size class of a request (1-based index over `bounds` of InputTokens)."""
-    return "(arrayCount(b -> InputTokens >= b, {size_bounds:Array(UInt64)}) + 1)", {"size_bounds": list(bounds)}
+def size_class(bounds: Sequence[int], column: str = "InputTokens") -> tuple[str, dict[str, Any]]:
+    """The context-size class of a request (1-based index over `bounds` of `column`)."""
+    return f"(arrayCount(b -> {column} >= b, {{size_bounds:Array(UInt64)}}) + 1)", {"size_bounds": list(bounds)}
+
+
+# --- the size classes' hours (migrations/0037) ---------------------------------------------
+
+_CONTEXT_GRAINS = (("rollup_context_1d", 86400), ("rollup_context_1h", 3600))
+_CONTEXT_DIMS = {"service": "ServiceName"}
+
+
+def on_bucket_grid(bound: int) -> bool:
+    """Whether a size edge has at most two significant digits: rollup_context_1h's input
+    buckets then lie wholly on one side of it."""
+    digits = str(bound)
+    return bound < 100 or digits[2:] == "0" * (len(digits) - 2)
+
+
+def _hours_answer(settings: Settings, q: ReportQuery, by: str | None) -> bool:
+    """Whether rollup_context_1h answers q grouped `by`: the service is its one dimension,
+    and its buckets must not straddle a size edge."""
+    return (q.since < q.until and all(on_bucket_grid(b) for b in settings.context.size_bounds)
+            and rollups.answerable(q, settings, _CONTEXT_DIMS, by))
+
+
+def _pieces(settings: Settings, q: ReportQuery, by: str | None, raw: str, hourly: str,
+            params: dict[str, Any]) -> str:
+    """The successful non-embedding requests of q's window as one source of columns: whole
+    hours `hourly` from rollup_context_1h where it answers, else (and at the edges) `raw`
+    from llm_requests. Both select `key` and `size`."""
+    where, raw_params = q.where(settings.attributes)
+    params.update(raw_params)
+    where += " AND NOT IsError AND Operation != 'embeddings'"
+    key_sql, key_params = key_expr(by, settings.attributes) if by else ("''", {})
+    params.update(key_params)
+    size_sql, size_params = size_class(settings.context.size_bounds)
+    params.update(size_params)
+    def raw_select(when: str) -> str:
+        return (f"SELECT toString({key_sql}) AS key, {size_sql} AS size, {raw} FROM llm_requests "
+                f"WHERE {when} AND {where} GROUP BY key, size")
+
+    if not _hours_answer(settings, q, by):
+        return raw_select("1")
+    bucket_sql, _ = size_class(settings.context.size_bounds, "InputBucket")
+    kept = rollups.filter_sql(q, _CONTEXT_DIMS, params)
+    rollup_key = "toString(ServiceName)" if by else "''"
+    bounds = q.bounds()
+    parts = rollups.piece_selects(
+        bounds["since_ns"], bounds["until_ns"], _CONTEXT_GRAINS, params,
+        lambda table, when: f"SELECT {rollup_key} AS key, {bucket_sql} AS size, {hourly} FROM {table} WHERE {when} AND {kept}",
+        raw_select, column="Hour")
+    return " UNION ALL ".join(parts)
+
+
+_SKETCH_STATE = rollups.SKETCH.replace("(", "State(", 1)
+_SKETCH_MERGE = rollups.SKETCH.replace("(", "Merge(", 1)
+
+
+def size_timing(store: StoreLike, settings: Settings, q: ReportQuery) -> pl.DataFrame:
+    """Per context-size class of the successful non-embedding requests: requests, latency
+    [p50, p99] and TTFT p50 in seconds. Exact where the window is small enough to rank
+    (rollups.raw_quantiles), else sketched: its whole hours from rollup_context_1h where no
+    filter but the service's applies."""
+    schema = {"size": pl.Int64, "requests": pl.Int64, "latency": pl.List(pl.Float64), "ttft": pl.Float64}
+    if rollups.ranks_exactly(store, settings, q) or not _hours_answer(settings, q, None):
+        where, params = q.where(settings.attributes)
+        size_sql, size_params = size_class(settings.context.size_bounds)
+        params.update(size_params)
+        latency = rollups.raw_quantiles(store, settings, q, "0.5, 0.99")
+        ttft = rollups.raw_quantiles(store, settings, q, "0.5", "If")
+        out = frame(store, f"""
+            SELECT {size_sql} AS size, count() AS requests,
+                   {latency}(LatencySeconds) AS latency,
+                   {ttft}(TtftSeconds, TtftSeconds IS NOT NULL)[1] AS ttft
+            FROM llm_requests
+            WHERE {where} AND NOT IsError AND Operation != 'embeddings'
+            GROUP BY size""", params)
+        return _no_nan(out.cast(schema)) if out.height else pl.DataFrame(schema=schema)
+    params: dict[str, Any] = {}
+    source = _pieces(settings, q, None,
+                     f"""count() AS Requests, {_SKETCH_STATE}(LatencySeconds) AS Latency,
+                         {_SKETCH_STATE.replace('State(', 'StateIf(', 1)}(assumeNotNull(TtftSeconds),
+                                                                       TtftSeconds IS NOT NULL) AS Ttft""",
+                     "Requests, Latency, Ttft", params)
+    # the sketches hold 0.5, 0.95, 0.99: [1] and [3]
+    out = frame(store, f"""
+        SELECT size, sum(Requests) AS requests, {_SKETCH_MERGE}(Latency) AS l,
+               [l[1], l[3]] AS latency, {_SKETCH_MERGE}(Ttft)[1] AS ttft
+        FROM ({source})
+        GROUP BY size
+        HAVING requests > 0""", params)
+    return _no_nan(out.select(list(schema)).cast(schema)) if out.height else pl.DataFrame(schema=schema)
+
+
+def _no_nan(timing: pl.DataFrame) -> pl.DataFrame:
+    """A class with no TTFT ranks nothing: missing, not NaN."""
+    return timing.with_columns(pl.col("ttft").fill_nan(None))
 
 
 def size_labels(bounds: Sequence[int]) -> list[str]:
@@ -156,6 +250,11 @@ def _present(store: StoreLike, params: dict[str, Any]) -> dict[str, bool]:
     return {k: bool(v) for k, v in found.row(0, named=True).items()}
 
 
+_PART_SCHEMA = {"key": pl.String, "size": pl.Int64, "requests": pl.Int64, "input_tokens": pl.Float64,
+                "covered": pl.Int64, "covered_tokens": pl.Float64, "measured": pl.Int64, "part": pl.String,
+                "tokens": pl.Float64}
+
+
 def part_sums(store: StoreLike, settings: Settings, q: ReportQuery) -> pl.DataFrame:
     """Per group of q.by and context-size class: requests, input tokens, the covered ones
     (measured or estimated), the measured ones, and the input tokens of each part (`part`,
@@ -169,6 +268,8 @@ def part_sums(store: StoreLike, settings: Settings, q: ReportQuery) -> pl.DataFr
     params.update(ctx_names=list(parts), ctx_all_keys=[k for keys in parts.values() for k in keys],
                   retrieval_before_ns=RETRIEVAL_BEFORE_NS)
     present = _present(store, params)
+    if not present["messages"] and not (present["measured"] and parts):
+        return _unsplit_sums(store, settings, q)
     explicit_sql = _explicit(parts, present["measured"], params)
     # The configured parts and the rest as `other` (an empty array when nothing is measured).
     measured_parts = (f"""arrayConcat(
@@ -246,9 +347,23 @@ def part_sums(store: StoreLike, settings: Settings, q: ReportQuery) -> pl.DataFr
           FROM spans
           GROUP BY key, size)
     LEFT ARRAY JOIN sums.1 AS part, sums.2 AS tokens"""
-    schema = {"key": pl.String, "size": pl.Int64, "requests": pl.Int64, "input_tokens": pl.Float64,
-              "covered": pl.Int64, "covered_tokens": pl.Float64, "measured": pl.Int64, "part": pl.String,
-              "tokens": pl.Float64}
+    schema = _PART_SCHEMA
     out = frame(store, sql, params)
     # A group with no part present keeps one row, part '' (LEFT ARRAY JOIN's default).
     return pl.DataFrame(schema=schema) if out.is_empty() else out.cast(schema)
+
+
+def _unsplit_sums(store: StoreLike, settings: Settings, q: ReportQuery) -> pl.DataFrame:
+    """part_sums of a window that holds nothing to split a prompt by: per group and size
+    class, the requests and their input tokens, none covered (whole hours from
+    rollup_context_1h where it answers)."""
+    params: dict[str, Any] = {}
+    source = _pieces(settings, q, q.by, "countIf(InputTokens > 0) AS WithInput, sum(toUInt64(InputTokens)) AS InputSum",
+                     "WithInput, InputSum", params)
+    out = frame(store, f"""
+        SELECT key, size, sum(WithInput) AS requests, toFloat64(sum(InputSum)) AS input_tokens,
+               0 AS covered, 0. AS covered_tokens, 0 AS measured, '' AS part, 0. AS tokens
+        FROM ({source})
+        GROUP BY key, size
+        HAVING requests > 0""", params)
+    return pl.DataFrame(schema=_PART_SCHEMA) if out.is_empty() else out.cast(_PART_SCHEMA)
