@@ -136,7 +136,7 @@ def test_cost_report_equal_with_and_without_rollups(loaded, make_settings, windo
 
 def _cost_tables(settings, q, bucket_s=None) -> set[str]:
     sql = rollups.cost_source_sql(q, settings, {}, _cuts(settings, q), bucket_s)
-    return {t for t in ("rollup_costs_6h", "rollup_costs_15m") if f"FROM {t}" in sql}
+    return {t for t in ("rollup_costs_1d", "rollup_costs_6h", "rollup_costs_15m") if f"FROM {t}" in sql}
 
 
 def test_six_hour_cost_rollup_fills_and_is_read_where_it_prices(loaded, make_settings) -> None:
@@ -146,9 +146,14 @@ def test_six_hour_cost_rollup_fills_and_is_read_where_it_prices(loaded, make_set
     quarter = client.query("SELECT sum(Requests), sum(InputTokens), sum(CachedTokens), "
                            "uniqExact(intDiv(toUnixTimestamp(Bucket), 21600)) FROM rollup_costs_15m").result_rows[0]
     assert six[:4] == quarter and six[4] == 0  # the same sums, on the epoch's six-hour grid
+    day = client.query("SELECT sum(Requests), sum(InputTokens), sum(CachedTokens), uniqExact(Bucket), "
+                       "countIf(toUnixTimestamp(Bucket) % 86400 != 0) FROM rollup_costs_1d").result_rows[0]
+    days = client.query("SELECT uniqExact(intDiv(toUnixTimestamp(Bucket), 86400)) FROM rollup_costs_15m").result_rows
+    assert day[:3] == quarter[:3] and day[3] == days[0][0] and day[4] == 0  # and on its day grid
     settings = make_settings()
     q = ReportQuery.from_params(_window(*WINDOWS[0], by="tenant"))
-    assert _cost_tables(settings, q) == {"rollup_costs_6h", "rollup_costs_15m"}
+    assert _cost_tables(settings, q) == {"rollup_costs_1d", "rollup_costs_6h", "rollup_costs_15m"}
+    assert _cost_tables(settings, q, bucket_s=86400) == {"rollup_costs_1d", "rollup_costs_6h", "rollup_costs_15m"}
     assert _cost_tables(settings, q, bucket_s=21600) == {"rollup_costs_6h", "rollup_costs_15m"}
     assert _cost_tables(settings, q, bucket_s=3600) == {"rollup_costs_15m"}  # hours split six-hour rows
     short = ReportQuery.from_params(_window(*WINDOWS[2], by="tenant"))
@@ -183,15 +188,35 @@ def test_price_change_off_the_six_hour_grid(loaded, make_settings) -> None:
     assert after["cost_per_request_usd"] < 0.5 * before["cost_per_request_usd"]  # the new price applies
 
 
+def test_price_change_on_the_six_hour_grid_inside_a_day(loaded, make_settings) -> None:
+    """A configured price from 06:00 (it may match any model): no day prices it, so every
+    model's whole days come from their six hours; the costs equal the raw rows' on either
+    side of it."""
+    change = (START + timedelta(days=1)).replace(hour=6, minute=0, second=0)
+    prices = {"pricing": {"models": [
+        {"model": "gpt-4o", "input_per_mtok": 2.5, "output_per_mtok": 10.0, "cached_input_per_mtok": 1.25},
+        {"model": "gpt-4o", "input_per_mtok": 1.0, "output_per_mtok": 4.0, "effective_from": change.isoformat()}]}}
+    on, off = make_settings(**prices), make_settings(analytics={"use_rollups": False}, **prices)
+    q = ReportQuery.from_params(_window(*WINDOWS[0], by="model"))
+    cuts = _cuts(on, q)
+    assert rollups.off_grid_models(cuts, 86400) is None and rollups.off_grid_models(cuts, 21600) is not None
+    assert _cost_tables(on, q) == {"rollup_costs_6h", "rollup_costs_15m"}
+    _costs_equal(loaded, on, off, "model")
+    _costs_equal(loaded, on, off, "tenant")
+    before, after = (_by_key(run("cost", loaded, on, _window(since, until, by="model"))["rows"], "model")["gpt-4o"]
+                     for since, until in ((START, change), (change, END + timedelta(minutes=1))))
+    assert after["cost_per_request_usd"] < 0.5 * before["cost_per_request_usd"]
+
+
 def test_time_of_day_prices_read_from_the_quarter_hours(loaded, make_settings) -> None:
     """Models the catalog prices by time of day (off-peak hours) come from the quarter
-    hours, the rest from six-hour rows, in one answer equal to the raw rows'."""
+    hours, the rest from day and six-hour rows, in one answer equal to the raw rows'."""
     _write_spans(loaded, models=(("deepseek-chat", "deepseek"), ("gpt-4o", "openai")), n=6_000, first=N)
     on, off = make_settings(), make_settings(analytics={"use_rollups": False})
     q = ReportQuery.from_params(_window(*WINDOWS[0], by="model"))
     fine = rollups.off_grid_models(_cuts(on, q), 21600)
     assert fine and any("deepseek-chat".find(f) >= 0 for f in fine)
-    assert _cost_tables(on, q) == {"rollup_costs_6h", "rollup_costs_15m"}
+    assert _cost_tables(on, q) == {"rollup_costs_1d", "rollup_costs_6h", "rollup_costs_15m"}
     _costs_equal(loaded, on, off, "model")
     _costs_equal(loaded, on, off, "tenant")
     rows = _by_key(run("cost", loaded, on, _window(*WINDOWS[0], by="model"))["rows"], "model")
@@ -321,7 +346,8 @@ def test_upgrade_backfills_rows_stored_before(make_settings, tmp_path) -> None:
         migrate(store.client())
         client = store.client()
         raw = client.query("SELECT count(), sum(InputTokens) FROM llm_requests").result_rows[0]
-        for table in ("rollup_requests_1m", "rollup_requests_1h", "rollup_requests_6h", "rollup_costs_15m", "rollup_costs_6h"):
+        for table in ("rollup_requests_1m", "rollup_requests_1h", "rollup_requests_6h", "rollup_costs_15m", "rollup_costs_6h",
+                      "rollup_costs_1d"):
             assert tuple(client.query(f"SELECT sum(Requests), sum(InputTokens) FROM {table}").result_rows[0]) == raw
         # the ingest rollups (0035) back-filled too: every request and every span once
         assert client.query("SELECT sum(Requests) FROM rollup_ingest_1h").result_rows[0][0] == raw[0]

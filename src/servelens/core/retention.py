@@ -38,6 +38,7 @@ TTL_COLUMNS = {
     "rollup_requests_6h": "toDate(Minute)",
     "rollup_costs_15m": "toDate(Bucket)",
     "rollup_costs_6h": "toDate(Bucket)",
+    "rollup_costs_1d": "toDate(Bucket)",
     "rollup_stages_1h": "toDate(Hour)",
     "rollup_stages_6h": "toDate(Hour)",
     "rollup_span_keys_1h": "toDate(Hour)",

@@ -47,7 +47,7 @@ EDGE_GRAIN_S = 3600  # `pieces(raw_edges=True)`: what grains of an hour or more 
 # The quarter hours alone where rows are stamped with their start and read by time of day
 # (cost_counts_sql): six-hour rows would put six hours at their first.
 COST_QUARTER = ("rollup_costs_15m", 900)
-COST_GRAINS = (("rollup_costs_6h", 21600), COST_QUARTER)
+COST_GRAINS = (("rollup_costs_1d", 86400), ("rollup_costs_6h", 21600), COST_QUARTER)
 MAX_NEEDLES = 255  # ClickHouse's multiSearchAny* take at most this many needles
 # The cost rollup's input floors (0019): a tier threshold outside this list needs raw rows.
 INPUT_FLOORS = (0, 32000, 100000, 128000, 199999, 200000, 256000, 272000, 512000, 524288, 1000000)
@@ -355,28 +355,22 @@ def cost_source_sql(q: ReportQuery, settings: Settings, params: dict[str, Any], 
                     bucket_s: int | None = None) -> str:
     """A subquery of pre-aggregated cost rows (key, Bucket, model..., sums) covering q's
     window from the cost rollups and raw rows at its edges (cost_answerable() said yes).
-    Whole six hours come from the six-hour rollup, except for the models whose price
-    changes inside one (`off_grid_models`: their quarter hours instead), or all of them
-    where every model's does or `bucket_s` does not divide into six hours."""
+    Whole days and six hours come from their rollups, except for the models whose price
+    changes inside one (`off_grid_models`: read from the next finer grain whose grid holds
+    their changes, the quarter hours at last); a grain every model's price changes inside,
+    or that `bucket_s` does not divide into, is not read."""
     bounds = q.bounds()
     params.update(bounds)
     floors = "[" + ", ".join(str(f) for f in INPUT_FLOORS) + "]"
-    (coarse, coarse_s), (quarter, _) = COST_GRAINS
-    fine = off_grid_models(cuts, coarse_s)
-    grains = COST_GRAINS[1:] if fine is None or (bucket_s and bucket_s % coarse_s) else COST_GRAINS
-    if fine:
-        params["off_grid_models"] = fine
-    off_grid = "multiSearchAnyCaseInsensitive(Model, {off_grid_models:Array(String)})"
+    grains = tuple(g for g in COST_GRAINS[:-1]
+                   if off_grid_models(cuts, g[1]) is not None and not (bucket_s and bucket_s % g[1])) + (COST_QUARTER,)
     parts = []
     for i, piece in enumerate(pieces(bounds["since_ns"], bounds["until_ns"], grains)):
         if piece.table:
             key = COST_DIMS[q.by] if q.by else "''"
             where = f"{time_range('Bucket', piece, i, params, raw=False)} AND {filter_sql(q, COST_DIMS, params)}"
-            if piece.table == coarse and fine:
-                parts.append(_COST_ROLLUP.format(key=key, table=coarse, where=f"{where} AND NOT {off_grid}"))
-                parts.append(_COST_ROLLUP.format(key=key, table=quarter, where=f"{where} AND {off_grid}"))
-            else:
-                parts.append(_COST_ROLLUP.format(key=key, table=piece.table, where=where))
+            finer = grains[[t for t, _ in grains].index(piece.table):]
+            parts += _cost_grain_selects(key, where, finer, cuts, params, f"{i}")
         else:
             filtered = ReportQuery(q.since, q.until, filters=q.filters)
             filters, fparams = filtered.where(settings.attributes)
@@ -388,6 +382,20 @@ def cost_source_sql(q: ReportQuery, settings: Settings, params: dict[str, Any], 
     if not parts:
         parts.append(_COST_RAW.format(key="''", floors=floors, where="0"))
     return "(" + " UNION ALL ".join(parts) + ")"
+
+
+def _cost_grain_selects(key: str, where: str, grains: tuple[tuple[str, int], ...], cuts: Any,
+                        params: dict[str, Any], tag: str) -> list[str]:
+    """A piece of grains[0]'s table: its rows for the models priced on its grid, the others'
+    from the next grain (recursively; the quarter hours price every model, cost_answerable)."""
+    (table, seconds), finer = grains[0], grains[1:]
+    off = off_grid_models(cuts, seconds) if finer else []
+    if not off:
+        return [_COST_ROLLUP.format(key=key, table=table, where=where)]
+    params[f"off_grid_{tag}"] = off
+    off_grid = f"multiSearchAnyCaseInsensitive(Model, {{off_grid_{tag}:Array(String)}})"
+    return [_COST_ROLLUP.format(key=key, table=table, where=f"{where} AND NOT {off_grid}"),
+            *_cost_grain_selects(key, f"{where} AND {off_grid}", finer, cuts, params, f"{tag}_{len(finer)}")]
 
 
 def key_values_sql(q: ReportQuery, settings: Settings, keys: Sequence[str], limit: int) -> tuple[str, dict[str, Any]]:

@@ -59,8 +59,10 @@ FROM llm_requests
 WHERE NOT IsError AND Operation != 'embeddings'
 GROUP BY Hour, ServiceName, InputBucket;
 
--- The hours merged per day (UTC), fed from the hour rollup's inserts (as 0032 is). Its
--- time column keeps the hour table's name (the day's first hour): one reader for both.
+-- The hours merged per day, fed from the hour rollup's inserts (as 0032 is). Days by epoch
+-- arithmetic, not toStartOfDay: the reader's pieces are multiples of 86,400 s since the
+-- epoch whatever the server's time zone. The time column keeps the hour table's name (the
+-- day's first hour): one reader for both.
 CREATE TABLE IF NOT EXISTS rollup_context_1d (
     Hour DateTime CODEC(Delta, ZSTD(1)),
     ServiceName LowCardinality(String),
@@ -76,7 +78,7 @@ ORDER BY (Hour, ServiceName, InputBucket)
 SETTINGS non_replicated_deduplication_window = 10000, ttl_only_drop_parts = 1;
 
 CREATE MATERIALIZED VIEW IF NOT EXISTS rollup_context_1d_mv TO rollup_context_1d AS
-SELECT toDateTime(toStartOfDay(Hour)) AS Hour, ServiceName, InputBucket,
+SELECT toDateTime(intDiv(toUInt32(Hour), 86400) * 86400) AS Hour, ServiceName, InputBucket,
        sum(Requests) AS Requests, sum(WithInput) AS WithInput, sum(InputSum) AS InputSum,
        quantilesDDMergeState(0.0025, 0.5, 0.95, 0.99)(Latency) AS Latency,
        quantilesDDMergeState(0.0025, 0.5, 0.95, 0.99)(Ttft) AS Ttft
@@ -84,7 +86,7 @@ FROM rollup_context_1h
 GROUP BY Hour, ServiceName, InputBucket;
 
 INSERT INTO rollup_context_1d
-SELECT toDateTime(toStartOfDay(Hour)) AS Hour, ServiceName, InputBucket,
+SELECT toDateTime(intDiv(toUInt32(Hour), 86400) * 86400) AS Hour, ServiceName, InputBucket,
        sum(Requests) AS Requests, sum(WithInput) AS WithInput, sum(InputSum) AS InputSum,
        quantilesDDMergeState(0.0025, 0.5, 0.95, 0.99)(Latency) AS Latency,
        quantilesDDMergeState(0.0025, 0.5, 0.95, 0.99)(Ttft) AS Ttft
