@@ -353,6 +353,10 @@ def test_upgrade_backfills_rows_stored_before(make_settings, tmp_path) -> None:
         assert client.query("SELECT sum(Requests) FROM rollup_ingest_1h").result_rows[0][0] == raw[0]
         assert (client.query("SELECT sum(Spans) FROM rollup_spans_1h").result_rows[0][0]
                 == client.query("SELECT count() FROM otel_traces").result_rows[0][0])
+        # the workload rollups (0039): every request, in its minute's seconds too
+        assert (client.query("SELECT sum(Requests), sum(InputSum) FROM rollup_workload_1d").result_rows[0]
+                == client.query("SELECT sum(Requests), sum(InputSum) FROM rollup_workload_1h").result_rows[0] == raw)
+        assert client.query("SELECT sum(arraySum(Seconds.2)) FROM rollup_arrivals_1m").result_rows[0][0] == raw[0]
         # and the context sizes (0037): the successful requests' input tokens
         assert (client.query("SELECT sum(Requests), sum(InputSum) FROM rollup_context_1h").result_rows
                 == client.query("SELECT count(), sum(InputTokens) FROM llm_requests WHERE NOT IsError").result_rows)
@@ -603,3 +607,39 @@ def test_context_sizes_equal_with_and_without_rollups(loaded, make_settings, win
                 at = level * (len(values) - 1)
                 lo, hi = values[max(math.floor(at) - 1, 0)], values[min(math.ceil(at) + 1, len(values) - 1)]
                 assert lo * (1 - eps) <= got[column] / 1000 <= hi * (1 + eps), (by, size, column)
+
+
+# --- workload (migrations/0039) ------------------------------------------------------------
+
+@pytest.mark.parametrize("window", WINDOWS[:3], ids=["all", "off-grain", "under-an-hour"])
+def test_workload_equal_with_and_without_rollups(loaded, make_settings, window) -> None:
+    """Counts, shares and arrivals (per clock second and minute) equal to the raw rows'
+    exactly; the token percentiles within 1 % of a value at most one rank from the
+    percentile. Days, hours and minutes from the rollups, the edges raw."""
+    sketch = make_settings(analytics={"exact_quantiles_up_to": 0})
+    exact = make_settings(analytics={"use_rollups": False})
+    eps = rollups.SKETCH_ERROR
+    for filters in ({}, {"service": "rag"}):
+        params = _window(*window, by="service", **filters)
+        a, b = (_by_key(run("workload", loaded, s, params)["rows"], "service") for s in (sketch, exact))
+        assert a.keys() == b.keys() and a
+        q = ReportQuery.from_params(params)
+        for key in a:
+            for field, value in b[key].items():
+                if "_tokens_p" in field:
+                    continue
+                if isinstance(value, float):
+                    assert a[key][field] == pytest.approx(value, rel=1e-9), (key, field)
+                else:
+                    assert a[key][field] == value, (key, field)
+            for kind in ("Input", "Output"):
+                [(values,)] = loaded.client().query(
+                    f"SELECT arraySort(groupArray({kind}Tokens)) FROM llm_requests WHERE ServiceName = {{s:String}} "
+                    "AND Timestamp >= {a:DateTime64(9)} AND Timestamp < {b:DateTime64(9)}",
+                    parameters={"s": key, "a": q.since.replace(tzinfo=None), "b": q.until.replace(tzinfo=None)}
+                ).result_rows
+                for level, column in ((0.5, "p50"), (0.99, "p99")):
+                    at = level * (len(values) - 1)
+                    lo, hi = values[max(math.floor(at) - 1, 0)], values[min(math.ceil(at) + 1, len(values) - 1)]
+                    got = a[key][f"{kind.lower()}_tokens_{column}"]
+                    assert lo * (1 - eps) <= got <= hi * (1 + eps), (key, kind, column)

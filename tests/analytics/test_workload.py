@@ -32,8 +32,9 @@ from servelens.analytics.sources import rollups
 
 S = 10**9
 MS = 10**6
-# A whole-second window start an hour ago, so per-second buckets are easy to reason about.
-SINCE_NS = (time.time_ns() // S - 3600) * S
+# A whole-minute window start an hour ago, so the clock's seconds and minutes are easy to
+# reason about.
+SINCE_NS = (time.time_ns() // (60 * S) - 60) * 60 * S
 REL = 1e-9
 
 
@@ -90,15 +91,15 @@ def send(otlp_http: str):
 
 
 def expected(reqs: list[Req], window_ns: int, reused_prefixes: set[str], since_ns: int = SINCE_NS) -> dict[str, Any]:
-    """The report row computed independently from the requests sent."""
-    n_seconds = -(-window_ns // S)
-    seconds = np.array([(r.start - since_ns) // S for r in reqs])
-    counts = np.bincount(seconds, minlength=n_seconds)
+    """The report row computed independently from the requests sent: per clock second and
+    minute."""
+    first = since_ns // S
+    n_seconds = -(-(since_ns + window_ns) // S) - first
+    counts = np.bincount(np.array([r.start // S - first for r in reqs]), minlength=n_seconds)
     assert counts.size == n_seconds
-    per_minute = np.add.reduceat(counts, np.arange(0, n_seconds, 60))
+    per_minute = Counter(r.start // (60 * S) for r in reqs)
     # the minutes from the first arrival's to the last's, both counted
-    busy = np.flatnonzero(per_minute)
-    active_minutes = int(busy[-1] - busy[0] + 1)
+    active_minutes = max(per_minute) - min(per_minute) + 1
     inp = np.array([r.input_tokens for r in reqs], dtype=float)
     out = np.array([r.output_tokens for r in reqs], dtype=float)
     mean_rps = len(reqs) / (window_ns / S)
@@ -106,8 +107,8 @@ def expected(reqs: list[Req], window_ns: int, reused_prefixes: set[str], since_n
         "requests": len(reqs),
         "arrival_rps_mean": mean_rps,
         "arrival_rps_peak": int(counts.max()),
-        "arrival_rpm_peak": int(per_minute.max()),
-        "peak_to_average": per_minute.max() / (len(reqs) / active_minutes),
+        "arrival_rpm_peak": max(per_minute.values()),
+        "peak_to_average": max(per_minute.values()) / (len(reqs) / active_minutes),
         "peak_granularity": "1m",
         "active_minutes": active_minutes,
         "burstiness": float(np.var(counts) / np.mean(counts)),
@@ -183,7 +184,8 @@ def test_arrivals_tokens_and_shares_match_independent_computation(send, store, s
     records = to_records(frame)
     assert json.loads(json.dumps(records, allow_nan=False)) == records
 
-    # A window too large to rank exactly reads the same rows into DD sketches: each token
+    # A window too large to rank exactly reads the workload rollups (its three whole
+    # minutes' arrivals; its hour is partial, so raw rows into DD sketches): each token
     # percentile within the sketch's 1 % of a value at its rank; every other field equal.
     sketching = settings.model_copy(deep=True)
     sketching.analytics.exact_quantiles_up_to = 1
@@ -249,7 +251,7 @@ def test_shape_zero_output_ratio_is_null_and_steady_traffic_has_zero_dispersion(
 def test_traffic_that_starts_late_in_the_window_is_compared_with_its_own_span(send, store, settings) -> None:
     # A 24 h window whose traffic began two hours before its end: one request every 30 s,
     # and one minute with 10 more. Per second against the whole window this read ~350x.
-    until_ns = time.time_ns() // S * S
+    until_ns = time.time_ns() // (60 * S) * 60 * S
     since_ns = until_ns - 24 * 3600 * S
     first = until_ns - 2 * 3600 * S
     steady = [Req(first + k * 30 * S) for k in range(240)]

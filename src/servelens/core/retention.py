@@ -47,6 +47,9 @@ TTL_COLUMNS = {
     "rollup_reliability_1h": "toDate(Hour)",
     "rollup_context_1h": "toDate(Hour)",
     "rollup_context_1d": "toDate(Hour)",
+    "rollup_arrivals_1m": "toDate(Minute)",
+    "rollup_workload_1h": "toDate(Hour)",
+    "rollup_workload_1d": "toDate(Hour)",
     "rollup_quality_15m": "toDate(Bucket)",
 }
 

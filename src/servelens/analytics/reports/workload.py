@@ -1,12 +1,15 @@
 """The `workload` report: how traffic arrives and what it asks for (SPEC 5).
 
 Arrivals are attempts (a retry loads the server like a first try). Per-second buckets
-start at `since`, so the window holds ceil(window / 1 s) of them; burstiness is the
-index of dispersion (population variance / mean) of the per-second counts over all of
-those seconds, the empty ones included: 1 for Poisson arrivals, > 1 for bursty traffic.
+are the clock's seconds (UTC), so the window holds those from the one `since` falls in
+to the one before `until` (a partial second at either end is a bucket); burstiness is
+the index of dispersion (population variance / mean) of the per-second counts over all
+of those seconds, the empty ones included: 1 for Poisson arrivals, > 1 for bursty
+traffic. Clock seconds and minutes, not buckets counted from `since`, so that the hours
+kept at ingest (migrations/0039) answer any window.
 
 Rates: arrival_rps_mean is over the whole window; arrival_rps_peak is the busiest
-second's arrivals, arrival_rpm_peak the busiest minute's (60 s buckets from `since`).
+second's arrivals, arrival_rpm_peak the busiest clock minute's.
 peak_to_average is at the granularity the row names (peak_granularity, "1m"): the busiest
 minute over the mean minute of the span that has traffic, from the first arrival's minute
 to the last's (active_minutes, both counted). Against the whole window's mean, traffic
@@ -31,10 +34,16 @@ def _share(part: str) -> pl.Expr:
     return pl.col(part) / pl.col("requests")
 
 
-def shape(groups: pl.LazyFrame, window_ns: int, by: str) -> pl.LazyFrame:
-    """Per-group request stats and arrival sums -> the report's columns."""
+def clock_seconds(since_ns: int, until_ns: int) -> int:
+    """The clock seconds [since, until) touches: a partial one at either end counts."""
+    return -(-until_ns // loader.NS) - since_ns // loader.NS
+
+
+def shape(groups: pl.LazyFrame, window_ns: int, by: str, n_seconds: int | None = None) -> pl.LazyFrame:
+    """Per-group request stats and arrival sums -> the report's columns. `n_seconds`: the
+    per-second buckets of the window (`clock_seconds`; default: ceil(window / 1 s))."""
     window_seconds = window_ns / loader.NS
-    n_seconds = -(-window_ns // loader.NS)  # integer ceil: a partial last second is a bucket too
+    n_seconds = n_seconds or -(-window_ns // loader.NS)
     s1, s2 = pl.col("arrivals").cast(pl.Float64), pl.col("arrivals_sq").cast(pl.Float64)
     rps_mean = pl.col("requests") / window_seconds
     # mean = S1/n, var = S2/n - mean^2, so var/mean = S2/S1 - S1/n: exact from the sums.
@@ -69,4 +78,5 @@ def report(store: StoreLike, settings: Settings, q: ReportQuery) -> pl.DataFrame
     q = ReportQuery(q.since, q.until, q.by or DEFAULT_BY, q.filters)
     bounds = q.bounds()
     window_ns = bounds["until_ns"] - bounds["since_ns"]
-    return shape(loader.workload_groups(store, settings, q).lazy(), window_ns, q.by).collect()
+    return shape(loader.workload_groups(store, settings, q).lazy(), window_ns, q.by,
+                 clock_seconds(bounds["since_ns"], bounds["until_ns"])).collect()

@@ -123,18 +123,21 @@ def time_range(column: str, piece: Piece, i: int, params: dict[str, Any], raw: b
 
 
 def piece_selects(since_ns: int, until_ns: int, grains: tuple[tuple[str, int], ...], params: dict[str, Any],
-                  rollup: Callable[[str, str], str], raw: Callable[[str], str], column: str = "Minute") -> list[str]:
+                  rollup: Callable[[str, str], str], raw: Callable[[str], str], column: str = "Minute",
+                  first: int = 0) -> list[str]:
     """One SELECT per piece of [since, until) (`pieces`): rollup(table, its time range on
-    `column`) where a grain covers it, raw(its time range on Timestamp) for the rest."""
-    return selects_of(pieces(since_ns, until_ns, grains), params, rollup, raw, column)
+    `column`) where a grain covers it, raw(its time range on Timestamp) for the rest.
+    `first`: the number of the first piece's bounds (lo_<n>, hi_<n>): a query that unions
+    two sets of pieces numbers the second after the first."""
+    return selects_of(pieces(since_ns, until_ns, grains), params, rollup, raw, column, first)
 
 
 def selects_of(parts: list[Piece], params: dict[str, Any], rollup: Callable[[str, str], str],
-               raw: Callable[[str], str], column: str = "Minute") -> list[str]:
+               raw: Callable[[str], str], column: str = "Minute", first: int = 0) -> list[str]:
     """piece_selects over pieces already cut (e.g. a job's stored hours)."""
     return [rollup(p.table, time_range(column, p, i, params, raw=False)) if p.table
             else raw(time_range("Timestamp", p, i, params, raw=True))
-            for i, p in enumerate(parts)]
+            for i, p in enumerate(parts, first)]
 
 
 # --- latency and volume -------------------------------------------------------------------

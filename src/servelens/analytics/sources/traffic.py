@@ -27,46 +27,75 @@ def _scoped(settings: Settings, q: ReportQuery) -> tuple[str, str, dict[str, Any
     return key_sql, where, params
 
 
-def _arrivals_sql(key_sql: str, where: str) -> str:
-    """Per group, from per-second arrival counts c (seconds counted from `since`):
-    arrivals = Σc, arrivals_sq = Σc², peak_second = max c, peak_minute = max per 60 s,
-    active_minutes = the 60 s buckets from the first arrival's to the last's, both counted.
+# migrations/0039: per service, the arrivals in each second of a minute, and per hour and
+# day the requests, batch requests, token sums and token sketches.
+_ARRIVAL_MINUTES = (("rollup_arrivals_1m", 60),)
+_WORKLOAD_GRAINS = (("rollup_workload_1d", 86400), ("rollup_workload_1h", 3600))
+_WORKLOAD_DIMS = {"service": "ServiceName"}
+_TOKENS = "quantilesDD({accuracy}, 0.5, 0.99)".format(accuracy=rollups.DD_ACCURACY)  # 0039's state
+
+
+def _arrivals_sql(seconds: str) -> str:
+    """Per group, from per-second arrival counts c (clock seconds):
+    arrivals = Σc, arrivals_sq = Σc², peak_second = max c, peak_minute = max per clock
+    minute, active_minutes = the minutes from the first arrival's to the last's, both
+    counted. `seconds`: rows of (key, minute, seconds), `seconds` a (second of the minute,
+    arrivals) map as sumMap gives it; a key's minute may come in several rows.
 
     Only seconds with arrivals exist here; the report adds the empty ones exactly from
     the window length, so ClickHouse never materialises a row per empty second. The
-    seconds are counted inside each minute (its arrivals' second-of-minute as an array),
-    not grouped by second: 30 days of 10 M requests held a hash table of every busy second,
-    2.0 s at a 1.3 GiB peak, now 0.55 s and 0.1 GiB (BENCHMARKS.md, "Stage hours").
+    seconds are counted inside each minute, not grouped by second: 30 days of 10 M
+    requests held a hash table of every busy second, 2.0 s at a 1.3 GiB peak, 0.55 s and
+    0.1 GiB this way (BENCHMARKS.md, "Stage hours"). A minute in several rows (the
+    rollup's parts not merged yet, a window's edge) is summed by arrayReduce('sumMap')
+    alone: the sumMap aggregate over every minute of a month took 3.5 s, this 0.44 s.
     """
     return f"""
         SELECT key, sum(n) AS arrivals, sum(n_sq) AS arrivals_sq,
                max(peak) AS peak_second, max(n) AS peak_minute,
-               max(minute) - min(minute) + 1 AS active_minutes
+               intDiv(toUInt32(max(minute)) - toUInt32(min(minute)), 60) + 1 AS active_minutes
         FROM (
-            SELECT key, minute, length(seconds) AS n,
-                   arrayMap(x -> countEqual(seconds, x), arrayDistinct(seconds)) AS counts,
-                   arraySum(c -> c * c, counts) AS n_sq, arrayMax(counts) AS peak
-            FROM (
-                SELECT {key_sql} AS key,
-                       intDiv(toUnixTimestamp64Nano(Timestamp) - {{since_ns:Int64}}, {60 * NS}) AS minute,
-                       groupArray(toUInt8(intDiv(toUnixTimestamp64Nano(Timestamp) - {{since_ns:Int64}}, {NS}) % 60))
-                           AS seconds
-                FROM llm_requests
-                WHERE {where}
-                GROUP BY key, minute))
+            SELECT key, minute, groupArray(seconds) AS parts,
+                   if(length(parts) = 1, parts[1], arrayReduce('sumMap', parts)) AS s, arraySum(s.2) AS n,
+                   arraySum(c -> c * c, s.2) AS n_sq, arrayMax(s.2) AS peak
+            FROM ({seconds})
+            GROUP BY key, minute)
         GROUP BY key"""
+
+
+def _raw_seconds(key_sql: str, where: str) -> str:
+    """Per group and clock minute of the raw rows: (seconds, arrivals in each), as
+    rollup_arrivals_1m holds them (sumMap's shape, counted here without it: cheaper)."""
+    return f"""
+        SELECT key, minute,
+               (arraySort(arrayDistinct(secs)) AS ks, arrayMap(x -> toUInt64(countEqual(secs, x)), ks)) AS seconds
+        FROM (SELECT {key_sql} AS key, toStartOfMinute(Timestamp) AS minute, groupArray(toSecond(Timestamp)) AS secs
+              FROM llm_requests
+              WHERE {where}
+              GROUP BY key, minute)"""
+
+
+def _reused(where: str) -> str:
+    """Requests that hit a provider's prompt cache or share their prefix with another
+    request anywhere in the (filtered) window: a shared system prompt is cache-hot for
+    every service that sends it to the same server. Matched by their 64-bit key
+    (PrefixKey, migration 0034), which groups in half the time of the strings."""
+    return f"""countIf(CachedInputTokens > 0 OR PrefixKey IN (
+                       SELECT PrefixKey FROM llm_requests
+                       WHERE {where} AND PrefixKey != 0
+                       GROUP BY PrefixKey HAVING count() > 1))"""
 
 
 def workload_groups(store: StoreLike, settings: Settings, q: ReportQuery) -> pl.DataFrame:
     """Per group: requests, token p50/p99 (rollups.raw_quantiles) and sums, reused-prefix
-    and batch counts, and the per-second arrival sums (`_arrivals_sql`), in one round trip.
-
-    A prefix counts as reused when its hash occurs on more than one request anywhere in
-    the (filtered) window, not only inside the group: a shared system prompt is cache-hot
-    for every service that sends it to the same server. Prefixes are matched by their
-    64-bit key (PrefixKey, migration 0034), which groups in half the time of the strings.
-    """
+    (`_reused`) and batch counts, and the per-second arrival sums (`_arrivals_sql`), in
+    one round trip. Where the window is too large to rank exactly and no grouping or
+    filter but the service applies, the counts, tokens and arrivals come from the
+    workload rollups (`_rollup_workload_sql`); the reused prefixes are read raw always."""
     key_sql, where, params = _scoped(settings, q)
+    if (q.since < q.until and rollups.answerable(q, settings, _WORKLOAD_DIMS, q.by)
+            and not rollups.ranks_exactly(store, settings, q)):
+        return _rollup_workload(store, q, key_sql, where, params)
     # Exact (linear between closest ranks, numpy's default) in windows small enough to rank.
     quantiles = rollups.raw_quantiles(store, settings, q, "0.5, 0.99")
     sql = f"""
@@ -78,16 +107,53 @@ def workload_groups(store: StoreLike, settings: Settings, q: ReportQuery) -> pl.
                    {quantiles}(OutputTokens) AS output_q,
                    sum(InputTokens) AS input_tokens,
                    sum(OutputTokens) AS output_tokens,
-                   countIf(CachedInputTokens > 0 OR PrefixKey IN (
-                       SELECT PrefixKey FROM llm_requests
-                       WHERE {where} AND PrefixKey != 0
-                       GROUP BY PrefixKey HAVING count() > 1)) AS reused,
+                   {_reused(where)} AS reused,
                    countIf(Mode = 'batch') AS batch
             FROM llm_requests
             WHERE {where}
             GROUP BY key) AS r
-        LEFT JOIN ({_arrivals_sql(key_sql, where)}) AS a USING (key)"""
+        LEFT JOIN ({_arrivals_sql(_raw_seconds(key_sql, where))}) AS a USING (key)"""
     return frame(store, sql, params)
+
+
+def _rollup_workload(store: StoreLike, q: ReportQuery, key_sql: str, where: str,
+                     params: dict[str, Any]) -> pl.DataFrame:
+    """workload_groups' columns from the whole days, hours and minutes of the workload
+    rollups (migrations/0039) and raw rows at the window's edges, the reused prefixes from
+    raw rows. Three queries joined here: joined in ClickHouse, the same three took 3.6 s
+    more at a month of 100 M requests (BENCHMARKS.md, "Workload from minutes and hours")."""
+    rollup_key = "ServiceName" if q.by else "''"
+    kept = rollups.filter_sql(q, _WORKLOAD_DIMS, params)
+    bounds = q.bounds()
+    state = _TOKENS.replace("(", "State(", 1)
+    tokens = rollups.piece_selects(
+        bounds["since_ns"], bounds["until_ns"], _WORKLOAD_GRAINS, params,
+        lambda table, when: f"""SELECT {rollup_key} AS key, Requests, Batch, InputSum, OutputSum, Input, Output
+                                FROM {table} WHERE {when} AND {kept}""",
+        lambda when: f"""SELECT {key_sql} AS key, count() AS Requests, countIf(Mode = 'batch') AS Batch,
+                                sum(toUInt64(InputTokens)) AS InputSum, sum(toUInt64(OutputTokens)) AS OutputSum,
+                                {state}(toFloat64(InputTokens)) AS Input, {state}(toFloat64(OutputTokens)) AS Output
+                         FROM llm_requests WHERE {when} AND {where} GROUP BY key""", column="Hour")
+    seconds = rollups.piece_selects(
+        bounds["since_ns"], bounds["until_ns"], _ARRIVAL_MINUTES, params,
+        lambda table, when: f"SELECT toString({rollup_key}) AS key, Minute AS minute, Seconds AS seconds "
+                            f"FROM {table} WHERE {when} AND {kept}",
+        lambda when: _raw_seconds(f"toString({key_sql})", f"{when} AND {where}"), first=len(tokens))
+    merge = _TOKENS.replace("(", "Merge(", 1)
+    counts = frame(store, f"""
+        SELECT toString(key) AS key, sum(Requests) AS requests, {merge}(Input) AS input_q,
+               {merge}(Output) AS output_q, sum(InputSum) AS input_tokens, sum(OutputSum) AS output_tokens,
+               sum(Batch) AS batch
+        FROM ({' UNION ALL '.join(tokens)})
+        GROUP BY key
+        HAVING requests > 0""", params)
+    if counts.is_empty():
+        return counts
+    reused = frame(store, f"SELECT toString({key_sql}) AS key, {_reused(where)} AS reused FROM llm_requests "
+                          f"WHERE {where} GROUP BY key", params)
+    arrivals = frame(store, _arrivals_sql(" UNION ALL ".join(seconds)), params)
+    return (counts.join(reused, on="key", how="left")
+            .join(arrivals.with_columns(pl.col("key").cast(pl.String)), on="key", how="left"))
 
 
 def reliability_groups(store: StoreLike, settings: Settings, q: ReportQuery) -> pl.DataFrame:
