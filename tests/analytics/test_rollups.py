@@ -569,8 +569,12 @@ def test_context_size_edges_fall_on_the_rollup_grid() -> None:
     assert not any(context.on_bucket_grid(b) for b in (101, 1001, 128000, 4321))
 
 
-@pytest.mark.parametrize("window", WINDOWS[:3], ids=["all", "off-grain", "under-an-hour"])
-@pytest.mark.parametrize("bounds", [[1000, 4000, 16000, 64000], [100, 1000, 128000]], ids=["on-grid", "off-grid"])
+ON_GRID, OFF_GRID = [1000, 4000, 16000, 64000], [100, 1000, 128000]
+
+
+@pytest.mark.parametrize("window, bounds", [(WINDOWS[0], ON_GRID), (WINDOWS[1], ON_GRID), (WINDOWS[2], ON_GRID),
+                                            (WINDOWS[1], OFF_GRID)],
+                         ids=["all", "off-grain", "under-an-hour", "off-grain-edge-off-grid"])
 def test_context_sizes_equal_with_and_without_rollups(loaded, make_settings, window, bounds) -> None:
     """Per size class, requests equal to the raw rows' exactly and the latency percentiles
     within 1 % of an exact value at most one rank from the percentile; per service, the
