@@ -170,42 +170,29 @@ def _costs_equal(store, on, off, by: str) -> None:
             _same(a[key]["cost_usd"], b[key]["cost_usd"], (window, key))
 
 
-def test_price_change_off_the_six_hour_grid(loaded, make_settings) -> None:
-    """A configured price from 09:15 (it may match any model) keeps every model on the
-    quarter hours; the costs equal the raw rows' on either side of it."""
-    change = (START + timedelta(days=1)).replace(hour=9, minute=15, second=0)
+@pytest.mark.parametrize("hour, minute, tables", [
+    (9, 15, {"rollup_costs_15m"}),  # off every grain but the quarter hours
+    (6, 0, {"rollup_costs_6h", "rollup_costs_15m"}),  # on the six hours, inside a day
+], ids=["off-the-six-hours", "inside-a-day"])
+def test_configured_price_change(loaded, make_settings, hour, minute, tables) -> None:
+    """A configured price from a time of a day (it may match any model): no grain whose
+    grid it is off prices any model, so whole days and six hours come from the finest
+    grain that holds the change; the costs equal the raw rows' on either side of it."""
+    change = (START + timedelta(days=1)).replace(hour=hour, minute=minute, second=0)
     prices = {"pricing": {"models": [
         {"model": "gpt-4o", "input_per_mtok": 2.5, "output_per_mtok": 10.0, "cached_input_per_mtok": 1.25},
         {"model": "gpt-4o", "input_per_mtok": 1.0, "output_per_mtok": 4.0, "effective_from": change.isoformat()}]}}
     on, off = make_settings(**prices), make_settings(analytics={"use_rollups": False}, **prices)
     q = ReportQuery.from_params(_window(*WINDOWS[0], by="model"))
     cuts = _cuts(on, q)
-    assert rollups.cost_answerable(q, on, cuts) and rollups.off_grid_models(cuts, 21600) is None
-    assert _cost_tables(on, q) == {"rollup_costs_15m"}
-    _costs_equal(loaded, on, off, "model")
-    before, after = (_by_key(run("cost", loaded, on, _window(since, until, by="model"))["rows"], "model")["gpt-4o"]
-                     for since, until in ((START, change), (change, END + timedelta(minutes=1))))
-    assert after["cost_per_request_usd"] < 0.5 * before["cost_per_request_usd"]  # the new price applies
-
-
-def test_price_change_on_the_six_hour_grid_inside_a_day(loaded, make_settings) -> None:
-    """A configured price from 06:00 (it may match any model): no day prices it, so every
-    model's whole days come from their six hours; the costs equal the raw rows' on either
-    side of it."""
-    change = (START + timedelta(days=1)).replace(hour=6, minute=0, second=0)
-    prices = {"pricing": {"models": [
-        {"model": "gpt-4o", "input_per_mtok": 2.5, "output_per_mtok": 10.0, "cached_input_per_mtok": 1.25},
-        {"model": "gpt-4o", "input_per_mtok": 1.0, "output_per_mtok": 4.0, "effective_from": change.isoformat()}]}}
-    on, off = make_settings(**prices), make_settings(analytics={"use_rollups": False}, **prices)
-    q = ReportQuery.from_params(_window(*WINDOWS[0], by="model"))
-    cuts = _cuts(on, q)
-    assert rollups.off_grid_models(cuts, 86400) is None and rollups.off_grid_models(cuts, 21600) is not None
-    assert _cost_tables(on, q) == {"rollup_costs_6h", "rollup_costs_15m"}
+    assert rollups.cost_answerable(q, on, cuts) and rollups.off_grid_models(cuts, 86400) is None
+    assert (rollups.off_grid_models(cuts, 21600) is None) == (minute != 0)
+    assert _cost_tables(on, q) == tables
     _costs_equal(loaded, on, off, "model")
     _costs_equal(loaded, on, off, "tenant")
     before, after = (_by_key(run("cost", loaded, on, _window(since, until, by="model"))["rows"], "model")["gpt-4o"]
                      for since, until in ((START, change), (change, END + timedelta(minutes=1))))
-    assert after["cost_per_request_usd"] < 0.5 * before["cost_per_request_usd"]
+    assert after["cost_per_request_usd"] < 0.5 * before["cost_per_request_usd"]  # the new price applies
 
 
 def test_time_of_day_prices_read_from_the_quarter_hours(loaded, make_settings) -> None:
