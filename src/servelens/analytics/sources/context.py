@@ -115,7 +115,7 @@ def size_class(bounds: Sequence[int], column: str = "InputTokens") -> tuple[str,
     return f"(arrayCount(b -> {column} >= b, {{size_bounds:Array(UInt64)}}) + 1)", {"size_bounds": list(bounds)}
 
 
-# --- the size classes' hours (migrations/0037) ---------------------------------------------
+# --- the size classes' hours and days (migrations/0037) ------------------------------------
 
 _CONTEXT_GRAINS = (("rollup_context_1d", 86400), ("rollup_context_1h", 3600))
 _CONTEXT_DIMS = {"service": "ServiceName"}
@@ -129,8 +129,8 @@ def on_bucket_grid(bound: int) -> bool:
 
 
 def _hours_answer(settings: Settings, q: ReportQuery, by: str | None) -> bool:
-    """Whether rollup_context_1h answers q grouped `by`: the service is its one dimension,
-    and its buckets must not straddle a size edge."""
+    """Whether the context rollups answer q grouped `by`: the service is their one
+    dimension, and their buckets must not straddle a size edge."""
     return (q.since < q.until and all(on_bucket_grid(b) for b in settings.context.size_bounds)
             and rollups.answerable(q, settings, _CONTEXT_DIMS, by))
 
@@ -138,8 +138,8 @@ def _hours_answer(settings: Settings, q: ReportQuery, by: str | None) -> bool:
 def _pieces(settings: Settings, q: ReportQuery, by: str | None, raw: str, hourly: str,
             params: dict[str, Any]) -> str:
     """The successful non-embedding requests of q's window as one source of columns: whole
-    hours `hourly` from rollup_context_1h where it answers, else (and at the edges) `raw`
-    from llm_requests. Both select `key` and `size`."""
+    days and hours `hourly` from rollup_context_1d / _1h where they answer, else (and at
+    the edges) `raw` from llm_requests. Both select `key` and `size`."""
     where, raw_params = q.where(settings.attributes)
     params.update(raw_params)
     where += " AND NOT IsError AND Operation != 'embeddings'"
@@ -147,6 +147,7 @@ def _pieces(settings: Settings, q: ReportQuery, by: str | None, raw: str, hourly
     params.update(key_params)
     size_sql, size_params = size_class(settings.context.size_bounds)
     params.update(size_params)
+
     def raw_select(when: str) -> str:
         return (f"SELECT toString({key_sql}) AS key, {size_sql} AS size, {raw} FROM llm_requests "
                 f"WHERE {when} AND {where} GROUP BY key, size")
@@ -171,8 +172,8 @@ _SKETCH_MERGE = rollups.SKETCH.replace("(", "Merge(", 1)
 def size_timing(store: StoreLike, settings: Settings, q: ReportQuery) -> pl.DataFrame:
     """Per context-size class of the successful non-embedding requests: requests, latency
     [p50, p99] and TTFT p50 in seconds. Exact where the window is small enough to rank
-    (rollups.raw_quantiles), else sketched: its whole hours from rollup_context_1h where no
-    filter but the service's applies."""
+    (rollups.raw_quantiles), else sketched: its whole days and hours from the context
+    rollups where no filter but the service's applies."""
     schema = {"size": pl.Int64, "requests": pl.Int64, "latency": pl.List(pl.Float64), "ttft": pl.Float64}
     if rollups.ranks_exactly(store, settings, q) or not _hours_answer(settings, q, None):
         where, params = q.where(settings.attributes)
@@ -355,8 +356,8 @@ def part_sums(store: StoreLike, settings: Settings, q: ReportQuery) -> pl.DataFr
 
 def _unsplit_sums(store: StoreLike, settings: Settings, q: ReportQuery) -> pl.DataFrame:
     """part_sums of a window that holds nothing to split a prompt by: per group and size
-    class, the requests and their input tokens, none covered (whole hours from
-    rollup_context_1h where it answers)."""
+    class, the requests and their input tokens, none covered (whole days and hours from
+    the context rollups where they answer)."""
     params: dict[str, Any] = {}
     source = _pieces(settings, q, q.by, "countIf(InputTokens > 0) AS WithInput, sum(toUInt64(InputTokens)) AS InputSum",
                      "WithInput, InputSum", params)
