@@ -175,7 +175,7 @@ def size_timing(store: StoreLike, settings: Settings, q: ReportQuery) -> pl.Data
     (rollups.raw_quantiles), else sketched: its whole days and hours from the context
     rollups where no filter but the service's applies."""
     schema = {"size": pl.Int64, "requests": pl.Int64, "latency": pl.List(pl.Float64), "ttft": pl.Float64}
-    if rollups.ranks_exactly(store, settings, q) or not _hours_answer(settings, q, None):
+    if not _hours_answer(settings, q, None) or rollups.ranks_exactly(store, settings, q):
         where, params = q.where(settings.attributes)
         size_sql, size_params = size_class(settings.context.size_bounds)
         params.update(size_params)

@@ -32,7 +32,7 @@ def _scoped(settings: Settings, q: ReportQuery) -> tuple[str, str, dict[str, Any
 _ARRIVAL_MINUTES = (("rollup_arrivals_1m", 60),)
 _WORKLOAD_GRAINS = (("rollup_workload_1d", 86400), ("rollup_workload_1h", 3600))
 _WORKLOAD_DIMS = {"service": "ServiceName"}
-_TOKENS = "quantilesDD({accuracy}, 0.5, 0.99)".format(accuracy=rollups.DD_ACCURACY)  # 0039's state
+_TOKENS = f"quantilesDD({rollups.DD_ACCURACY}, 0.5, 0.99)"  # 0039's state
 
 
 def _arrivals_sql(seconds: str) -> str:
@@ -91,7 +91,7 @@ def workload_groups(store: StoreLike, settings: Settings, q: ReportQuery) -> pl.
     (`_reused`) and batch counts, and the per-second arrival sums (`_arrivals_sql`), in
     one round trip. Where the window is too large to rank exactly and no grouping or
     filter but the service applies, the counts, tokens and arrivals come from the
-    workload rollups (`_rollup_workload_sql`); the reused prefixes are read raw always."""
+    workload rollups (`_rollup_workload`); the reused prefixes are read raw always."""
     key_sql, where, params = _scoped(settings, q)
     if (q.since < q.until and rollups.answerable(q, settings, _WORKLOAD_DIMS, q.by)
             and not rollups.ranks_exactly(store, settings, q)):
