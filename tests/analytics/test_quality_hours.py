@@ -261,3 +261,32 @@ def test_only_settled_hours_are_filled(store, make_settings) -> None:
     assert quality_hours.due(store, settings, NOW) == []
     later = quality_hours.due(store, settings, NOW + timedelta(hours=3))
     assert later and later[-1] + timedelta(hours=1) <= quality_hours.settled(settings, NOW + timedelta(hours=3))
+
+
+def test_a_window_counts_each_results_latest_version_whenever_its_versions_were_ingested(filled, make_settings) -> None:
+    """Read raw, a window holds the results whose latest version (by ingestion) lies in it:
+    a result moved out by a later version is not in it, one moved in is, with its last
+    verdict; versions ingested before any of the window's are no result's latest (the
+    read skips them). Counted against every version read back in Python."""
+    store, _ = filled
+    raw = _raw(make_settings)
+    since, until = START + timedelta(hours=2), START + timedelta(hours=4)
+    rows = store.client().query(
+        "SELECT TraceId, SpanId, Name, Timestamp, Passed FROM evaluations WHERE Name = 'faithfulness' "
+        "ORDER BY Timestamp").result_rows
+    inside = [r for r in rows if since <= r[3].replace(tzinfo=timezone.utc) < until]
+    outside = [r for r in rows if r[3].replace(tzinfo=timezone.utc) < since]
+    before = quality.slice_table(store, raw, since, until, [])
+    moved_out = [Item(t, s, n, None, "", p, START + timedelta(minutes=10), "") for t, s, n, _, p in inside[:5]]
+    moved_in = [Item(t, s, n, None, "", not p, since + timedelta(minutes=30), "") for t, s, n, _, p in outside[:7]]
+    store_items(store, moved_out)
+    store_items(store, moved_in)
+
+    latest: dict[tuple[str, str, str], tuple] = {}
+    for t, s, n, ts, p, at in store.client().query(
+            "SELECT TraceId, SpanId, Name, Timestamp, Passed, IngestedAt FROM evaluations").result_rows:
+        if (t, s, n) not in latest or at > latest[(t, s, n)][2]:
+            latest[(t, s, n)] = (ts.replace(tzinfo=timezone.utc), p, at)
+    want = sum(since <= ts < until for ts, _, _ in latest.values())
+    got = quality.slice_table(store, raw, since, until, [])
+    assert got["evaluations"].to_list() == [want] == [before["evaluations"][0] - 5 + 7]

@@ -283,3 +283,29 @@ def test_spend_by_many_tenants_draws_the_busiest_and_totals_them_all(counting_st
     alone = series.series(store, settings, "cost_usd", _q(), "1h")
     assert [v for _, v in total["series"][0]["points"]] == [
         None if v is None else pytest.approx(v, rel=1e-9) for _, v in alone["series"][0]["points"]]
+
+
+@pytest.mark.integration
+def test_a_quality_table_and_its_pass_rate_series_read_the_results_once_in_one_run(counting_store, settings) -> None:
+    # The Quality page's slice table and its chart over time, refreshed together: the
+    # series reads no results of its own, and both say what they say computed alone.
+    from bench.history import Traffic, insert
+    from servelens.analytics.reports import quality
+
+    until = datetime.now(timezone.utc).replace(minute=0, second=0, microsecond=0)
+    since = until - timedelta(hours=3)
+    insert(counting_store.store, since, until, Traffic(per_hour=200), pass_rate=0.8)
+    insert(counting_store.store, since, until, Traffic(per_hour=100, task_type="summarize"), seed=1, pass_rate=0.6)
+    params = {"since": since.isoformat(), "until": until.isoformat(), "bucket": "1h", "by": "task_type"}
+    table = quality.slice_table(counting_store.store, settings, since, until, ["task_type"])
+    doc = series.run("pass_rate", counting_store.store, settings, params)
+    with memo.run():
+        shared_table = quality.slice_table(counting_store, settings, since, until, ["task_type"])
+        read = counting_store.queries
+        shared_doc = series.run("pass_rate", counting_store, settings, params)
+        assert counting_store.queries == read
+    assert shared_table.sort("task_type").equals(table.sort("task_type"))
+    assert shared_doc == doc
+    rates = dict(zip(table.get_column("task_type"), (table.get_column("passed") / table.get_column("evaluations"))))
+    assert sorted(rates) == sorted(s["key"]["task_type"] for s in doc["series"]) == ["qa", "summarize"]
+    assert all(len(s["points"]) == 3 for s in doc["series"])
