@@ -89,6 +89,11 @@ def raw_sql(exprs: dict[str, str], keys: list[str], filters: list[str], bucket_s
     def inside(column: str = "Timestamp") -> str:
         return " OR ".join(f"({window(lo, hi, column=column).sql})" for lo, hi in runs)
     hi = runs[-1][1]
+    requests = window(req_lo, hi, after="skew_ns").sql
+    near = " OR ".join(
+        f"(Timestamp >= fromUnixTimestamp64Nano(greatest({{{req_lo}:Int64}}, "
+        f"intDiv({{{lo}:Int64}}, {{hour_ns:Int64}}) * {{hour_ns:Int64}} - {{hour_ns:Int64}})) "
+        f"AND Timestamp < fromUnixTimestamp64Nano({{{run_hi}:Int64}} + {{skew_ns:Int64}}))" for lo, run_hi in runs)
     cols = ", ".join(f"{sql} AS k_{c}" for c, sql in exprs.items())
     names = [f"k_{c}" for c in exprs]
     keys_tuple = f"tuple({', '.join(names)})"
@@ -116,12 +121,29 @@ def raw_sql(exprs: dict[str, str], keys: list[str], filters: list[str], bucket_s
         HAVING {inside("tupleElement(v, 1)")}),
     -- A result comes after its request: the requests of [lo - evaluation_delay, hi + 1 h)
     -- (an hour of clock skew) are all it can match, and only those days are read; only the
-    -- traces with a result in the window (a superset of ev's).
+    -- traces with a result in the window (a superset of ev's). Read in two parts: the
+    -- hour before each run and the run (near), for every such trace, and the rest of the
+    -- days only for the traces with a result (any version in the window) whose own request
+    -- is not among the near ones, inside its match range: a trace whose results all have
+    -- theirs there takes them whatever else it holds. Most results follow their request
+    -- within the hour, and a trace-id filter on few traces skips the rest of the days
+    -- (its bloom filter), where one on every trace of the window read them all
+    -- (BENCHMARKS.md, "Quality's raw edges").
+    near AS (SELECT TraceId, SpanId, Timestamp, {cols} FROM llm_requests
+             WHERE {requests} AND ({near}) AND TraceId IN (SELECT TraceId FROM evaluations WHERE {inside()})),
+    unsettled AS (
+        SELECT DISTINCT e.TraceId
+        FROM (SELECT TraceId, SpanId, intDiv(toUnixTimestamp64Nano(Timestamp), {{hour_ns:Int64}}) * {{hour_ns:Int64}} AS h
+              FROM evaluations WHERE {inside()}) AS e
+        LEFT ANY JOIN (SELECT TraceId, SpanId, toUnixTimestamp64Nano(Timestamp) AS t, 1 AS found FROM near) AS n
+            ON e.TraceId = n.TraceId AND e.SpanId = n.SpanId
+        WHERE NOT (n.found = 1 AND n.t >= e.h - {{delay_ns:Int64}} AND n.t < e.h + {{hour_ns:Int64}} + {{skew_ns:Int64}})),
     req AS (SELECT TraceId,
                    arraySort(x -> (x.3, x.1), groupArray((SpanId, {keys_tuple}, toUnixTimestamp64Nano(Timestamp)))) AS spans
-            FROM (SELECT TraceId, SpanId, Timestamp, {cols} FROM llm_requests
-                  WHERE {window(req_lo, hi, after="skew_ns").sql}
-                    AND TraceId IN (SELECT TraceId FROM evaluations WHERE {inside()}))
+            FROM (SELECT * FROM near
+                  UNION ALL
+                  SELECT TraceId, SpanId, Timestamp, {cols} FROM llm_requests
+                  WHERE {requests} AND NOT ({near}) AND TraceId IN (SELECT TraceId FROM unsettled))
             GROUP BY TraceId)
     SELECT {"".join(f"k_{k} AS {k}, " for k in keys)}{"bucket, " if bucket_s else ""}
            count() AS evaluations, countIf(passed_) AS passed, countIf(score_ IS NOT NULL) AS scored,
