@@ -1,4 +1,4 @@
-"""Where the default ingest path's CPU and memory go (issue 12), in two parts:
+"""Where the default ingest path's CPU and memory go (issue 12), in parts:
 
 1. `threads`: a default `servelens collector` (pinned to one core) under the closed loop of
    bench/ingest.py for --seconds, until committed; its CPU per committed span by thread
@@ -9,6 +9,8 @@
    each) into a fresh store, again and again while the materialized views are dropped one
    by one (merges stopped): CPU and peak RSS of the insert with what is left. An insert's
    fixed cost is seen with --requests 1.
+   `settings`: the same insert with every view, as is and under --variant settings,
+   interleaved.
 3. `spool`: the CPU of writing one logged batch of --requests requests (fsynced) and of
    reading it back, as the write-ahead replayer does past the backlog it holds in memory.
 4. `visibility`: on an idle default collector (pinned to one core, five requests first),
@@ -17,6 +19,7 @@
 
     .venv/bin/python -m bench.ingest_split threads [--seconds 15]
     .venv/bin/python -m bench.ingest_split views [--requests 128] [-n 3]
+    .venv/bin/python -m bench.ingest_split settings [--requests 128] [-n 3] --variant 'name:setting=value,...' ...
     .venv/bin/python -m bench.ingest_split spool [--requests 8] [-n 100]
     .venv/bin/python -m bench.ingest_split visibility [--gap 0.5] [-n 16]
 
@@ -68,6 +71,47 @@ def _rss() -> tuple[int, int]:
     """(VmRSS, VmHWM) of this process in MiB."""
     fields = dict(line.split(":", 1) for line in Path("/proc/self/status").read_text().splitlines())
     return int(fields["VmRSS"].split()[0]) // 1024, int(fields["VmHWM"].split()[0]) // 1024
+
+
+def settings_variants(requests: int, rounds: int, variants: list[str]) -> None:
+    """One engine-mapped insert of `requests` requests per variant and round, interleaved
+    (merges stopped): CPU and peak RSS over the start, as `views` measures them. A variant
+    is `name:setting=value,setting=value`; `as is` is always the first."""
+    from servelens.collector.mapping import engine_spans
+    from servelens.collector.pipeline.sink import INSERT_SETTINGS
+    from servelens.core.migrate import migrate
+    from servelens.core.store import Store
+
+    extra = {"as is": {}}
+    for spec in variants:
+        name, _, pairs = spec.partition(":")
+        extra[name] = dict(pair.split("=", 1) for pair in pairs.split(",") if pair)
+    payloads = build_payloads(DISTINCT_PAYLOADS, SPANS_PER_REQUEST)
+    body = engine_spans.frame([payloads[i % len(payloads)] for i in range(requests)])
+    settings = {**engine_spans.insert_settings(True), **INSERT_SETTINGS}
+    cpu: dict[str, list[float]] = {name: [] for name in extra}
+    peak: dict[str, list[int]] = {name: [] for name in extra}
+    with tempfile.TemporaryDirectory() as scratch:
+        client = Store(f"chdb://{scratch}/db", "default").client()
+        migrate(client)
+        client.command("SYSTEM STOP MERGES")
+        inserts = 0
+        for _ in range(rounds):
+            for name, more in extra.items():
+                inserts += 1
+                client.command("SYSTEM JEMALLOC PURGE")
+                Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM
+                rss0 = _rss()[0]
+                started = time.process_time()
+                client.raw_insert(engine_spans.TABLE, None, body, fmt="Protobuf",
+                                  settings={**settings, **more, "insert_deduplication_token": f"split-{inserts}"})
+                cpu[name].append(time.process_time() - started)
+                peak[name].append(_rss()[1] - rss0)
+    print(f"{requests * SPANS_PER_REQUEST:,} spans per insert, median of {rounds}")
+    print("| variant | CPU ms, median | min | peak RSS over the start, MiB |\n|---|---:|---:|---:|")
+    for name in extra:
+        print(f"| {name} | {statistics.median(cpu[name]) * 1000:,.0f} | {min(cpu[name]) * 1000:,.0f} | "
+              f"{statistics.median(peak[name]):,} |")
 
 
 def views(requests: int, rounds: int) -> None:
@@ -150,7 +194,9 @@ def visibility(gap: float, requests: int) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.ingest_split", description=__doc__.split("\n")[0])
-    parser.add_argument("part", choices=("threads", "views", "spool", "visibility"))
+    parser.add_argument("part", choices=("threads", "views", "settings", "spool", "visibility"))
+    parser.add_argument("--variant", action="append", default=[],
+                        help="settings: name:setting=value,... (repeatable)")
     parser.add_argument("--gap", type=float, default=0.5, help="visibility: seconds between lone requests")
     parser.add_argument("--seconds", type=float, default=15.0)
     parser.add_argument("--requests", type=int, default=None, help="per insert or batch (views: 128, spool: 8)")
@@ -160,6 +206,8 @@ def main(argv: list[str] | None = None) -> int:
         threads(args.seconds)
     elif args.part == "views":
         views(args.requests or 128, args.n or 3)
+    elif args.part == "settings":
+        settings_variants(args.requests or 128, args.n or 3, args.variant)
     elif args.part == "spool":
         spool(args.requests or 8, args.n or 100)
     else:
