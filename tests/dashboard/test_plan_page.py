@@ -77,8 +77,10 @@ def test_more_traffic_changes_the_answers_in_the_browser(browser, dashboard, sto
     _open(browser, f"{dashboard.url}/plan", lambda d: "replicas" in _text(d, "plan-needed"))
     one = _row(browser, "plan-table", "1")  # one replica: its slot use and p99s
     browser.find_element(By.CSS_SELECTOR, "#plan-traffic input[value='3']").click()
-    _wait(browser, lambda d: _row(d, "plan-table", "1") != one, timeout=30)
-    use = [float(c.split()[0]) for c in (one.split()[1], _row(browser, "plan-table", "1").split()[1])]
+    # the new row, not the moment the table is redrawn without one
+    seen: dict[str, str] = {}
+    _wait(browser, lambda d: seen.update(row=_row(d, "plan-table", "1")) or seen["row"] not in ("", one), timeout=30)
+    use = [float(c.split()[0]) for c in (one.split()[1], seen["row"].split()[1])]
     assert use[1] == pytest.approx(3 * use[0], rel=0.01)  # three times the traffic, three times the slot use
     _wait(browser, _plots("#plan-chart"))
     assert "Plan" in [a.text for a in browser.find_elements(By.CSS_SELECTOR, ".nav-link")]
