@@ -73,6 +73,20 @@ def _rss() -> tuple[int, int]:
     return int(fields["VmRSS"].split()[0]) // 1024, int(fields["VmHWM"].split()[0]) // 1024
 
 
+def _measured_insert(client, body: bytes, settings: dict, token: str) -> tuple[float, int]:
+    """One engine-mapped insert: (CPU seconds of this process, peak RSS over the start in
+    MiB). The allocator's retained pages go out first, so the peak is this insert's own."""
+    from servelens.collector.mapping import engine_spans
+
+    client.command("SYSTEM JEMALLOC PURGE")
+    Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM
+    rss0 = _rss()[0]
+    started = time.process_time()
+    client.raw_insert(engine_spans.TABLE, None, body, fmt="Protobuf",
+                      settings={**settings, "insert_deduplication_token": token})
+    return time.process_time() - started, _rss()[1] - rss0
+
+
 def settings_variants(requests: int, rounds: int, variants: list[str]) -> None:
     """One engine-mapped insert of `requests` requests per variant and round, interleaved
     (merges stopped): CPU and peak RSS over the start, as `views` measures them. A variant
@@ -99,14 +113,9 @@ def settings_variants(requests: int, rounds: int, variants: list[str]) -> None:
         for _ in range(rounds):
             for name, more in extra.items():
                 inserts += 1
-                client.command("SYSTEM JEMALLOC PURGE")
-                Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM
-                rss0 = _rss()[0]
-                started = time.process_time()
-                client.raw_insert(engine_spans.TABLE, None, body, fmt="Protobuf",
-                                  settings={**settings, **more, "insert_deduplication_token": f"split-{inserts}"})
-                cpu[name].append(time.process_time() - started)
-                peak[name].append(_rss()[1] - rss0)
+                used, grew = _measured_insert(client, body, {**settings, **more}, f"split-{inserts}")
+                cpu[name].append(used)
+                peak[name].append(grew)
     print(f"{requests * SPANS_PER_REQUEST:,} spans per insert, median of {rounds}")
     print("| variant | CPU ms, median | min | peak RSS over the start, MiB |\n|---|---:|---:|---:|")
     for name in extra:
@@ -134,15 +143,9 @@ def views(requests: int, rounds: int) -> None:
             cpu, peak = [], []
             for _ in range(rounds):
                 inserts += 1
-                # the allocator's retained pages out first, so the peak is this insert's own
-                client.command("SYSTEM JEMALLOC PURGE")
-                Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM
-                rss0 = _rss()[0]
-                started = time.process_time()
-                client.raw_insert(engine_spans.TABLE, None, body, fmt="Protobuf",
-                                  settings={**settings, "insert_deduplication_token": f"split-{inserts}"})
-                cpu.append(time.process_time() - started)
-                peak.append(_rss()[1] - rss0)
+                used, grew = _measured_insert(client, body, settings, f"split-{inserts}")
+                cpu.append(used)
+                peak.append(grew)
             print(f"| {label} | {statistics.median(cpu) * 1000:,.0f} | {min(cpu) * 1000:,.0f} | "
                   f"{statistics.median(peak):,} |", flush=True)
 
