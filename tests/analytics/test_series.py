@@ -308,4 +308,5 @@ def test_a_quality_table_and_its_pass_rate_series_read_the_results_once_in_one_r
     assert shared_doc == doc
     rates = dict(zip(table.get_column("task_type"), (table.get_column("passed") / table.get_column("evaluations"))))
     assert sorted(rates) == sorted(s["key"]["task_type"] for s in doc["series"]) == ["qa", "summarize"]
+    assert abs(rates["qa"] - 0.8) < 0.1 and abs(rates["summarize"] - 0.6) < 0.1
     assert all(len(s["points"]) == 3 for s in doc["series"])
