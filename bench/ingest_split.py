@@ -32,7 +32,9 @@ import argparse
 import statistics
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any, Iterator
 
 from bench.ingest import (CLIENT_CORE, DISTINCT_PAYLOADS, SPANS_PER_REQUEST, CollectorProcess, _pin, lone_requests,
                           thread_cpu, until_committed, wait_idle)
@@ -73,6 +75,24 @@ def _rss() -> tuple[int, int]:
     return int(fields["VmRSS"].split()[0]) // 1024, int(fields["VmHWM"].split()[0]) // 1024
 
 
+@contextmanager
+def _insert_store(requests: int) -> Iterator[tuple[Any, bytes, dict[str, Any]]]:
+    """A fresh migrated store with merges stopped, one engine-mapped body of `requests`
+    requests (512 spans each) and the writer's insert settings."""
+    from servelens.collector.mapping import engine_spans
+    from servelens.collector.pipeline.sink import INSERT_SETTINGS
+    from servelens.core.migrate import migrate
+    from servelens.core.store import Store
+
+    payloads = build_payloads(DISTINCT_PAYLOADS, SPANS_PER_REQUEST)
+    body = engine_spans.frame([payloads[i % len(payloads)] for i in range(requests)])
+    with tempfile.TemporaryDirectory() as scratch:
+        client = Store(f"chdb://{scratch}/db", "default").client()
+        migrate(client)
+        client.command("SYSTEM STOP MERGES")
+        yield client, body, {**engine_spans.insert_settings(True), **INSERT_SETTINGS}
+
+
 def _measured_insert(client, body: bytes, settings: dict, token: str) -> tuple[float, int]:
     """One engine-mapped insert: (CPU seconds of this process, peak RSS over the start in
     MiB). The allocator's retained pages go out first, so the peak is this insert's own."""
@@ -91,24 +111,13 @@ def settings_variants(requests: int, rounds: int, variants: list[str]) -> None:
     """One engine-mapped insert of `requests` requests per variant and round, interleaved
     (merges stopped): CPU and peak RSS over the start, as `views` measures them. A variant
     is `name:setting=value,setting=value`; `as is` is always the first."""
-    from servelens.collector.mapping import engine_spans
-    from servelens.collector.pipeline.sink import INSERT_SETTINGS
-    from servelens.core.migrate import migrate
-    from servelens.core.store import Store
-
-    extra = {"as is": {}}
+    extra: dict[str, dict[str, str]] = {"as is": {}}
     for spec in variants:
         name, _, pairs = spec.partition(":")
         extra[name] = dict(pair.split("=", 1) for pair in pairs.split(",") if pair)
-    payloads = build_payloads(DISTINCT_PAYLOADS, SPANS_PER_REQUEST)
-    body = engine_spans.frame([payloads[i % len(payloads)] for i in range(requests)])
-    settings = {**engine_spans.insert_settings(True), **INSERT_SETTINGS}
     cpu: dict[str, list[float]] = {name: [] for name in extra}
     peak: dict[str, list[int]] = {name: [] for name in extra}
-    with tempfile.TemporaryDirectory() as scratch:
-        client = Store(f"chdb://{scratch}/db", "default").client()
-        migrate(client)
-        client.command("SYSTEM STOP MERGES")
+    with _insert_store(requests) as (client, body, settings):
         inserts = 0
         for _ in range(rounds):
             for name, more in extra.items():
@@ -124,18 +133,7 @@ def settings_variants(requests: int, rounds: int, variants: list[str]) -> None:
 
 
 def views(requests: int, rounds: int) -> None:
-    from servelens.collector.mapping import engine_spans
-    from servelens.collector.pipeline.sink import INSERT_SETTINGS
-    from servelens.core.migrate import migrate
-    from servelens.core.store import Store
-
-    payloads = build_payloads(DISTINCT_PAYLOADS, SPANS_PER_REQUEST)
-    body = engine_spans.frame([payloads[i % len(payloads)] for i in range(requests)])
-    settings = {**engine_spans.insert_settings(True), **INSERT_SETTINGS}
-    with tempfile.TemporaryDirectory() as scratch:
-        client = Store(f"chdb://{scratch}/db", "default").client()
-        migrate(client)
-        client.command("SYSTEM STOP MERGES")
+    with _insert_store(requests) as (client, body, settings):
         inserts = 0
 
         def measure(label: str) -> None:
