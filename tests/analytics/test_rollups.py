@@ -634,3 +634,60 @@ def test_workload_equal_with_and_without_rollups(loaded, make_settings, window) 
                     lo, hi = values[max(math.floor(at) - 1, 0)], values[min(math.ceil(at) + 1, len(values) - 1)]
                     got = a[key][f"{kind.lower()}_tokens_{column}"]
                     assert lo * (1 - eps) <= got <= hi * (1 + eps), (key, kind, column)
+
+
+def _write_prefix_spans(store, n: int, first: int = 0) -> None:
+    """Requests over the three days naming one of n // 2 prefixes (a third name none), so
+    that keys recur within a day, across days and across services, and others once; every
+    seventh hit a prompt cache."""
+    span_s = int((END - START).total_seconds())
+    store.client().command(f"""
+        INSERT INTO otel_traces (Timestamp, TraceId, SpanId, ParentSpanId, SpanName, SpanKind, ServiceName,
+                                 SpanAttributes, Duration, StatusCode)
+        SELECT fromUnixTimestamp64Nano(toInt64({int(START.timestamp())} * 1e9
+                                               + (cityHash64(number, 20) % {span_s * 1000}) * 1e6)),
+               lower(hex(cityHash64(number, 21))), lower(hex(cityHash64(number, 22))), '',
+               'chat', 'SPAN_KIND_CLIENT', ['chat-api', 'rag', 'agent'][1 + cityHash64(number, 23) % 3],
+               map('gen_ai.operation.name', 'chat', 'gen_ai.request.model', 'gpt-4o-mini',
+                   'gen_ai.usage.input_tokens', '100', 'gen_ai.usage.output_tokens', '10',
+                   'gen_ai.usage.cache_read.input_tokens', if(number % 7 = 0, '10', '0'),
+                   'app.prefix_hash', if(number % 3 = 0, '', concat('p-', toString(cityHash64(number, 24) % {n // 2})))),
+               toUInt64(8e8), 'STATUS_CODE_OK'
+        FROM numbers({first}, {n})""")
+
+
+@pytest.mark.parametrize("window", WINDOWS[:3], ids=["all", "off-grain", "under-an-hour"])
+def test_shared_prefixes_equal_with_and_without_rollups(store, make_settings, window) -> None:
+    """The prefix reuse from the day rollup of prefix keys (migrations/0040) and raw edges
+    equals the raw rows' and a count made here, by service and under a service filter;
+    two inserts, so a key's day rows also come in parts not merged yet."""
+    _write_prefix_spans(store, 6_000)
+    _write_prefix_spans(store, 3_000, first=6_000)
+    sketch = make_settings(analytics={"exact_quantiles_up_to": 0})
+    exact = make_settings(analytics={"use_rollups": False})
+    q = ReportQuery.from_params(_window(*window))
+    rows = store.client().query(
+        "SELECT ServiceName, PrefixHash, CachedInputTokens > 0 FROM llm_requests "
+        "WHERE Timestamp >= {a:DateTime64(9)} AND Timestamp < {b:DateTime64(9)}",
+        parameters={"a": q.since.replace(tzinfo=None), "b": q.until.replace(tzinfo=None)}).result_rows
+    for filters in ({}, {"service": "rag"}):
+        kept = [r for r in rows if r[0] == filters.get("service", r[0])]
+        names = {}
+        for _, prefix, _ in kept:
+            names[prefix] = names.get(prefix, 0) + 1
+        want = {}
+        for service, prefix, cached in kept:
+            n, reused = want.get(service, (0, 0))
+            want[service] = (n + 1, reused + (cached or (prefix != "" and names[prefix] > 1)))
+        params = _window(*window, by="service", **filters)
+        a, b = (_by_key(run("workload", store, s, params)["rows"], "service") for s in (sketch, exact))
+        assert a.keys() == b.keys() == want.keys()
+        for service, (n, reused) in want.items():
+            assert 0 < reused < n, service  # both kinds of request in every group
+            assert a[service]["prefix_reuse_rate"] == b[service]["prefix_reuse_rate"] == reused / n, service
+    # the day rollup holds a day's (service, key) once after its merges: fewer rows than keyed requests
+    client = store.client()
+    [(day_rows, keyed)] = client.query(
+        "SELECT (SELECT count() FROM prefix_keys_1d FINAL WHERE PrefixKey != 0), "
+        "(SELECT countIf(PrefixKey != 0) FROM llm_requests)").result_rows
+    assert 0 < day_rows < keyed

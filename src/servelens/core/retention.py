@@ -50,6 +50,7 @@ TTL_COLUMNS = {
     "rollup_arrivals_1m": "toDate(Minute)",
     "rollup_workload_1h": "toDate(Hour)",
     "rollup_workload_1d": "toDate(Hour)",
+    "prefix_keys_1d": "toDate(Day)",
     "rollup_quality_15m": "toDate(Bucket)",
 }
 

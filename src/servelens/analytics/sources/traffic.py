@@ -31,6 +31,7 @@ def _scoped(settings: Settings, q: ReportQuery) -> tuple[str, str, dict[str, Any
 # day the requests, batch requests, token sums and token sketches.
 _ARRIVAL_MINUTES = (("rollup_arrivals_1m", 60),)
 _WORKLOAD_GRAINS = (("rollup_workload_1d", 86400), ("rollup_workload_1h", 3600))
+_PREFIX_DAYS = (("prefix_keys_1d", 86400),)  # migrations/0040
 _WORKLOAD_DIMS = {"service": "ServiceName"}
 _TOKENS = f"quantilesDD({rollups.DD_ACCURACY}, 0.5, 0.99)"  # 0039's state
 
@@ -86,12 +87,30 @@ def _reused(where: str) -> str:
                        GROUP BY PrefixKey HAVING count() > 1))"""
 
 
+def _reused_from_days(rows: str) -> str:
+    """`_reused` per group over `rows` of (key, PrefixKey, Requests, Cached): each a
+    group's requests naming one prefix key (0: none) in a piece of the window, and how many
+    of them hit a prompt cache (the day rollup's rows, migrations/0040, and raw rows
+    grouped alike at the edges). A request is reused unless it names no key or a key no
+    other request of the window names, and hit no cache. A key on one row with one request
+    is named by no other; a key on several rows (other days, groups, or parts not merged
+    yet) is. So the keys grouped are the rows' (a day's repeats are one row), not every
+    request's: 19 M rows for a month of 100 M requests instead of 69 M keyed requests."""
+    return f"""
+        SELECT key, sum(if(PrefixKey = 0, Cached, Requests))
+                    - countIf(PrefixKey != 0 AND Requests = 1 AND Cached = 0 AND PrefixKey NOT IN (
+                          SELECT PrefixKey FROM ({rows}) WHERE PrefixKey != 0
+                          GROUP BY PrefixKey HAVING count() > 1)) AS reused
+        FROM ({rows})
+        GROUP BY key"""
+
+
 def workload_groups(store: StoreLike, settings: Settings, q: ReportQuery) -> pl.DataFrame:
     """Per group: requests, token p50/p99 (rollups.raw_quantiles) and sums, reused-prefix
     (`_reused`) and batch counts, and the per-second arrival sums (`_arrivals_sql`), in
     one round trip. Where the window is too large to rank exactly and no grouping or
     filter but the service applies, the counts, tokens and arrivals come from the
-    workload rollups (`_rollup_workload`); the reused prefixes are read raw always."""
+    workload rollups (`_rollup_workload`), the reused prefixes too (`_reused_from_days`)."""
     key_sql, where, params = _scoped(settings, q)
     if (q.since < q.until and rollups.answerable(q, settings, _WORKLOAD_DIMS, q.by)
             and not rollups.ranks_exactly(store, settings, q)):
@@ -120,7 +139,8 @@ def _rollup_workload(store: StoreLike, q: ReportQuery, key_sql: str, where: str,
                      params: dict[str, Any]) -> pl.DataFrame:
     """workload_groups' columns from the whole days, hours and minutes of the workload
     rollups (migrations/0039) and raw rows at the window's edges, the reused prefixes from
-    raw rows. Three queries joined here: joined in ClickHouse, the same three took 3.6 s
+    the whole days of the prefix keys (0040, `_reused_from_days`) and raw rows at the edges.
+    Three queries joined here: joined in ClickHouse, the same three took 3.6 s
     more at a month of 100 M requests (BENCHMARKS.md, "Workload from minutes and hours")."""
     rollup_key = "ServiceName" if q.by else "''"
     kept = rollups.filter_sql(q, _WORKLOAD_DIMS, params)
@@ -149,8 +169,15 @@ def _rollup_workload(store: StoreLike, q: ReportQuery, key_sql: str, where: str,
         HAVING requests > 0""", params)
     if counts.is_empty():
         return counts
-    reused = frame(store, f"SELECT toString({key_sql}) AS key, {_reused(where)} AS reused FROM llm_requests "
-                          f"WHERE {where} GROUP BY key", params)
+    prefixes = rollups.piece_selects(
+        bounds["since_ns"], bounds["until_ns"], _PREFIX_DAYS, params,
+        lambda table, when: f"SELECT toString({rollup_key}) AS key, PrefixKey, Requests, Cached "
+                            f"FROM {table} WHERE {when} AND {kept}",
+        lambda when: f"""SELECT toString({key_sql}) AS key, PrefixKey, count() AS Requests,
+                                countIf(CachedInputTokens > 0) AS Cached
+                         FROM llm_requests WHERE {when} AND {where} GROUP BY key, PrefixKey""",
+        column="Day", first=len(tokens) + len(seconds))
+    reused = frame(store, _reused_from_days(" UNION ALL ".join(prefixes)), params)
     arrivals = frame(store, _arrivals_sql(" UNION ALL ".join(seconds)), params)
     return (counts.join(reused, on="key", how="left")
             .join(arrivals.with_columns(pl.col("key").cast(pl.String)), on="key", how="left"))
