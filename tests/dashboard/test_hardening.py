@@ -214,6 +214,10 @@ def test_a_large_group_by_spills_to_disk_with_the_same_answer(store, monkeypatch
     assert sources.frame(store, "SELECT getSetting('max_bytes_before_external_group_by') AS g", {}).item() == 1024**2
     spilled = sources.frame(store, many, {})
     assert spilled.height == 300000 and spilled.equals(whole)
+    # a query that spills later (the workload report's grouping of prefix keys) says so itself
+    later = sources.frame(store, "SELECT getSetting('max_bytes_before_external_group_by') AS g, "
+                                 "getSetting('max_bytes_before_external_sort') AS s", {}, spill_bytes=3 * 1024**2)
+    assert later.row(0) == (3 * 1024**2, 3 * 1024**2)
 
 
 def test_a_busy_guard_answers_503(settings, store):

@@ -65,8 +65,9 @@ def in_background() -> bool:
     return _BACKGROUND.get()
 
 
-def _query_settings() -> dict[str, Any]:
-    settings: dict[str, Any] = {**_SPILL, **({"max_threads": 1} if _BACKGROUND.get() else {})}
+def _query_settings(spill_bytes: int | None = None) -> dict[str, Any]:
+    spill = _SPILL if spill_bytes is None else dict.fromkeys(_SPILL, spill_bytes)
+    settings: dict[str, Any] = {**spill, **({"max_threads": 1} if _BACKGROUND.get() else {})}
     ends = _DEADLINE.get()
     if ends is None:
         return settings
@@ -77,9 +78,10 @@ def _query_settings() -> dict[str, Any]:
     return {**settings, "max_execution_time": round(max(left, 0.001), 3)}
 
 
-def frame(store: StoreLike, sql: str, params: dict[str, Any]) -> pl.DataFrame:
-    """Run `sql` and return its result as a Polars frame (via Arrow, no row objects)."""
-    settings = _query_settings()
+def frame(store: StoreLike, sql: str, params: dict[str, Any], spill_bytes: int | None = None) -> pl.DataFrame:
+    """Run `sql` and return its result as a Polars frame (via Arrow, no row objects).
+    `spill_bytes`: where its GROUP BY or ORDER BY goes on on disk (default SPILL_BYTES)."""
+    settings = _query_settings(spill_bytes)
     table = store.client().query_arrow(sql, parameters=params, **({"settings": settings} if settings else {}))
     return pl.from_arrow(valid_utf8(table))  # type: ignore[return-value]
 

@@ -11,7 +11,7 @@ from typing import Any
 import polars as pl
 
 from servelens.analytics.query import ReportQuery, key_expr
-from servelens.analytics.sources import frame, rollups
+from servelens.analytics.sources import SPILL_BYTES, frame, rollups
 from servelens.analytics.sql import RATE_LIMITED, bind, fallback, other_model
 from servelens.core.config import Settings
 from servelens.core.store import StoreLike
@@ -32,6 +32,10 @@ def _scoped(settings: Settings, q: ReportQuery) -> tuple[str, str, dict[str, Any
 _ARRIVAL_MINUTES = (("rollup_arrivals_1m", 60),)
 _WORKLOAD_GRAINS = (("rollup_workload_1d", 86400), ("rollup_workload_1h", 3600))
 _PREFIX_DAYS = (("prefix_keys_1d", 86400),)  # migrations/0040
+# Grouping a month of prefix keys (19.6 M at 100 M requests) peaks about as high spilled
+# at the default SPILL_BYTES as not, and spilled takes twice as long (BENCHMARKS.md,
+# "Shared prefixes from days"): it spills at twice that.
+_KEYS_SPILL = 2 * SPILL_BYTES
 _WORKLOAD_DIMS = {"service": "ServiceName"}
 _TOKENS = f"quantilesDD({rollups.DD_ACCURACY}, 0.5, 0.99)"  # 0039's state
 
@@ -179,7 +183,7 @@ def _rollup_workload(store: StoreLike, q: ReportQuery, key_sql: str, where: str,
                                     countIf(CachedInputTokens > 0) AS Cached
                              FROM llm_requests WHERE {when} AND {where} GROUP BY key, PrefixKey""",
             column="Day", first=len(tokens) + len(seconds))
-        reused = frame(store, _reused_from_days(" UNION ALL ".join(prefixes)), params)
+        reused = frame(store, _reused_from_days(" UNION ALL ".join(prefixes)), params, spill_bytes=_KEYS_SPILL)
     else:  # no whole day: the raw rows' own count is the quicker (BENCHMARKS.md, "Shared prefixes from days")
         reused = frame(store, f"SELECT toString({key_sql}) AS key, {_reused(where)} AS reused FROM llm_requests "
                               f"WHERE {where} GROUP BY key", params)
