@@ -344,6 +344,9 @@ def test_upgrade_backfills_rows_stored_before(make_settings, tmp_path) -> None:
         assert (client.query("SELECT sum(Requests), sum(InputSum) FROM rollup_workload_1d").result_rows[0]
                 == client.query("SELECT sum(Requests), sum(InputSum) FROM rollup_workload_1h").result_rows[0] == raw)
         assert client.query("SELECT sum(arraySum(Seconds.2)) FROM rollup_arrivals_1m").result_rows[0][0] == raw[0]
+        # the prefix keys per day (0040): every request, under its own key
+        assert (client.query("SELECT sum(Requests), sum(Cached) FROM prefix_keys_1d").result_rows
+                == client.query("SELECT count(), countIf(CachedInputTokens > 0) FROM llm_requests").result_rows)
         # and the context sizes (0037): the successful requests' input tokens
         assert (client.query("SELECT sum(Requests), sum(InputSum) FROM rollup_context_1h").result_rows
                 == client.query("SELECT count(), sum(InputTokens) FROM llm_requests WHERE NOT IsError").result_rows)

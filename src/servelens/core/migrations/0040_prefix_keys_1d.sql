@@ -28,9 +28,11 @@ FROM llm_requests
 GROUP BY Day, ServiceName, PrefixKey;
 
 -- What llm_requests held before this migration (migrations run before the receivers
--- start, so nothing arrives in between to be counted twice).
+-- start, so nothing arrives in between to be counted twice), its grouping going on on
+-- disk past 1 GiB: one row per distinct key of the whole table.
 INSERT INTO prefix_keys_1d
 SELECT toDateTime(intDiv(toUnixTimestamp(Timestamp), 86400) * 86400) AS Day, ServiceName, PrefixKey,
        count() AS Requests, countIf(CachedInputTokens > 0) AS Cached
 FROM llm_requests
-GROUP BY Day, ServiceName, PrefixKey;
+GROUP BY Day, ServiceName, PrefixKey
+SETTINGS max_bytes_before_external_group_by = 1073741824;
