@@ -1,14 +1,14 @@
 -- The workload report's shared prefixes kept at ingest, per day. A prefix is shared when
 -- its key recurs anywhere in the window, which no sum over the window's parts can tell,
--- so a month of it grouped every request's key: 5.9-7.7 s at 100 M stored requests
+-- so a month of it grouped every request's key: about 6 s at 100 M stored requests
 -- (BENCHMARKS.md, "Shared prefixes from days"). Here a day holds each (service, key) once
 -- with its requests and how many of them hit a provider's prompt cache, and requests with
--- no key as key 0; the reader (analytics/sources/traffic.py, `_reused`) takes the window's
--- whole days from here and its partial ones from raw rows, and groups the keys of the
--- rows only. Rows per day: the distinct keys a day's requests name (a prefix that recurs
--- within the day is one row), at most one per keyed request; 19.4 M rows for 69 M keyed
--- requests over 30 days of the 100 M fleet, where nearly every shared prefix recurs on
--- one day.
+-- no key as key 0; the reader (analytics/sources/traffic.py, `_reused_from_days`) takes
+-- the window's whole days from here and its partial ones from raw rows, and groups the
+-- keys of the rows only. Rows per day: the distinct keys a day's requests name (a prefix
+-- that recurs within the day is one row), at most one per keyed request; 19.6 M rows for
+-- 69 M keyed requests over 30 days of the 100 M fleet, where nearly every shared prefix
+-- recurs on one day.
 CREATE TABLE IF NOT EXISTS prefix_keys_1d (
     Day DateTime CODEC(Delta, ZSTD(1)),
     ServiceName LowCardinality(String),
