@@ -36,7 +36,8 @@ class Deadline:
     A socket timeout restarts with every byte received, so a target that drips its answer
     (headers or body) would hold its scraper for ever. When the time is up, the scrape's
     sockets are shut down, which ends a read blocked on them at once; the scrape then
-    fails with TimeoutError, even if a read happened to return what it had.
+    fails with TimeoutError, even if a read happened to return what it had. `cut` does the
+    same before the time is up (a scraper shutting down does not wait out its scrape).
     """
 
     def __init__(self, seconds: float) -> None:
@@ -68,6 +69,9 @@ class Deadline:
             expired = self._expired
         if expired:  # it passed while this socket was connecting
             _cut(sock)
+
+    def cut(self) -> None:
+        self._expire()
 
     def _expire(self) -> None:
         with self._lock:
@@ -130,10 +134,11 @@ class _HTTPSHandler(urllib.request.HTTPSHandler):
         return self.do_open(self._deadline.connection(_HTTPSConnection), req, context=self._context)
 
 
-def fetch(url: str, timeout: float) -> bytes:
-    """GET url, all of it (redirects too) within `timeout` seconds."""
+def fetch(url: str, timeout: float, deadline: Deadline | None = None) -> bytes:
+    """GET url, all of it (redirects too) within `timeout` seconds (or `deadline`'s, which
+    its owner may cut short)."""
     request = urllib.request.Request(url, headers={"Accept": "text/plain;version=0.0.4"})
-    with Deadline(timeout) as deadline:
+    with deadline or Deadline(timeout) as deadline:
         opener = urllib.request.build_opener(_HTTPHandler(deadline), _HTTPSHandler(deadline))
         with opener.open(request, timeout=timeout) as response:  # noqa: S310 - configured URL
             body = response.read(MAX_BODY_BYTES + 1)
@@ -153,6 +158,8 @@ class TargetScraper:
         self.resource = {"service.name": job or "prometheus", "service.instance.id": parsed.netloc,
                          "server.address": parsed.hostname or "", "url.full": url}
         self._stop = threading.Event()
+        self._in_flight: Deadline | None = None  # the fetch under way, cut at shutdown
+        self._in_flight_lock = threading.Lock()
         self._thread = threading.Thread(target=self._loop, name=f"scrape {parsed.netloc}", daemon=True)
         self._start_ns = time.time_ns()
 
@@ -160,8 +167,15 @@ class TargetScraper:
         self._thread.start()
 
     def shutdown(self, timeout: float = 5.0) -> None:
-        self._stop.set()
+        self.stop()
         self._thread.join(timeout)
+
+    def stop(self) -> None:
+        """Ends the loop and cuts the fetch under way; join the thread to wait for it."""
+        self._stop.set()
+        with self._in_flight_lock:
+            if self._in_flight is not None:
+                self._in_flight.cut()
 
     def _loop(self) -> None:
         next_at = time.monotonic()
@@ -196,17 +210,27 @@ class TargetScraper:
         attempts together, so a scrape never runs into the next) are used up."""
         retrying = RetryPolicy(ATTEMPTS, self.timeout, FIRST_RETRY_SECONDS).start()
         while True:
+            deadline = Deadline(max(0.001, retrying.deadline - time.monotonic()))
+            with self._in_flight_lock:
+                self._in_flight = deadline
+            if self._stop.is_set():  # shutdown began before this attempt was registered
+                deadline.cut()
             try:
-                return fetch(self.url, max(0.001, retrying.deadline - time.monotonic())).decode(
-                    "utf-8", errors="replace")
+                return fetch(self.url, deadline.seconds, deadline).decode("utf-8", errors="replace")
             except (OSError, urllib.error.URLError, ValueError) as exc:  # ValueError: too large a page
+                if self._stop.is_set():
+                    log.info("scrape %s abandoned at shutdown", self.url)
+                    return None  # not a result of the target's: not counted
                 wait = retrying.failed()
-                if wait is None or self._stop.is_set():
+                if wait is None:
                     result = "timeout" if isinstance(exc, TimeoutError) else "unreachable"
                     self._metrics.scrapes.labels(self.url, result).inc()
                     log.warning("scrape %s failed after %d attempts: %s", self.url, retrying.attempts, exc)
                     return None
                 self._stop.wait(wait)
+            finally:
+                with self._in_flight_lock:
+                    self._in_flight = None
 
 
 class Scrapers:
@@ -221,4 +245,7 @@ class Scrapers:
 
     def shutdown(self, timeout: float = 5.0) -> None:
         for t in self.targets:
-            t.shutdown(timeout)
+            t.stop()
+        deadline = time.monotonic() + timeout
+        for t in self.targets:
+            t.shutdown(max(0.0, deadline - time.monotonic()))
