@@ -81,13 +81,23 @@ MEASURES = ("evaluations", "passed", "scored", "score_sum")
 
 
 def raw_sql(exprs: dict[str, str], keys: list[str], filters: list[str], bucket_s: int | None = None,
-            runs: tuple[tuple[str, str], ...] = (("since_ns", "until_ns"),), req_lo: str = "req_since_ns") -> str:
+            runs: tuple[tuple[str, str], ...] = (("since_ns", "until_ns"),), req_lo: str = "req_since_ns",
+            trace_first: bool = True) -> str:
     """Per slice (and time bucket of the result, `bucket`) of the results in the `runs`
     ([{lo}, {hi}) parameter pairs, in order): MEASURES, joined to the requests from {req_lo}
     to the last run's end (one pass for all runs). `exprs`: column -> SQL over
-    llm_requests; `filters`: conditions on k_<column>."""
+    llm_requests; `filters`: conditions on k_<column>. `trace_first`: see below."""
     def inside(column: str = "Timestamp") -> str:
         return " OR ".join(f"({window(lo, hi, column=column).sql})" for lo, hi in runs)
+    # The search for other versions of the window's results checks the ingest time and the
+    # trace id first (PREWHERE), so only the rows of the window's traces read the others:
+    # the key lookup prunes nothing (a day partition per key, random keys), and checked
+    # whole it read four columns of every row ingested since the window's (for an edge a
+    # month back, every row; BENCHMARKS.md, "A month-old raw edge of the results"). The
+    # hours' fill leaves it out: its SQL names the stored hours (config_id), and what it
+    # reads is recent, which the IngestedAt bound already prunes.
+    prewhere = (f"\n        PREWHERE IngestedAt >= (SELECT min(IngestedAt) FROM evaluations WHERE {inside()})"
+                f"\n            AND TraceId IN (SELECT TraceId FROM evaluations WHERE {inside()})") if trace_first else ""
     hi = runs[-1][1]
     requests = window(req_lo, hi, after="skew_ns").sql
     near = " OR ".join(
@@ -114,7 +124,7 @@ def raw_sql(exprs: dict[str, str], keys: list[str], filters: list[str], bucket_s
         -- only the rows ingested since are read (the evaluations ingested over the
         -- retention otherwise, for a window's few; BENCHMARKS.md, "Quality's raw edges").
         SELECT TraceId, SpanId, Name, argMax((Timestamp, ScoreValue, ScoreLabel, Passed), IngestedAt) AS v
-        FROM evaluations
+        FROM evaluations{prewhere}
         WHERE IngestedAt >= (SELECT min(IngestedAt) FROM evaluations WHERE {inside()})
           AND (TraceId, SpanId, Name) IN (SELECT TraceId, SpanId, Name FROM evaluations WHERE {inside()})
         GROUP BY TraceId, SpanId, Name
@@ -193,7 +203,7 @@ def fill_sql(settings: Settings) -> tuple[str, dict[str, Any]]:
     for key in COLUMNS:
         exprs[key], extra = (_STORED_AS_IS[key], {}) if key in _STORED_AS_IS else key_sql(key, settings)
         params.update(extra)
-    inner = raw_sql(exprs, list(COLUMNS), [], bucket_s=GRAIN_S)
+    inner = raw_sql(exprs, list(COLUMNS), [], bucket_s=GRAIN_S, trace_first=False)
     return f"SELECT bucket, {', '.join(COLUMNS)}, {', '.join(MEASURES)} FROM ({inner})", params
 
 
