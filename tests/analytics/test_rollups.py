@@ -347,9 +347,10 @@ def test_upgrade_backfills_rows_stored_before(make_settings, tmp_path) -> None:
         # the prefix keys per day (0040): every request, under its own key
         assert (client.query("SELECT sum(Requests), sum(Cached) FROM prefix_keys_1d").result_rows
                 == client.query("SELECT count(), countIf(CachedInputTokens > 0) FROM llm_requests").result_rows)
-        # and the context sizes (0037): the successful requests' input tokens
-        assert (client.query("SELECT sum(Requests), sum(InputSum) FROM rollup_context_1h").result_rows
-                == client.query("SELECT count(), sum(InputTokens) FROM llm_requests WHERE NOT IsError").result_rows)
+        # and the context sizes (0037, their six hours 0041): the successful requests' input tokens
+        for table in ("rollup_context_1h", "rollup_context_6h", "rollup_context_1d"):
+            assert (client.query(f"SELECT sum(Requests), sum(InputSum) FROM {table}").result_rows
+                    == client.query("SELECT count(), sum(InputTokens) FROM llm_requests WHERE NOT IsError").result_rows)
     finally:
         store.client().command("DROP DATABASE IF EXISTS rollup_upgrade")
 
@@ -557,6 +558,25 @@ def test_context_size_edges_fall_on_the_rollup_grid() -> None:
 
     assert all(context.on_bucket_grid(b) for b in (0, 99, 100, 1000, 4000, 16000, 64000, 990, 1_200_000))
     assert not any(context.on_bucket_grid(b) for b in (101, 1001, 128000, 4321))
+
+
+def test_context_windows_take_days_then_six_hours_then_hours() -> None:
+    """The edges around a window's whole days come from the six hours where whole
+    (migration 0041), then hours, the partial hours raw."""
+    from servelens.analytics.sources import context
+
+    def ns(text: str) -> int:
+        return int(datetime.fromisoformat(text).replace(tzinfo=timezone.utc).timestamp()) * 10**9
+
+    got = [(p.table, p.lo_ns, p.hi_ns) for p in rollups.pieces(ns("2026-01-01T03:30:00"), ns("2026-01-03T20:10:00"),
+                                                                context._CONTEXT_GRAINS)]
+    assert got == [("", ns("2026-01-01T03:30:00"), ns("2026-01-01T04:00:00")),
+                   ("rollup_context_1h", ns("2026-01-01T04:00:00"), ns("2026-01-01T06:00:00")),
+                   ("rollup_context_6h", ns("2026-01-01T06:00:00"), ns("2026-01-02T00:00:00")),
+                   ("rollup_context_1d", ns("2026-01-02T00:00:00"), ns("2026-01-03T00:00:00")),
+                   ("rollup_context_6h", ns("2026-01-03T00:00:00"), ns("2026-01-03T18:00:00")),
+                   ("rollup_context_1h", ns("2026-01-03T18:00:00"), ns("2026-01-03T20:00:00")),
+                   ("", ns("2026-01-03T20:00:00"), ns("2026-01-03T20:10:00"))]
 
 
 ON_GRID, OFF_GRID = [1000, 4000, 16000, 64000], [100, 1000, 128000]

@@ -46,6 +46,7 @@ TTL_COLUMNS = {
     "rollup_spans_1h": "toDate(Hour)",
     "rollup_reliability_1h": "toDate(Hour)",
     "rollup_context_1h": "toDate(Hour)",
+    "rollup_context_6h": "toDate(Hour)",
     "rollup_context_1d": "toDate(Hour)",
     "rollup_arrivals_1m": "toDate(Minute)",
     "rollup_workload_1h": "toDate(Hour)",

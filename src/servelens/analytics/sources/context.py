@@ -117,7 +117,9 @@ def size_class(bounds: Sequence[int], column: str = "InputTokens") -> tuple[str,
 
 # --- the size classes' hours and days (migrations/0037) ------------------------------------
 
-_CONTEXT_GRAINS = (("rollup_context_1d", 86400), ("rollup_context_1h", 3600))
+# Coarsest first; a window's edges around its days from six hours where whole (migration
+# 0041), then hours.
+_CONTEXT_GRAINS = (("rollup_context_1d", 86400), ("rollup_context_6h", 21600), ("rollup_context_1h", 3600))
 _CONTEXT_DIMS = {"service": "ServiceName"}
 
 
@@ -138,8 +140,8 @@ def _hours_answer(settings: Settings, q: ReportQuery, by: str | None) -> bool:
 def _pieces(settings: Settings, q: ReportQuery, by: str | None, raw: str, hourly: str,
             params: dict[str, Any]) -> str:
     """The successful non-embedding requests of q's window as one source of columns: whole
-    days and hours `hourly` from rollup_context_1d / _1h where they answer, else (and at
-    the edges) `raw` from llm_requests. Both select `key` and `size`."""
+    days, six hours and hours `hourly` from rollup_context_1d / _6h / _1h where they
+    answer, else (and at the edges) `raw` from llm_requests. Both select `key` and `size`."""
     where, raw_params = q.where(settings.attributes)
     params.update(raw_params)
     where += " AND NOT IsError AND Operation != 'embeddings'"
