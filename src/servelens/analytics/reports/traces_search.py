@@ -43,6 +43,9 @@ _TRACE_ID = re.compile(r"[0-9a-fA-F]{32}")
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 # Candidate requests per wanted trace, first and at most (fourfold each time in between).
 _FETCH_FIRST, _FETCH_MAX = 4, 256
+# The newest requests are looked for in the window's last hour first, then a slice eight
+# times longer each time (sort=start).
+_FIRST_SLICE_NS, _SLICE_GROWTH = 3600 * 10**9, 8
 _KINDS = {"SPAN_KIND_INTERNAL": "internal", "SPAN_KIND_SERVER": "server", "SPAN_KIND_CLIENT": "client",
           "SPAN_KIND_PRODUCER": "producer", "SPAN_KIND_CONSUMER": "consumer"}
 _STATUSES = {"STATUS_CODE_OK": "ok", "STATUS_CODE_ERROR": "error"}
@@ -150,15 +153,28 @@ def find(store: StoreLike, settings: Settings, s: TraceSearch) -> list[dict[str,
     # request; otherwise request_costs reads them only when a result row needs them.
     gpu = cost.gpu_allocation(store, settings, s.q) if settings.deployments and s.sort == "cost" else None
     rank = _rank(store, settings, s, where, params, gpu)
-    fetch = s.limit * _FETCH_FIRST
-    while True:
-        candidates = frame(store, f"""
+    sql = f"""
             SELECT TraceId AS trace_id, SpanId AS span_id, ServiceName AS service, {_REQUEST_COLUMNS},
                    {tenant} AS tenant, {rank} AS rank
             FROM llm_requests
-            WHERE {where}
+            WHERE {where} AND Timestamp >= fromUnixTimestamp64Nano({{slice_ns:Int64}})
             ORDER BY rank DESC NULLS LAST, timestamp DESC, trace_id, span_id
-            LIMIT {{fetch:UInt32}}""", {**params, "fetch": fetch})
+            LIMIT {{fetch:UInt32}}"""
+    bounds = s.q.bounds()
+    since_ns, until_ns = bounds["since_ns"], bounds["until_ns"]
+    span = _FIRST_SLICE_NS if s.sort == "start" else until_ns - since_ns
+    fetch = s.limit * _FETCH_FIRST
+    while True:
+        # Newest first: the latest `fetch` requests of the window are the latest of the last
+        # slice that holds that many, so a slice from the window's end grows until it does
+        # (or is the window): a month's requests are not all read and sorted for the
+        # newest 200 (BENCHMARKS.md, "Trace search, newest first").
+        while True:
+            slice_ns = max(since_ns, until_ns - span)
+            candidates = frame(store, sql, {**params, "fetch": fetch, "slice_ns": slice_ns})
+            if candidates.height >= fetch or slice_ns == since_ns:
+                break
+            span *= _SLICE_GROWTH
         rows = candidates.unique("trace_id", keep="first", maintain_order=True).head(s.limit)
         # Fewer traces than asked while every candidate was one of theirs: look further.
         if rows.height >= s.limit or candidates.height < fetch or fetch >= s.limit * _FETCH_MAX:
