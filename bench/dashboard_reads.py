@@ -23,27 +23,10 @@ from typing import Any
 
 import dash
 
-from bench.report import median_after_first, open_fleet
+from bench.report import QueryLog, median_after_first, open_fleet
 from servelens.analytics.reports import registry
-from servelens.core.store import Store
 from servelens.dashboard import components, data
 from servelens.dashboard.app import create_app
-
-
-class _Counted:
-    """Counts the queries every client of the store runs (one client per thread)."""
-
-    def __init__(self, store: Store) -> None:
-        self.n = 0
-        self._lock = threading.Lock()
-        cls = type(store.client())
-        original = cls.raw_query
-
-        def raw_query(client: Any, *args: Any, **kwargs: Any) -> Any:
-            with self._lock:
-                self.n += 1
-            return original(client, *args, **kwargs)
-        cls.raw_query = raw_query
 
 
 def _initial(component: Any, wanted: set[str], found: dict[str, Any]) -> None:
@@ -83,7 +66,6 @@ def main(argv: list[str] | None = None) -> int:
     settings, store = open_fleet(args.fleet)
     app = create_app(settings, store)
     source = data.source_of(app.server)
-    counted = _Counted(store)
     refreshes = app.server.extensions[components._REFRESHES]
     for key in args.ranges.split(","):
         filters = data.Filters(key)
@@ -98,9 +80,9 @@ def main(argv: list[str] | None = None) -> int:
                     t.start()
                 for t in threads:
                     t.join()
-            counted.n = 0
-            load_page()
-            queries = counted.n
+            with QueryLog(store) as log:
+                load_page()
+            queries = len(log.entries)
             print(f"{key:>4} {prefix:9} {len(mine)} refreshes at once: {median_after_first(load_page)[0]:.2f} s, {queries} queries",
                   flush=True)
         print(f"{key:>4} filter options: {median_after_first(lambda: source.filter_options(key))[0]:.3f} s", flush=True)

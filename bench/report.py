@@ -4,6 +4,7 @@ fleet directory opened, and a median time."""
 from __future__ import annotations
 
 import statistics
+import threading
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -53,3 +54,30 @@ def median_after_first(fn: Callable[[], Any], runs: int = 4) -> tuple[float, Any
         out = fn()
         seconds.append(time.perf_counter() - started)
     return statistics.median(seconds[1:]), out
+
+
+class QueryLog:
+    """Wall seconds and text of every query `store`'s clients send while installed (the
+    client class is patched: one client per thread, all of them counted)."""
+
+    def __init__(self, store: Store) -> None:
+        self._class = type(store.client())
+        self._original = self._class.raw_query
+        self.entries: list[tuple[float, str]] = []
+        self._lock = threading.Lock()
+
+    def __enter__(self) -> QueryLog:
+        original, entries, lock = self._original, self.entries, self._lock
+
+        def timed(client: Any, query: str, *args: Any, **kwargs: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return original(client, query, *args, **kwargs)
+            finally:
+                with lock:
+                    entries.append((time.perf_counter() - started, " ".join(query.split())))
+        self._class.raw_query = timed
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._class.raw_query = self._original

@@ -12,42 +12,15 @@ comparison: a window's raw edges depend on where it starts and ends.
 from __future__ import annotations
 
 import argparse
-import threading
 import time
 from datetime import datetime, timedelta
-from typing import Any
 
-from bench.report import open_fleet
+from bench.report import QueryLog, open_fleet
 from servelens.analytics.query import parse_time
 from servelens.analytics.reports.registry import run
 
 RANGES = {"1h": timedelta(hours=1), "6h": timedelta(hours=6), "24h": timedelta(hours=24),
           "7d": timedelta(days=7), "30d": timedelta(days=30)}
-
-
-class QueryLog:
-    """Wall seconds of every query the store's client class sends while installed."""
-
-    def __init__(self, client_class: type) -> None:
-        self._class, self._original = client_class, client_class.raw_query
-        self.entries: list[tuple[float, str]] = []
-        self._lock = threading.Lock()
-
-    def __enter__(self) -> QueryLog:
-        original, entries, lock = self._original, self.entries, self._lock
-
-        def timed(client: Any, query: str, *args: Any, **kwargs: Any) -> Any:
-            started = time.perf_counter()
-            try:
-                return original(client, query, *args, **kwargs)
-            finally:
-                with lock:
-                    entries.append((time.perf_counter() - started, " ".join(query.split())))
-        self._class.raw_query = timed
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self._class.raw_query = self._original
 
 
 def main() -> None:
@@ -66,7 +39,7 @@ def main() -> None:
             params = {"since": (until - RANGES[label]).isoformat(), "until": until.isoformat()}
             seconds = []
             for _ in range(args.calls):
-                with QueryLog(type(store.client())) as log:
+                with QueryLog(store) as log:
                     started = time.perf_counter()
                     run(name, store, settings, params)
                     seconds.append(time.perf_counter() - started)

@@ -46,7 +46,7 @@ class Deadline:
         self._expired = False
         self._sockets: list[socket.socket] = []
         self._lock = threading.Lock()
-        self._timer = threading.Timer(seconds, self._expire)
+        self._timer = threading.Timer(seconds, self.cut)
         self._timer.daemon = True
 
     def remaining(self) -> float:
@@ -71,9 +71,6 @@ class Deadline:
             _cut(sock)
 
     def cut(self) -> None:
-        self._expire()
-
-    def _expire(self) -> None:
         with self._lock:
             self._expired = True
             sockets = list(self._sockets)
