@@ -423,6 +423,23 @@ def test_unpriced_group_wastes_no_zero_dollars(otlp_http, store, settings) -> No
     assert row["retry_cost_usd"] is None and row["error_cost_usd"] is None
 
 
+def test_cost_by_outcome_in_spend_order(otlp_http, store, settings) -> None:
+    # one trace per request, each ending as its app.outcome says; spend order is neither
+    # the names' nor the arrival's
+    at = NOW - timedelta(hours=1)
+    spend = {"resolved": [10**6], "escalated": [10**7, 10**7], "abandoned": [3 * 10**6], "handoff": [10**5],
+             "retried": [2 * 10**6, 10**6], "": [5 * 10**5]}
+    send(otlp_http, [LlmRequest(at, 1.0, "gpt-4o-mini", tokens, 0, extra={"app.outcome": outcome} if outcome else {})
+                     for outcome, each in spend.items() for tokens in each])
+    rows = run("cost", store, settings, {**WINDOW, "by": "outcome"})["rows"]
+    assert [r["outcome"] for r in rows] == ["escalated", "abandoned", "retried", "resolved", "", "handoff"]
+    for r in rows:  # gpt-4o-mini's input at $0.15 per million tokens
+        assert _same_money(r["cost_usd"], sum(spend[r["outcome"]]) * 0.15e-6)
+        assert r["outcomes"] == len(spend[r["outcome"]])  # traces; "" holds those without an outcome
+    escalated = rows[0]
+    assert _same_money(escalated["cost_per_outcome_usd"], 1.5)
+
+
 @pytest.mark.parametrize("settings", [{"attributes": {"tenant": ["org"]},
                                        "collector": {"tokens": {"tok-a": "acme"}}}], indirect=True)
 def test_token_tenant_with_custom_tenant_keys(otlp_http, store, settings) -> None:

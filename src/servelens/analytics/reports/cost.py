@@ -218,7 +218,8 @@ def rollup(costed: pl.LazyFrame, by: str) -> pl.LazyFrame:
 
 def with_outcomes(rows: pl.LazyFrame, outcomes: pl.LazyFrame) -> pl.LazyFrame:
     return (
-        rows.join(outcomes.rename({"key": "outcome"}), on="outcome", how="left")
+        # the rows keep their order (spend first): a join leaves it to the engine otherwise
+        rows.join(outcomes.rename({"key": "outcome"}), on="outcome", how="left", maintain_order="left")
         .with_columns(pl.col("outcomes").cast(pl.Int64).fill_null(0))
         .with_columns(
             pl.when(pl.col("outcomes") > 0).then(pl.col("cost_usd") / pl.col("outcomes")).otherwise(None)
