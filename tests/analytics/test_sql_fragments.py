@@ -18,7 +18,7 @@ from servelens.analytics.query import ReportQuery, _ns, key_expr
 from servelens.analytics.sources import frame, traffic
 from servelens.analytics.sql import (DAY_NS, Fragment, bind, business_unit, fallback, gpu_busy_metric,
                                      gpu_busy_readings, gpu_deployment, gpu_readings, length_class, like_hours,
-                                     not_before, window)
+                                     name_contains, not_before, window)
 from servelens.analytics.triggers import sources
 from servelens.analytics.triggers.base import Evaluation
 from servelens.collector.mapping import dialects
@@ -110,6 +110,21 @@ def test_gpu_fragments() -> None:
         "SELECT * FROM (SELECT * FROM r) WHERE BusyMetric = if((w, Host, GpuUuid) IN "
         "(SELECT w, Host, GpuUuid FROM (SELECT Host, GpuUuid FROM g)), 'gr_engine_active', 'gpu_util')")
     assert auto.params == {"a": 1, "b": 2, "busy_metric": "auto"}
+
+
+def test_name_contains(store) -> None:
+    """A name holds a fragment whatever the case of its ASCII letters, as
+    multiSearchAnyCaseInsensitive read it; other characters match only as they are."""
+    names = ["GPT-4o-2024-08-06", "gpt-4o-mini", "claude-3-5-Sonnet", "Émile-7b", "émile-7b", "llama"]
+    fragments = ["gpt-4o", "SONNET", "émile"]
+    contains, params = name_contains("frags", fragments, column="name")
+    assert contains == "multiSearchAny(lower(name), {frags:Array(String)})"
+    found = frame(store, f"SELECT name, {contains} AS found, "
+                         "multiSearchAnyCaseInsensitive(name, {raw:Array(String)}) AS before "
+                         "FROM (SELECT arrayJoin({names:Array(String)}) AS name)",
+                  {**params, "raw": fragments, "names": names})
+    assert found.get_column("found").to_list() == [1, 1, 1, 0, 1, 0]
+    assert found.get_column("found").to_list() == found.get_column("before").to_list()
 
 
 def test_bind() -> None:

@@ -110,6 +110,17 @@ def business_unit(unit: str, keys: Sequence[str]) -> Fragment:
                     {name: list(keys)})
 
 
+# --- model names ----------------------------------------------------------------------------
+
+def name_contains(name: str, fragments: Sequence[str], column: str = "Model") -> Fragment:
+    """`column` contains one of `fragments` (at most 255), ASCII case ignored (bound as
+    {name}): both lowered, then a plain multiSearchAny. Its case-insensitive form builds a
+    searcher of every fragment's case variants for each block it reads, ~20 ms for 240
+    fragments against ~4 ms (BENCHMARKS.md "Model names searched in lower case")."""
+    return Fragment(f"multiSearchAny(lower({column}), {{{name}:Array(String)}})",
+                    {name: ["".join(c.lower() if c.isascii() else c for c in f) for f in fragments]})
+
+
 # --- GPUs ----------------------------------------------------------------------------------
 
 def gpu_deployment(deployments: Iterable[DeploymentConfig]) -> Fragment:

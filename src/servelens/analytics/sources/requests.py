@@ -10,7 +10,7 @@ from servelens.analytics import memo
 from servelens.analytics.pricing import PriceCuts, epoch_ns
 from servelens.analytics.query import ReportQuery, key_expr
 from servelens.analytics.sources import frame, rollups
-from servelens.analytics.sql import window
+from servelens.analytics.sql import name_contains, window
 from servelens.core.config import Settings
 from servelens.core.store import StoreLike
 
@@ -101,8 +101,9 @@ def _for_models(params: dict[str, Any], name: str, models: list[str] | None, con
     """`condition`, only for models whose names contain one of `models` (None: every model)."""
     if models is None:
         return condition
-    params[name] = models
-    return f"({condition} AND multiSearchAnyCaseInsensitive(Model, {{{name}:Array(String)}}))"
+    contains, contains_params = name_contains(name, models)
+    params.update(contains_params)
+    return f"({condition} AND {contains})"
 
 
 def _period(cuts: PriceCuts, params: dict[str, Any], time_sql: str = "Timestamp") -> str:
@@ -136,8 +137,9 @@ def _price_cut_columns(cuts: PriceCuts, params: dict[str, Any], time_sql: str = 
     daypart = _passed(f"toUnixTimestamp64Nano({time_sql}) % {_DAY_NS}", ">=", "time_of_day", "Int64",
                       cuts.times_of_day_ns, params)
     if cuts.times_of_day_ns and cuts.daily_models is not None:
-        params["daily_models"] = cuts.daily_models
-        daypart = f"if(multiSearchAnyCaseInsensitive(Model, {{daily_models:Array(String)}}), {daypart}, 0)"
+        daily, daily_params = name_contains("daily_models", cuts.daily_models)
+        params.update(daily_params)
+        daypart = f"if({daily}, {daypart}, 0)"
     tier_sql = _passed(tier[0], tier[1], "tier", "UInt32", cuts.tier_starts, params)
     return f"{_period(cuts, params, time_sql)} AS period, toUInt16({daypart}) AS daypart, toUInt16({tier_sql}) AS tier"
 

@@ -30,7 +30,7 @@ from servelens.analytics.model_names import served_model_sql
 from servelens.analytics.pricing import epoch_ns
 from servelens.analytics.query import COLUMN_KEYS, UNIT_KEYS, ReportQuery, key_expr
 from servelens.analytics.sources import frame
-from servelens.analytics.sql import window
+from servelens.analytics.sql import name_contains, window
 from servelens.core.config import Settings
 from servelens.core.keys import UNIT_COLUMNS
 from servelens.core.store import StoreLike
@@ -395,8 +395,8 @@ def _cost_grain_selects(key: str, where: str, grains: tuple[tuple[str, int], ...
     off = off_grid_models(cuts, seconds) if finer else []
     if not off:
         return [_COST_ROLLUP.format(key=key, table=table, where=where)]
-    params[f"off_grid_{tag}"] = off
-    off_grid = f"multiSearchAnyCaseInsensitive(Model, {{off_grid_{tag}:Array(String)}})"
+    off_grid, off_params = name_contains(f"off_grid_{tag}", off)
+    params.update(off_params)
     return [_COST_ROLLUP.format(key=key, table=table, where=f"{where} AND NOT {off_grid}"),
             *_cost_grain_selects(key, f"{where} AND {off_grid}", finer, cuts, params, f"{tag}_{len(finer)}")]
 
