@@ -185,3 +185,35 @@ def test_six_hour_rows_answer_as_their_hours(store, make_settings, monkeypatch) 
     for key, row in six.items():
         assert row["traces"] == hours[key]["traces"], key
         assert row["q"] == pytest.approx(hours[key]["q"], rel=1e-12), key
+
+
+def test_edges_inside_an_hour_read_its_five_minutes(stored, make_settings, monkeypatch) -> None:
+    """A window that starts and ends inside hours reads their whole stored five minutes
+    (rollup_stages_5m) and raw rows only for the minutes short of one: the answer the raw
+    edges give."""
+    settings = make_settings(deployments=DEPLOYMENTS, analytics={"exact_quantiles_up_to": 0})
+    now = datetime.now(timezone.utc)
+    for job in (span_hours.STAGES, span_hours.STAGE_SLOTS):
+        while span_hours.fill(stored, settings, now, job=job)["hours"]:
+            pass
+    assert traces.hours_stored(stored, traces.SLOT_JOB) == traces.hours_stored(stored)
+    # every slot's traces add up to its hour's
+    client = stored.client()
+    per = {t: dict(client.query(f"SELECT Stage, sum(Traces) FROM {t} GROUP BY Stage").result_rows)
+           for t in (traces.ROLLUP, traces.SLOT_ROLLUP)}
+    assert per[traces.ROLLUP] == per[traces.SLOT_ROLLUP] and per[traces.ROLLUP]
+
+    q = ReportQuery(SINCE + timedelta(minutes=17), UNTIL + timedelta(minutes=38))
+    bounds = q.bounds()
+    pieces = traces.slot_pieces(traces.hour_pieces(bounds["since_ns"], bounds["until_ns"], traces.hours_stored(stored)),
+                                traces.hours_stored(stored, traces.SLOT_JOB))
+    assert [p.table for p in pieces] == ["", traces.SLOT_ROLLUP, traces.ROLLUP, traces.SLOT_ROLLUP, ""]
+    for by in ("deployment", "service"):
+        slots = _rows(traces.stage_quantiles(stored, settings, q, by))
+        with monkeypatch.context() as m:
+            m.setattr(traces, "SLOT_JOB", "no such job")  # none stored: the raw edges
+            raw = _rows(traces.stage_quantiles(stored, settings, q, by))
+        assert slots.keys() == raw.keys() and slots
+        for key, row in slots.items():
+            assert row["traces"] == raw[key]["traces"], key
+            assert row["q"] == pytest.approx(raw[key]["q"], rel=1e-12), key

@@ -38,15 +38,17 @@ LIMIT = 48  # hours per call: a scheduler tick stays short while a month is fill
 class HourJob:
     name: str  # in analytics_results / analytics_leases
     table: str
-    columns: tuple[str, ...]  # what `rows` selects, in order; Hour is added last
+    columns: tuple[str, ...]  # what `rows` selects, in order; Hour (the hour's start) is added last unless named
     rows: Callable[[], str]  # SQL: one hour's rows, [since_ns, until_ns) with slack_ns around it
 
 
 STAGES = HourJob(traces.JOB, traces.ROLLUP, ("ServiceName", "Deployment", "Stage", "Traces", "Seconds"),
                  traces.hour_states_sql)
+STAGE_SLOTS = HourJob(traces.SLOT_JOB, traces.SLOT_ROLLUP,
+                      ("ServiceName", "Deployment", "Stage", "Traces", "Seconds", "Hour"), traces.slot_states_sql)
 SPAN_KEYS = HourJob(span_keys.JOB, span_keys.ROLLUP, ("ServiceName", "Key", "Spans", "Example"),
                     span_keys.hour_rows_sql)
-JOBS = (STAGES, SPAN_KEYS)
+JOBS = (STAGES, STAGE_SLOTS, SPAN_KEYS)
 
 
 def settled(settings: Settings, now: datetime) -> datetime:
@@ -96,9 +98,10 @@ def fill(store: StoreLike, settings: Settings, now: datetime | None = None, *, j
         if not leases.acquire(job.name, until, now):
             break
         lo = int(hour.timestamp()) * 10**9
+        columns, start = ((job.columns, "") if "Hour" in job.columns
+                          else ((*job.columns, "Hour"), ", toDateTime(intDiv({since_ns:Int64}, 1000000000))"))
         store.client().command(
-            f"INSERT INTO {job.table} ({', '.join(job.columns)}, Hour) "
-            f"SELECT *, toDateTime(intDiv({{since_ns:Int64}}, 1000000000)) FROM ({job.rows()})",
+            f"INSERT INTO {job.table} ({', '.join(columns)}) SELECT *{start} FROM ({job.rows()})",
             parameters={"since_ns": lo, "until_ns": lo + HOUR_NS, "slack_ns": SLACK_NS},
             settings={"insert_deduplication_token": f"{job.name}:{hour.isoformat()}", "insert_deduplicate": 1})
         store.client().insert("analytics_results", [[job.name, hour, until, datetime.now(timezone.utc), owner, "{}"]],

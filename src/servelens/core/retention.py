@@ -41,6 +41,7 @@ TTL_COLUMNS = {
     "rollup_costs_1d": "toDate(Bucket)",
     "rollup_stages_1h": "toDate(Hour)",
     "rollup_stages_6h": "toDate(Hour)",
+    "rollup_stages_5m": "toDate(Hour)",
     "rollup_span_keys_1h": "toDate(Hour)",
     "rollup_ingest_1h": "toDate(Hour)",
     "rollup_spans_1h": "toDate(Hour)",

@@ -72,13 +72,18 @@ _LLM_ROWS = """
     WHERE {where}"""
 
 
-def _span_rows(lo: str = "since_ns", hi: str = "until_ns") -> str:
+def _span_rows(lo: str = "since_ns", hi: str = "until_ns", only: str = "") -> str:
     return f"""
     SELECT TraceId, false, '', '', -inf, false, NULL, NULL, NULL,
            Stage, if(Stage = 'root', Seconds, 0.), if(Stage = 'root', ServiceName, ''),
            if(Stage = 'root', Seconds, -1.), Seconds, {_NO_LLM_NS}
     FROM stage_spans
-    WHERE {window(lo, hi, before="slack_ns", after="slack_ns").sql}"""
+    WHERE {only}{window(lo, hi, before="slack_ns", after="slack_ns").sql}"""
+
+
+def _traces_in(lo: str, hi: str) -> str:
+    """A condition (with AND) on TraceId: the trace has an LLM request in [{lo}, {hi})."""
+    return f"TraceId IN (SELECT TraceId FROM llm_requests WHERE {window(lo, hi).sql}) AND "
 
 
 # One trace's per-trace aggregates -> its (stage, seconds) values: queue/prefill/decode
@@ -133,18 +138,26 @@ ROLLUP = "rollup_stages_1h"
 # Stored stage rows by grain: six-hour rows (migration 0033, merged from the hours as they
 # are inserted) where all of their hours are stored, the hours around them.
 STAGE_GRAINS = (("rollup_stages_6h", 21600), (ROLLUP, 3600))
+# The same rows per five minutes (migration 0042), stored by their own job: a window's
+# edges inside an hour read them, and raw rows only for the minutes short of one.
+SLOT_JOB, SLOT_ROLLUP, SLOT_NS = "stage_slots", "rollup_stages_5m", 300 * 10**9
 
 
-def hour_states_sql(lo: str = "since_ns", hi: str = "until_ns") -> str:
+def hour_states_sql(lo: str = "since_ns", hi: str = "until_ns", per_slot: bool = False) -> str:
     """Per (ServiceName, Deployment, Stage) of the traces whose first LLM request lies in
     [{lo}, {hi}): Traces and a sketch state of their seconds (rollup_stages_1h's columns).
     A trace's LLM requests and spans are read within the slack around that span, so a
     trace is whole, whichever hour it is cut at. No report filters: a rollup row is a
-    whole trace's."""
-    llm_where = window(lo, hi, before="slack_ns", after="slack_ns").sql
+    whole trace's. `per_slot`: also per five minutes of the first LLM request, as a last
+    column Hour (rollup_stages_5m's)."""
+    # Only the traces with an LLM request in the piece are read in its slack: for a few
+    # minutes' piece about half the time (BENCHMARKS.md "Stage edges in five minutes").
+    only = _traces_in(lo, hi)
+    llm_where = only + window(lo, hi, before="slack_ns", after="slack_ns").sql
+    slot = f", toDateTime(intDiv(first_ns, {SLOT_NS}) * {SLOT_NS // 10**9}) AS Hour" if per_slot else ""
     return f"""
         SELECT if(root_service != '', root_service, llm_service) AS ServiceName, trace_deployment AS Deployment,
-               t.1 AS Stage, count() AS Traces, {SKETCH.replace('(', 'State(', 1)}(t.2) AS Seconds
+               t.1 AS Stage, count() AS Traces, {SKETCH.replace('(', 'State(', 1)}(t.2) AS Seconds{slot}
         FROM (
             SELECT min(at_ns) AS first_ns,
                    argMax(deployment, latency) AS trace_deployment,
@@ -152,11 +165,15 @@ def hour_states_sql(lo: str = "since_ns", hi: str = "until_ns") -> str:
                    argMax(root_service, root_weight) AS root_service,
                    {_TRACE_SUMS}
             FROM ({_LLM_ROWS.replace("{where}", llm_where)}
-                  UNION ALL {_span_rows(lo, hi)})
+                  UNION ALL {_span_rows(lo, hi, only)})
             {_PER_TRACE}
             HAVING first_ns >= {{{lo}:Int64}} AND first_ns < {{{hi}:Int64}})
         ARRAY JOIN {_STAGES} AS t
-        GROUP BY ServiceName, Deployment, Stage"""
+        GROUP BY ServiceName, Deployment, Stage{", Hour" if per_slot else ""}"""
+
+
+def slot_states_sql(lo: str = "since_ns", hi: str = "until_ns") -> str:
+    return hour_states_sql(lo, hi, per_slot=True)
 
 
 def hours_stored(store: StoreLike, job: str = JOB) -> tuple[int, int] | None:
@@ -181,6 +198,23 @@ def hour_pieces(since_ns: int, until_ns: int, stored: tuple[int, int],
         return [rollups.Piece("", since_ns, until_ns)]
     return [p for p in (rollups.Piece("", since_ns, lo), *rollups.pieces(lo, hi, grains), rollups.Piece("", hi, until_ns))
             if p.lo_ns < p.hi_ns]
+
+
+def slot_pieces(pieces: list[rollups.Piece], slots: tuple[int, int] | None) -> list[rollups.Piece]:
+    """`pieces` with each raw piece's whole stored five minutes (`slots`: [first, last)
+    hour stored by SLOT_JOB) read from SLOT_ROLLUP instead."""
+    if slots is None:
+        return pieces
+    out = []
+    for p in pieces:
+        lo = max(-(-p.lo_ns // SLOT_NS) * SLOT_NS, slots[0])
+        hi = min(p.hi_ns // SLOT_NS * SLOT_NS, slots[1])
+        if p.table or lo >= hi:
+            out.append(p)
+            continue
+        out += [q for q in (rollups.Piece("", p.lo_ns, lo), rollups.Piece(SLOT_ROLLUP, lo, hi),
+                            rollups.Piece("", hi, p.hi_ns)) if q.lo_ns < q.hi_ns]
+    return out
 
 
 def _sketched_sql(pieces: list[rollups.Piece], by: str, params: dict[str, Any]) -> str:
@@ -236,7 +270,9 @@ def stage_quantiles(store: StoreLike, settings: Settings, q: ReportQuery, by: st
             return frame(store, _sql(where, by), params)
         bounds = q.bounds()
         sketch_params = {"slack_ns": SLACK_NS}
-        sql = _sketched_sql(hour_pieces(bounds["since_ns"], bounds["until_ns"], stored), by, sketch_params)
+        slots = memo.cached(memo.key("traces.slots_stored", store, None), lambda: hours_stored(store, SLOT_JOB))
+        pieces = slot_pieces(hour_pieces(bounds["since_ns"], bounds["until_ns"], stored), slots)
+        sql = _sketched_sql(pieces, by, sketch_params)
         return frame(store, sql, sketch_params)
 
     return memo.cached(key, compute)
