@@ -41,8 +41,9 @@ log = logging.getLogger(__name__)
 def run_all(store: StoreLike, settings: Settings, now: datetime | None = None, scheduled: bool = False,
             owner: str | None = None, stop: threading.Event | None = None) -> dict[str, Any]:
     """{"jobs": {name: {"rows": n, "seconds": s}}} as SPEC 5's analytics/run returns it
-    ("stage_hours", "span_keys_hours", "quality_hours": the settled hours stored for the
-    stage, ingest and quality readers, analytics.span_hours and analytics.quality_hours).
+    ("stage_hours", "stage_slots", "span_keys_hours", "quality_hours": the settled hours
+    stored for the stage, ingest and quality readers, analytics.span_hours and
+    analytics.quality_hours).
 
     Scheduled runs skip the reports another runner holds the window of ("skipped": true).
     Once `stop` is set no further report starts (the process is stopping).

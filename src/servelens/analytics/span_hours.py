@@ -2,7 +2,8 @@
 
 Two readers aggregate every span or trace of their window, and at a month of a busy fleet
 that is millions held at once: the stages report and the overview's binding constraint
-(per-stage sketches, rollup_stages_1h, migration 0028), and the ingest report's attribute
+(per-stage sketches, rollup_stages_1h, migration 0028; per five minutes for the windows'
+edges inside an hour, rollup_stages_5m, migration 0042), and the ingest report's attribute
 keys no dialect reads (rollup_span_keys_1h, migration 0031). This job aggregates one hour
 at a time instead, after the hour has settled (its traces' spans may arrive up to the
 slack after it: SLACK_NS plus triggers.settle), and the readers take the stored hours as
