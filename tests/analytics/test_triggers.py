@@ -192,6 +192,25 @@ def test_a_busy_queue_that_eased_then_climbs_fast_is_seen_in_its_second_window(s
     assert not counted.firing and counted.evidence["trend"]["p_value"] > 0.01, counted.summary
 
 
+def test_a_queue_climbing_since_before_the_series_is_growth_over_its_usual(store, make_settings) -> None:
+    """A queue that started climbing two hours before the six windows read: their first
+    window is already 1.4x its usual level, the last 2x. Over the first window that is
+    +45 %, under min_growth; over the usual level at these hours +100 %: growth."""
+    settings = make_settings(triggers={"baseline": "2d"})
+    base = Traffic(service="batch-svc", deployment="batch", per_hour=2000, diurnal=0.0, queue_s=0.2)
+    start = T0 + timedelta(days=2)
+    insert(store, T0, start, base)
+    for i in range(8):
+        insert(store, start + i * HOUR, start + (i + 1) * HOUR, replace(base, queue_s=0.2 * (1 + 0.125 * (i + 1))),
+               seed=20 + i)
+    at = engine.window_at(settings, start + 8 * HOUR)
+    findings, _, _ = engine.run_detectors(store, settings, at, ["queue_wait_growth"])
+    (found,) = [f for f in findings if f.subject == {"deployment": "batch"}]
+    assert found.evidence["baseline"] == "like_hours"
+    assert found.evidence["growth"] < 0.5, found.summary  # over the first window
+    assert found.firing, found.summary
+
+
 def test_p99_drift_fires_on_the_tail_not_on_a_uniform_slowdown(store, make_settings) -> None:
     settings = make_settings(triggers={"baseline": "2d"})
     normal = Traffic(per_hour=300)

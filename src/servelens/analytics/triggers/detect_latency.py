@@ -134,10 +134,11 @@ def _queue_findings(store: StoreLike, settings: Settings, cfg: Any, at: Evaluati
         # In seconds: the queue now over where it would be had it kept its first level.
         usual_now = float(np.median(expected[-cfg.points:])) if adjusted else 1.0
         rise = (now - first) * usual_now
-        # Against like hours, the queue must also stand above its usual level by as much:
-        # a climb back from a quiet spell to the usual is no growth.
-        above = not adjusted or now >= 1 + cfg.min_growth
-        firing = trend.detected and above and rise >= cfg.min_increase.total_seconds() and growth >= cfg.min_growth
+        # Against like hours, growth is over the usual level: a climb back from a quiet
+        # spell to the usual is none, and a climb that began before the series (its first
+        # window already up) still is. Without them, over the first window.
+        grown = now >= 1 + cfg.min_growth if adjusted else growth >= cfg.min_growth
+        firing = trend.detected and grown and rise >= cfg.min_increase.total_seconds()
         configured = settings.deployment(deployment)
         budget = configured.budgets.get("queue") if configured else None
         last = float(raw[-cfg.points:].max())
