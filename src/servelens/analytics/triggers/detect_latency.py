@@ -34,7 +34,8 @@ class QueueWaitGrowth(TriggerKindConfig):
     # drifts by a percent with no noise to hide it, and those pairs outvote a step of +50 %.
     # Points are compared on a grid of this relative step, closer ones read as ties.
     resolution: float = Field(0.05, ge=0, lt=1, description="relative difference read as a tie by the trend test")
-    min_growth: float = Field(0.5, gt=0, description="last window's level / first window's - 1")
+    min_growth: float = Field(0.5, gt=0, description="last window's level / its usual (like hours), "
+                                                     "else / the first window's, - 1")
     # The p95's rise in time, at least: a queue of a few milliseconds may double unseen.
     min_increase: timedelta = timedelta(milliseconds=10)
     critical_growth: float = Field(2.0, gt=0)
@@ -51,9 +52,9 @@ def queue_wait_growth(store: StoreLike, settings: Settings, at: Evaluation) -> l
     phase's daily p95s, on days of the same kind, weekday or weekend): the morning ramp
     of a diurnal load grows the queue every day, and is no growth against its usual level.
     Mann-Kendall (one-sided) then decides that the series rises consistently, and the
-    growth is the last window's lowest point over the first window's median (and, against
-    like hours, over the usual level too): bursts lift single points, so neither a spike
-    nor two in the last window is growth; a queue that grew is high in all its points.
+    growth is the last window's lowest point over its usual level (like hours), else over
+    the first window's median: bursts lift single points, so neither a spike nor two in
+    the last window is growth; a queue that grew is high in all its points.
 
     A deployment short of `min_requests` in some window of the series is read in pooled
     windows instead (k of them each, the fewest up to `triggers.pool_windows` that hold
