@@ -365,7 +365,7 @@ def test_a_replay_completes_the_views_a_crash_cut_off_and_doubles_nothing(store:
     request = llm_request(6)
     batch = spans_to_request(request, request.SerializeToString()) if mapping == "engine" else spans_to_rows(request)
     tables = [(batch.table, batch.columns, batch.data)]
-    writer = Writer(store, WriterSettings())
+    writer = Writer(store, WriterSettings(engine_from=0))  # engine blocks: the engine's views
     # the source took the block, its views did not (a crash between them)
     for view in ("llm_requests_mv", "trace_outcomes_mv", "stage_spans_mv"):
         store.client().command(f"DETACH TABLE {view}")
@@ -376,7 +376,7 @@ def test_a_replay_completes_the_views_a_crash_cut_off_and_doubles_nothing(store:
     spool = Spool(tmp_path / "spool", 10 * 1024 * 1024)
     for _ in range(2):  # replayed after the restart, and once more after another crash
         assert spool.append("crash-token", tables)
-        replayer = Writer(store, WriterSettings(), spool=spool)
+        replayer = Writer(store, WriterSettings(engine_from=0), spool=spool)
         replayer.start()
         try:
             assert replayer.drain_spool(timeout=30)

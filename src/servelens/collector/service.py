@@ -6,6 +6,7 @@ import logging
 
 from servelens.collector.intake import Intake
 from servelens.collector.mapping import engine_spans
+from servelens.collector.pipeline.sink import ENGINE_FROM_SPANS
 from servelens.collector.pipeline.spool import Spool
 from servelens.collector.pipeline.writer import Writer, WriterSettings
 from servelens.collector.receivers.grpc import GrpcReceiver
@@ -30,6 +31,8 @@ class Collector:
             queue_size=c.queue_size, batch_size=c.batch_size,
             flush_interval=c.flush_interval.total_seconds(), store_retry=c.store_retry.total_seconds(),
             acknowledge=c.acknowledge, linger=c.spool_linger.total_seconds(),
+            # auto: small blocks mapped in Python where that gives the engine's rows (pipeline.sink)
+            engine_from=0 if c.trace_mapping == "engine" else ENGINE_FROM_SPANS,
         ), self.metrics, spool)
         self.credentials = credentials or Credentials(store, settings)
         self.intake = Intake(self.writer, self.metrics, tuple(settings.attributes.tenant), self.credentials,

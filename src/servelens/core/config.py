@@ -89,7 +89,8 @@ class CollectorConfig(_Strict):
     # Who maps spans to otel_traces rows: "python" (collector.mapping.spans), or "engine":
     # ClickHouse parses the request's protobuf itself and a view maps it
     # (collector.mapping.engine_spans); "auto": the engine where the store can (embedded, or a
-    # server of ClickHouse 25.6 or later), else Python.
+    # server of ClickHouse 25.6 or later), else Python; and with the engine, an insert of few
+    # spans mapped in Python where that gives the same rows (collector.pipeline.sink).
     trace_mapping: Literal["auto", "python", "engine"] = "auto"
 
     _dur = field_validator("flush_interval", "store_retry", "write_timeout", "spool_linger",

@@ -44,10 +44,20 @@ class Sink(Protocol):
         """Whether the store takes an insert now, whatever any batch's error said."""
 
 
+# Engine-mapped blocks of fewer spans than this are mapped in Python instead, where that
+# gives the same rows (engine_spans.as_rows): the view's analysis is most of a small
+# insert's CPU, and below about 4,096 spans the Python mapping costs less than it does
+# (BENCHMARKS.md, "Small blocks mapped in Python"). A lone request reaches the reports sooner.
+ENGINE_FROM_SPANS = 4096
+
+
 class ClickHouseSink:
-    def __init__(self, store: Store, metrics: SelfMetrics) -> None:
+    def __init__(self, store: Store, metrics: SelfMetrics, engine_from: int = ENGINE_FROM_SPANS) -> None:
+        """`engine_from`: spans from which an engine-mapped block is mapped by the engine
+        (0: always)."""
         self._store = store
         self._metrics = metrics
+        self._engine_from = engine_from
         self._protobuf_settings = engine_spans.insert_settings(is_embedded(store.url))
 
     def insert(self, token: str, table: str, columns: tuple[str, ...], data: list[list[Any]]) -> None:
@@ -56,7 +66,11 @@ class ClickHouseSink:
         label = "otel_traces" if engine_mapped else table
         started = time.perf_counter()
         try:
-            if engine_mapped:
+            rows = engine_spans.as_rows(data[0]) if engine_mapped and sum(data[1]) < self._engine_from else None
+            if rows is not None:
+                self._insert_rows(rows.table, rows.columns, rows.data,
+                                  {**settings, "insert_deduplication_token": f"{token}:{rows.table}"})
+            elif engine_mapped:
                 body = engine_spans.frame(data[0])
                 self._store.client().raw_insert(table, None, body, fmt="Protobuf",
                                                 settings={**self._protobuf_settings, **settings})

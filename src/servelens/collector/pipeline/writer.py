@@ -26,7 +26,7 @@ from servelens.collector.pipeline.queue import GroupQueue, Ticket
 from servelens.collector.pipeline.queue import concat as _concat  # noqa: F401 - tests' name
 from servelens.collector.pipeline.replay import Backlog, Replayer, ReplaySettings
 from servelens.collector.pipeline.retry import RetryStage
-from servelens.collector.pipeline.sink import ClickHouseSink, Sink
+from servelens.collector.pipeline.sink import ENGINE_FROM_SPANS, ClickHouseSink, Sink
 from servelens.collector.pipeline.spool import Spool, Tables
 from servelens.collector.telemetry import SelfMetrics
 from servelens.core.store import Store
@@ -45,6 +45,9 @@ class WriterSettings:
     # Write-ahead mode: logged rows wait up to this long to fill an insert of batch_size
     # (nobody waits on them; every insert has a large fixed cost).
     linger: float = 1.0
+    # Engine-mapped blocks of fewer spans are mapped in Python where that gives the same
+    # rows (pipeline.sink); 0: the engine maps every one.
+    engine_from: int = ENGINE_FROM_SPANS
 
 
 class Writer:
@@ -61,7 +64,7 @@ class Writer:
         if sink is None:
             if store is None:
                 raise ValueError("the writer needs a store or a sink")
-            sink = ClickHouseSink(store, self._metrics)
+            sink = ClickHouseSink(store, self._metrics, settings.engine_from)
         self._retry = RetryStage(sink)
         refusals = Refusals(self._retry, spool, self._metrics)
         backlog = Backlog(limit_rows=2 * settings.batch_size)  # the next insert and the one after
