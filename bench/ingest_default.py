@@ -14,7 +14,8 @@ In one run, on the same payloads as bench/ingest.py (512 GenAI spans per OTLP/HT
    data directory, and once its log is replayed the store must hold exactly the spans that
    were acknowledged (no loss, no duplicates);
 6. visibility at low load: single requests at 2 per second, each timed from its 200 until
-   its spans are counted in the store.
+   its spans are counted in the store: 20 right after the open loop (the merges it left
+   still running), 20 more once the collector is idle.
 
 `--env NAME=VALUE` tries a configuration other than the defaults (the figures are then
 printed, not written).
@@ -79,9 +80,13 @@ def run(scratch: Path, env: dict[str, str], warmup: float, seconds: float, laten
             r["settle_s"] = wait_idle(c, limit=180.0)
             say(f"open loop at half the median, {median.spans_per_s / 2:,.0f} spans/s for {latency_s:.0f}s")
             r["latency"] = open_loop(c, payloads, median.spans_per_s / 2, latency_s)
-            say("visibility at low load: 20 lone requests")
+            say("visibility at low load: 20 lone requests, right after the open loop")
             r["visible_s"] = lone_requests(c, payloads, 20, 0.5)
-            acked = runs[-1].spans + len(r["latency"].latencies) * SPANS_PER_REQUEST + 20 * SPANS_PER_REQUEST
+            # and once the merges the load left are done: low load as a quiet deployment sees it
+            r["idle_settle_s"] = wait_idle(c, limit=180.0)
+            say("visibility at low load: 20 lone requests, the collector idle")
+            r["visible_idle_s"] = lone_requests(c, payloads, 20, 0.5)
+            acked = runs[-1].spans + len(r["latency"].latencies) * SPANS_PER_REQUEST + 40 * SPANS_PER_REQUEST
             hwm.append(c.status()["VmHWM"])
             say("SIGKILL, then a restart on the same data directory")
             _kill(c)
@@ -103,7 +108,7 @@ def report(r: dict[str, Any]) -> str:
     m, lat = r["median"], r["latency"]
     p50, p99 = lat.percentile(50), lat.percentile(99)
     spread = ", ".join(f"{e.spans_per_s:,.0f}" for e in sorted(r["runs"], key=lambda e: e.spans_per_s))
-    vis = sorted(r["visible_s"])
+    vis, idle = sorted(r["visible_s"]), sorted(r["visible_idle_s"])
     ok = lambda met: "met" if met else "NOT met"  # noqa: E731
     lines = [
         f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} on {os.cpu_count()} cores ({cpu_model()}), "
@@ -126,9 +131,13 @@ def report(r: dict[str, Any]) -> str:
         f"{ok(r['hwm_mib'] <= RSS_LIMIT_MIB)} |",
         f"| after SIGKILL right after the last 200 and a restart: spans stored / acknowledged | "
         f"{r['stored']:,} / {r['acked']:,} | equal | {ok(r['stored'] == r['acked'])} |",
-        f"| low load (a lone request every 0.5 s): from the 200 until its spans are committed, median / max | "
+        f"| low load (a lone request every 0.5 s) right after the open loop, its merges still running: from the "
+        f"200 until its spans are committed, median / max | "
         f"{statistics.median(vis) * 1000:.0f} / {vis[-1] * 1000:.0f} ms | <= {VISIBLE_WITHIN_S * 1000:.0f} ms | "
         f"{ok(vis[-1] <= VISIBLE_WITHIN_S)} |",
+        f"| the same on the idle collector (merges done, {r['idle_settle_s']:.0f} s later), median / max | "
+        f"{statistics.median(idle) * 1000:.0f} / {idle[-1] * 1000:.0f} ms | <= {VISIBLE_WITHIN_S * 1000:.0f} ms | "
+        f"{ok(idle[-1] <= VISIBLE_WITHIN_S)} |",
         f"| non-200 answers in the closed loops (clients retried them) | "
         f"{sum(e.refused for e in r['runs'])} | | |",
     ]
