@@ -136,7 +136,8 @@ def test_cost_report_equal_with_and_without_rollups(loaded, make_settings, windo
 
 def _cost_tables(settings, q, bucket_s=None) -> set[str]:
     sql = rollups.cost_source_sql(q, settings, {}, _cuts(settings, q), bucket_s)
-    return {t for t in ("rollup_costs_1d", "rollup_costs_6h", "rollup_costs_15m") if f"FROM {t}" in sql}
+    return {t for t in ("rollup_costs_1d", "rollup_costs_6h", "rollup_costs_models_1h", "rollup_costs_15m")
+            if f"FROM {t}" in sql}
 
 
 def test_six_hour_cost_rollup_fills_and_is_read_where_it_prices(loaded, make_settings) -> None:
@@ -158,6 +159,17 @@ def test_six_hour_cost_rollup_fills_and_is_read_where_it_prices(loaded, make_set
     assert _cost_tables(settings, q, bucket_s=3600) == {"rollup_costs_15m"}  # hours split six-hour rows
     short = ReportQuery.from_params(_window(*WINDOWS[2], by="tenant"))
     assert _cost_tables(settings, short) == {"rollup_costs_15m"}
+    # keyed and filtered by no business unit: the hours without them
+    hours = client.query("SELECT sum(Requests), sum(InputTokens), sum(CachedTokens), uniqExact(Bucket), "
+                         "countIf(toUnixTimestamp(Bucket) % 3600 != 0) FROM rollup_costs_models_1h").result_rows[0]
+    quarter_hours = client.query("SELECT uniqExact(intDiv(toUnixTimestamp(Bucket), 3600)) FROM rollup_costs_15m")
+    assert hours[:3] == quarter[:3] and hours[3] == quarter_hours.result_rows[0][0] and hours[4] == 0
+    for by in ("model", "deployment", None):
+        unitless = ReportQuery.from_params(_window(*WINDOWS[0], **({"by": by} if by else {})))
+        assert _cost_tables(settings, unitless) == {"rollup_costs_models_1h", "rollup_costs_15m"}
+        assert _cost_tables(settings, unitless, bucket_s=900) == {"rollup_costs_15m"}
+    filtered = ReportQuery.from_params(_window(*WINDOWS[0], by="model", tenant="acme"))
+    assert _cost_tables(settings, filtered) == {"rollup_costs_1d", "rollup_costs_6h", "rollup_costs_15m"}
 
 
 def _costs_equal(store, on, off, by: str) -> None:
@@ -172,7 +184,7 @@ def _costs_equal(store, on, off, by: str) -> None:
 
 @pytest.mark.parametrize("hour, minute, tables", [
     (9, 15, {"rollup_costs_15m"}),  # off every grain but the quarter hours
-    (6, 0, {"rollup_costs_6h", "rollup_costs_15m"}),  # on the six hours, inside a day
+    (6, 0, {"rollup_costs_models_1h", "rollup_costs_15m"}),  # on the hours (and six hours), inside a day
 ], ids=["off-the-six-hours", "inside-a-day"])
 def test_configured_price_change(loaded, make_settings, hour, minute, tables) -> None:
     """A configured price from a time of a day (it may match any model): no grain whose
@@ -203,7 +215,9 @@ def test_time_of_day_prices_read_from_the_quarter_hours(loaded, make_settings) -
     q = ReportQuery.from_params(_window(*WINDOWS[0], by="model"))
     fine = rollups.off_grid_models(_cuts(on, q), 21600)
     assert fine and any("deepseek-chat".find(f) >= 0 for f in fine)
-    assert _cost_tables(on, q) == {"rollup_costs_1d", "rollup_costs_6h", "rollup_costs_15m"}
+    assert _cost_tables(on, q) == {"rollup_costs_models_1h", "rollup_costs_15m"}
+    by_tenant = ReportQuery.from_params(_window(*WINDOWS[0], by="tenant"))
+    assert _cost_tables(on, by_tenant) == {"rollup_costs_1d", "rollup_costs_6h", "rollup_costs_15m"}
     _costs_equal(loaded, on, off, "model")
     _costs_equal(loaded, on, off, "tenant")
     rows = _by_key(run("cost", loaded, on, _window(*WINDOWS[0], by="model"))["rows"], "model")

@@ -39,6 +39,7 @@ TTL_COLUMNS = {
     "rollup_costs_15m": "toDate(Bucket)",
     "rollup_costs_6h": "toDate(Bucket)",
     "rollup_costs_1d": "toDate(Bucket)",
+    "rollup_costs_models_1h": "toDate(Bucket)",
     "rollup_stages_1h": "toDate(Hour)",
     "rollup_stages_6h": "toDate(Hour)",
     "rollup_stages_5m": "toDate(Hour)",

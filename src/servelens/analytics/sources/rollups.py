@@ -13,7 +13,9 @@ What falls back to raw rows entirely (`answerable` says no):
   the cost rollups hold tenant/feature/team under their default keys;
 - cost when a price cut inside the window is not on the cost rollups' 15-minute grid or
   a tier threshold is not one of its input floors (`cost_answerable`). The six-hour cost
-  rollup (migrations/0030) is read for the models whose prices change on its grid only.
+  rollup (migrations/0030) is read for the models whose prices change on its grid only;
+  so are the days (0038), and the hours without business units (0043), which answer a
+  cost reading keyed and filtered by none of them.
 Quantiles from sketches are within 1 % of an exact value at most one rank from the
 percentile (the sketch ranks as q·n, the exact reports interpolate at q·(n−1); measured
 at most 0.75 %: BENCHMARKS.md "Rollups", `python -m bench.sketch_error`); windows with at most `analytics.exact_quantiles_up_to` requests are answered
@@ -48,6 +50,9 @@ EDGE_GRAIN_S = 3600  # `pieces(raw_edges=True)`: what grains of an hour or more 
 # (cost_counts_sql): six-hour rows would put six hours at their first.
 COST_QUARTER = ("rollup_costs_15m", 900)
 COST_GRAINS = (("rollup_costs_1d", 86400), ("rollup_costs_6h", 21600), COST_QUARTER)
+# A reading keyed and filtered by none of the business units: whole hours without them
+# (migrations/0043), far fewer rows than the days or six hours that hold them.
+COST_MODEL_GRAINS = (("rollup_costs_models_1h", 3600), COST_QUARTER)
 MAX_NEEDLES = 255  # ClickHouse's multiSearchAny* take at most this many needles
 # The cost rollup's input floors (0019): a tier threshold outside this list needs raw rows.
 INPUT_FLOORS = (0, 32000, 100000, 128000, 199999, 200000, 256000, 272000, 512000, 524288, 1000000)
@@ -58,8 +63,8 @@ INPUT_FLOORS = (0, 32000, 100000, 128000, 199999, 200000, 256000, 272000, 512000
 _SERVED = served_model_sql(request_model="Model")
 REQUEST_DIMS = {**{k: COLUMN_KEYS[k] for k in ("service", "deployment", "provider", "operation", "region")},
                 "model": _SERVED}
-COST_DIMS = {**{k: COLUMN_KEYS[k] for k in ("service", "deployment", "provider")}, "model": _SERVED,
-             **{unit: UNIT_COLUMNS[unit] for unit in UNIT_KEYS}}
+COST_MODEL_DIMS = {**{k: COLUMN_KEYS[k] for k in ("service", "deployment", "provider")}, "model": _SERVED}
+COST_DIMS = {**COST_MODEL_DIMS, **{unit: UNIT_COLUMNS[unit] for unit in UNIT_KEYS}}
 
 
 @dataclass(frozen=True)
@@ -361,11 +366,13 @@ def cost_source_sql(q: ReportQuery, settings: Settings, params: dict[str, Any], 
     Whole days and six hours come from their rollups, except for the models whose price
     changes inside one (`off_grid_models`: read from the next finer grain whose grid holds
     their changes, the quarter hours at last); a grain every model's price changes inside,
-    or that `bucket_s` does not divide into, is not read."""
+    or that `bucket_s` does not divide into, is not read. A reading keyed and filtered by
+    none of the business units takes its whole hours from the hours without them."""
     bounds = q.bounds()
     params.update(bounds)
     floors = "[" + ", ".join(str(f) for f in INPUT_FLOORS) + "]"
-    grains = tuple(g for g in COST_GRAINS[:-1]
+    unitless = answerable(q, settings, COST_MODEL_DIMS, q.by)
+    grains = tuple(g for g in (COST_MODEL_GRAINS if unitless else COST_GRAINS)[:-1]
                    if off_grid_models(cuts, g[1]) is not None and not (bucket_s and bucket_s % g[1])) + (COST_QUARTER,)
     parts = []
     for i, piece in enumerate(pieces(bounds["since_ns"], bounds["until_ns"], grains)):
