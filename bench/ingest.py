@@ -127,11 +127,12 @@ class CollectorProcess:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
 
     def status(self) -> dict[str, int]:
-        """VmHWM / VmRSS in KiB."""
+        """VmHWM / VmRSS in KiB, and VmRSS's parts: RssAnon (the process's own memory),
+        RssFile (mapped files: the engine library's code pages, shared and reclaimable)."""
         out = {}
         for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
             key, _, value = line.partition(":")
-            if key in ("VmHWM", "VmRSS"):
+            if key in ("VmHWM", "VmRSS", "RssAnon", "RssFile"):
                 out[key] = int(value.split()[0])
         return out
 
