@@ -312,7 +312,7 @@ def test_the_schema_runs_and_fills_through_the_distributed_tables(tmp_path):
     if any("rollup_requests_1m_local" in s for _, ss in migrations for s in ss):
         for rollup in ("rollup_requests_1m", "rollup_requests_1h", "rollup_requests_6h", "rollup_costs_15m", "rollup_costs_6h",
                        "rollup_ingest_1h", "rollup_context_1h", "rollup_context_6h", "rollup_context_1d", "rollup_costs_1d", "rollup_workload_1h",
-                       "rollup_workload_1d", "rollup_costs_models_1h"):
+                       "rollup_workload_1d", "rollup_costs_models_1h", "rollup_context_all_1d"):
             expected[rollup] = 2
             checks[rollup] = f"SELECT sum(Requests) FROM {rollup}"
     if any("rollup_arrivals_1m_local" in s for _, ss in migrations for s in ss):

@@ -362,7 +362,7 @@ def test_upgrade_backfills_rows_stored_before(make_settings, tmp_path) -> None:
         assert (client.query("SELECT sum(Requests), sum(Cached) FROM prefix_keys_1d").result_rows
                 == client.query("SELECT count(), countIf(CachedInputTokens > 0) FROM llm_requests").result_rows)
         # and the context sizes (0037, their six hours 0041): the successful requests' input tokens
-        for table in ("rollup_context_1h", "rollup_context_6h", "rollup_context_1d"):
+        for table in ("rollup_context_1h", "rollup_context_6h", "rollup_context_1d", "rollup_context_all_1d"):
             assert (client.query(f"SELECT sum(Requests), sum(InputSum) FROM {table}").result_rows
                     == client.query("SELECT count(), sum(InputTokens) FROM llm_requests WHERE NOT IsError").result_rows)
     finally:
@@ -591,6 +591,24 @@ def test_context_windows_take_days_then_six_hours_then_hours() -> None:
                    ("rollup_context_6h", ns("2026-01-03T00:00:00"), ns("2026-01-03T18:00:00")),
                    ("rollup_context_1h", ns("2026-01-03T18:00:00"), ns("2026-01-03T20:00:00")),
                    ("", ns("2026-01-03T20:00:00"), ns("2026-01-03T20:10:00"))]
+    # every service: the days merged over the services (migration 0044), the edges as above
+    every = [(p.table, p.lo_ns, p.hi_ns) for p in rollups.pieces(ns("2026-01-01T03:30:00"), ns("2026-01-03T20:10:00"),
+                                                                  context._ALL_SERVICES_GRAINS)]
+    assert every == [("rollup_context_all_1d" if t == "rollup_context_1d" else t, lo, hi) for t, lo, hi in got]
+
+
+def test_context_days_of_every_service_come_from_the_days_merged_over_services(make_settings) -> None:
+    from servelens.analytics.sources import context
+
+    settings = make_settings()
+
+    def tables(by=None, **filters) -> set[str]:
+        q = ReportQuery.from_params(_window(*WINDOWS[0], **({"by": by} if by else {}), **filters))
+        sql = context._pieces(settings, q, by, "count() AS Requests", "Requests", {})
+        return {t for t in ("rollup_context_all_1d", "rollup_context_1d") if f"FROM {t} " in sql}
+
+    assert tables() == {"rollup_context_all_1d"}
+    assert tables(by="service") == tables(service="chat") == {"rollup_context_1d"}
 
 
 ON_GRID, OFF_GRID = [1000, 4000, 16000, 64000], [100, 1000, 128000]

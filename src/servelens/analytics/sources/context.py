@@ -120,6 +120,9 @@ def size_class(bounds: Sequence[int], column: str = "InputTokens") -> tuple[str,
 # Coarsest first; a window's edges around its days from six hours where whole (migration
 # 0041), then hours.
 _CONTEXT_GRAINS = (("rollup_context_1d", 86400), ("rollup_context_6h", 21600), ("rollup_context_1h", 3600))
+# A reading of every service (no service key or filter): whole days merged over the
+# services (migration 0044), a sixth of the day rollup's sketches.
+_ALL_SERVICES_GRAINS = (("rollup_context_all_1d", 86400), *_CONTEXT_GRAINS[1:])
 _CONTEXT_DIMS = {"service": "ServiceName"}
 
 
@@ -141,7 +144,8 @@ def _pieces(settings: Settings, q: ReportQuery, by: str | None, raw: str, hourly
             params: dict[str, Any]) -> str:
     """The successful non-embedding requests of q's window as one source of columns: whole
     days, six hours and hours `hourly` from rollup_context_1d / _6h / _1h where they
-    answer, else (and at the edges) `raw` from llm_requests. Both select `key` and `size`."""
+    answer (the days of every service from rollup_context_all_1d), else (and at the edges)
+    `raw` from llm_requests. Both select `key` and `size`."""
     where, raw_params = q.where(settings.attributes)
     params.update(raw_params)
     where += " AND NOT IsError AND Operation != 'embeddings'"
@@ -160,8 +164,9 @@ def _pieces(settings: Settings, q: ReportQuery, by: str | None, raw: str, hourly
     kept = rollups.filter_sql(q, _CONTEXT_DIMS, params)
     rollup_key = "toString(ServiceName)" if by else "''"
     bounds = q.bounds()
+    every_service = by is None and "service" not in q.filters
     parts = rollups.piece_selects(
-        bounds["since_ns"], bounds["until_ns"], _CONTEXT_GRAINS, params,
+        bounds["since_ns"], bounds["until_ns"], _ALL_SERVICES_GRAINS if every_service else _CONTEXT_GRAINS, params,
         lambda table, when: f"SELECT {rollup_key} AS key, {bucket_sql} AS size, {hourly} FROM {table} WHERE {when} AND {kept}",
         raw_select, column="Hour")
     return " UNION ALL ".join(parts)
