@@ -121,7 +121,7 @@ def size_class(bounds: Sequence[int], column: str = "InputTokens") -> tuple[str,
 # 0041), then hours.
 _CONTEXT_GRAINS = (("rollup_context_1d", 86400), ("rollup_context_6h", 21600), ("rollup_context_1h", 3600))
 # A reading of every service (no service key or filter): whole days merged over the
-# services (migration 0044), a sixth of the day rollup's sketches.
+# services (migration 0044), about a quarter of the day rollup's sketches.
 _ALL_SERVICES_GRAINS = (("rollup_context_all_1d", 86400), *_CONTEXT_GRAINS[1:])
 _CONTEXT_DIMS = {"service": "ServiceName"}
 

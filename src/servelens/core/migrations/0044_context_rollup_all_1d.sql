@@ -1,7 +1,7 @@
 -- rollup_context_1d's days merged over the services: the context report's latency by size
 -- with no service filter (its default) merged one sketch per day, service and input bucket,
 -- 42,636 of them (twice: latency and TTFT) for a month at 10 M stored requests; without the
--- service a day holds about a sixth as many (BENCHMARKS.md, "Context sizes over the
+-- service a day holds about a quarter as many (BENCHMARKS.md, "Context sizes over the
 -- services"). The reader (analytics/sources/context.py) takes such a reading's whole days
 -- from here, its edges from the six hours and hours as before. Fed from the day rollup's
 -- inserts; the time column keeps the hour table's name (the day's first hour).
