@@ -348,7 +348,7 @@ def test_upgrade_backfills_rows_stored_before(make_settings, tmp_path) -> None:
         client = store.client()
         raw = client.query("SELECT count(), sum(InputTokens) FROM llm_requests").result_rows[0]
         for table in ("rollup_requests_1m", "rollup_requests_1h", "rollup_requests_6h", "rollup_costs_15m", "rollup_costs_6h",
-                      "rollup_costs_1d"):
+                      "rollup_costs_1d", "rollup_costs_models_1h"):
             assert tuple(client.query(f"SELECT sum(Requests), sum(InputTokens) FROM {table}").result_rows[0]) == raw
         # the ingest rollups (0035) back-filled too: every request and every span once
         assert client.query("SELECT sum(Requests) FROM rollup_ingest_1h").result_rows[0][0] == raw[0]
