@@ -186,13 +186,19 @@ def canonical(message: bytes) -> bytes:
     (the last, as protobuf reads it), fields of another wire type dropped as unknown;
     servelens' own tenant fields kept as they are. Raises PayloadError when the full
     parser refuses it too (invalid UTF-8 in a string, say)."""
-    client, own = _resource_spans_only(message, keep=(_TENANT_FIELD, _TENANT_KEYS_FIELD))
-    try:
-        request = ExportTraceServiceRequest.FromString(client)
-    except (DecodeError, RuntimeError, ValueError, RecursionError) as exc:
-        raise PayloadError(f"invalid protobuf ExportTraceServiceRequest: {exc}") from None
+    request, own = _full_request(message)
     request.DiscardUnknownFields()
     return request.SerializeToString() + own
+
+
+def _full_request(message: bytes) -> tuple[Any, bytes]:
+    """A request row read by the full OTLP parser, and servelens' own fields apart (their
+    bytes). Raises PayloadError when the parser refuses it."""
+    client, own = _resource_spans_only(message, keep=(_TENANT_FIELD, _TENANT_KEYS_FIELD))
+    try:
+        return ExportTraceServiceRequest.FromString(client), own
+    except (DecodeError, RuntimeError, ValueError, RecursionError) as exc:
+        raise PayloadError(f"invalid protobuf ExportTraceServiceRequest: {exc}") from None
 
 
 def as_rows(messages: list[bytes]) -> Batch | None:
@@ -205,10 +211,9 @@ def as_rows(messages: list[bytes]) -> Batch | None:
     batch: Batch | None = None
     for message in messages:
         try:
-            client, own = _resource_spans_only(message, keep=(_TENANT_FIELD, _TENANT_KEYS_FIELD))
-            request = ExportTraceServiceRequest.FromString(client)
+            request, own = _full_request(message)
             tenant, tenant_keys = _own_fields(own)
-        except (DecodeError, PayloadError, RuntimeError, ValueError, RecursionError):
+        except (PayloadError, UnicodeDecodeError):  # the engine's to map, or to refuse
             return None
         if not _plain(request):
             return None
