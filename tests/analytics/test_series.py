@@ -310,3 +310,21 @@ def test_a_quality_table_and_its_pass_rate_series_read_the_results_once_in_one_r
     assert sorted(rates) == sorted(s["key"]["task_type"] for s in doc["series"]) == ["qa", "summarize"]
     assert abs(rates["qa"] - 0.8) < 0.1 and abs(rates["summarize"] - 0.6) < 0.1
     assert all(len(s["points"]) == 3 for s in doc["series"])
+
+
+def test_counts_and_percentiles_read_together_are_one_query_with_the_same_points(counting_store, settings) -> None:
+    # A page's charts of one grouping (requests, error rate, TTFT and latency percentiles)
+    # name each other in `also`: the first reads every sketch they need, the others read
+    # nothing, and each says what it says read alone.
+    _write_mixed(counting_store.store)
+    metrics = ("requests", "error_rate", "ttft_p99_ms", "latency_p50_ms", "latency_p99_ms")
+    alone = {m: series.series(counting_store.store, settings, m, _q(), "1h") for m in metrics}
+    with memo.run():
+        first = series.series(counting_store, settings, metrics[0], _q(), "1h", also=metrics)
+        read = counting_store.queries
+        together = {metrics[0]: first, **{m: series.series(counting_store, settings, m, _q(), "1h", also=metrics)
+                                          for m in metrics[1:]}}
+        assert counting_store.queries == read
+    for m in metrics:
+        assert together[m]["series"] == alone[m]["series"], m
+    assert any(p[1] is not None for p in together["latency_p99_ms"]["series"][0]["points"])

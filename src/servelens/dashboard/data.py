@@ -280,14 +280,15 @@ class DataSource:
             raise Forbidden("this number is fleet-wide: not open to tenant viewers")
         return fn(self._store, self.settings, ReportQuery.from_params(self._params(filters, extra)))
 
-    def series(self, metric: str, params: Mapping[str, Any]) -> dict[str, Any]:
-        """analytics.reports.series.run, narrowed to the reader's tenant."""
+    def series(self, metric: str, params: Mapping[str, Any], also: Sequence[str] = ()) -> dict[str, Any]:
+        """analytics.reports.series.run, narrowed to the reader's tenant (`also`: the other
+        metrics read with the same params, whose request stats are then read once)."""
         params = dict(params)
         if self.restricted:
             if metric not in access.TENANT_SERIES:
                 raise Forbidden(f"the {metric} series is fleet-wide: not open to tenant viewers")
             params["tenant"] = access.tenant_scope(self.principal, params.get("tenant"))
-        return series_report.run(metric, self._store, self.settings, params)
+        return series_report.run(metric, self._store, self.settings, params, also)
 
     def trace_search(self, params: Mapping[str, Any]) -> dict[str, Any]:
         params = dict(params)

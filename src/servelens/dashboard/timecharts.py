@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import dash
 import plotly.io as pio
@@ -61,21 +61,25 @@ def _controls(charts: Sequence[Chart]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(c.control for c in charts if c.control))
 
 
-def fetch(source: data.DataSource, filters: data.Filters, chart: Chart,
-          control: str | None = None) -> tuple[list[tuple[Line, dict]], list]:
+def fetch(source: data.DataSource, filters: data.Filters, chart: Chart, control: str | None = None,
+          read_with: Mapping[str | None, Sequence[str]] | None = None) -> tuple[list[tuple[Line, dict]], list]:
+    """`read_with`: per grouping, every metric the page's charts read (data.DataSource.series
+    `also`), so that their request stats are one query."""
     params = filters.params()
-    docs = _docs(source, chart, params, control)
+    docs = _docs(source, chart, params, control, read_with or {})
     marks = chart.marks(source, filters) if chart.marks else []
     return docs, marks
 
 
-def _docs(source: data.DataSource, chart: Chart, params: dict[str, Any], control: str | None) -> list:
-    docs = []
-    for line in chart.lines:
-        if line.by == CONTROL:
-            line = Line(line.metric, line.name, control, line.dash)
-        docs.append((line, source.series(line.metric, {**params, **({"by": line.by} if line.by else {})})))
-    return docs
+def _lines(chart: Chart, control: str | None) -> list[Line]:
+    return [Line(line.metric, line.name, control, line.dash) if line.by == CONTROL else line for line in chart.lines]
+
+
+def _docs(source: data.DataSource, chart: Chart, params: dict[str, Any], control: str | None,
+          read_with: Mapping[str | None, Sequence[str]]) -> list:
+    return [(line, source.series(line.metric, {**params, **({"by": line.by} if line.by else {})},
+                                 also=read_with.get(line.by, ())))
+            for line in _lines(chart, control)]
 
 
 _SCALE = {"%": 100.0}
@@ -215,7 +219,12 @@ def register(app: dash.Dash, prefix: str, charts: Sequence[Chart]) -> None:
 
     def fetch_all(source: data.DataSource, filters: data.Filters, *values: str | None) -> list:
         chosen = dict(zip(controls, values))
-        return [fetch(source, filters, c, chosen.get(c.control) if c.control else None) for c in charts]
+        picked = [(c, chosen.get(c.control) if c.control else None) for c in charts]
+        read_with: dict[str | None, list[str]] = {}
+        for chart, control in picked:
+            for line in _lines(chart, control):
+                read_with.setdefault(line.by, []).append(line.metric)
+        return [fetch(source, filters, c, control, read_with) for c, control in picked]
 
     def render_all(fetched: list, filters: data.Filters) -> tuple:
         return tuple(render(c, prefix, f, filters)[0] for c, f in zip(charts, fetched))

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from datetime import datetime, timezone
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import polars as pl
 
@@ -67,13 +67,17 @@ def _name(seconds: int) -> str:
     return next(k for k, v in BUCKETS.items() if v == seconds)
 
 
-def series(store: StoreLike, settings: Settings, metric: str, q: ReportQuery, bucket: str | None = None) -> dict[str, Any]:
+def series(store: StoreLike, settings: Settings, metric: str, q: ReportQuery, bucket: str | None = None,
+           also: Iterable[str] = ()) -> dict[str, Any]:
+    """`also`: the other metrics this run reads for the same window, grouping and bucket (a
+    page's charts): the request metrics among them share one reading of the request stats,
+    every sketch they need merged in it."""
     if metric not in METRICS:
         raise QueryError(f"unknown metric {metric!r}; available: {sorted(METRICS)}")
     seconds = bucket_seconds(bucket, q)
     folded = 0  # keys read as one and not drawn (_costed)
     if metric in _REQUEST_METRICS:
-        points = _request_points(store, settings, q, seconds, metric)
+        points = _request_points(store, settings, q, seconds, metric, also)
     elif metric in COST_METRICS:
         points, folded = _cost_points(store, settings, q, max(seconds, 900), metric)
         seconds = max(seconds, 900)
@@ -89,16 +93,20 @@ def series(store: StoreLike, settings: Settings, metric: str, q: ReportQuery, bu
     return {"metric": metric, "bucket": _name(seconds), **_shape(points, q, seconds, metric, folded)}
 
 
-def _request_points(store: StoreLike, settings: Settings, q: ReportQuery, seconds: int, metric: str) -> pl.DataFrame:
+def _request_points(store: StoreLike, settings: Settings, q: ReportQuery, seconds: int, metric: str,
+                    also: Iterable[str] = ()) -> pl.DataFrame:
     # A small window sketches its raw rows: cheaper than merging the rollup's states when a
     # rollup row holds about one request (tens of thousands of models or regions a minute).
     # (the window's request count is read once per run: rollups.request_count)
     sketched = loader.sketched(store, settings, q, q.by)
+    read = {metric, *(m for m in also if m in _REQUEST_METRICS)}
     sql, params = rollups.request_stats_sql(q, settings, q.by, bucket_s=seconds, rollup=sketched,
                                             raw_edges=sketched and rollups.edges_raw(store, settings, q, seconds),
-                                            sketches=tuple(k for k in rollups.SKETCHES if metric.startswith(f"{k}_")))
+                                            sketches=tuple(k for k in rollups.SKETCHES
+                                                           if any(m.startswith(f"{k}_") for m in read)))
     # every request metric of one grouping, bucket and percentile column reads the same
-    # stats: once per run (a chart of p50, p95 and p99 is one query; a count reads no sketch)
+    # stats: once per run (a chart of p50, p95 and p99 is one query; a count reads no sketch
+    # unless one read with it does: a page's counts and percentiles are one query)
     stats = memo.cached(("series.request_stats", id(store), sql, repr(sorted(params.items()))),
                         lambda: frame(store, sql, params))
     if not stats.height:
@@ -240,8 +248,9 @@ def _iso(t: int) -> str:
     return datetime.fromtimestamp(t, timezone.utc).isoformat().replace("+00:00", "Z")
 
 
-def run(metric: str, store: StoreLike, settings: Settings, params: dict[str, Any]) -> dict[str, Any]:
-    """The API document for `GET /api/v1/series/<metric>?by=&bucket=&…filters`."""
+def run(metric: str, store: StoreLike, settings: Settings, params: dict[str, Any],
+        also: Iterable[str] = ()) -> dict[str, Any]:
+    """The API document for `GET /api/v1/series/<metric>?by=&bucket=&…filters` (`also`: series)."""
     q = ReportQuery.from_params(params)
     with memo.run():  # one call, one run (registry.run)
-        return {**series(store, settings, metric, q, params.get("bucket")), **q.window_params()}
+        return {**series(store, settings, metric, q, params.get("bucket"), also), **q.window_params()}
