@@ -250,7 +250,7 @@ def _iso(t: int) -> str:
 
 def run(metric: str, store: StoreLike, settings: Settings, params: dict[str, Any],
         also: Iterable[str] = ()) -> dict[str, Any]:
-    """The API document for `GET /api/v1/series/<metric>?by=&bucket=&…filters` (`also`: series)."""
+    """The API document for `GET /api/v1/series/<metric>?by=&bucket=&…filters` (`also`: as series())."""
     q = ReportQuery.from_params(params)
     with memo.run():  # one call, one run (registry.run)
         return {**series(store, settings, metric, q, params.get("bucket"), also), **q.window_params()}
