@@ -9,7 +9,7 @@ import sys
 
 from bench import (analytics, dashboard_scale, detection, fleet_data, ingest, ingest_default, ingest_split,
                    insert_cost, plan_accuracy, plan_backtest, plan_replay, plan_replay_store, power, quality_hours,
-                   rollup_cost, trial_seeds, trigger_windows)
+                   rollup_cost, trial_seeds, trigger_windows, view_cost)
 
 BENCHES = {"ingest_default": ingest_default.main, "ingest": ingest.main, "analytics": analytics.main,
            "detection": detection.main}
@@ -21,9 +21,9 @@ TABLES = {"power": power.main, "trial_seeds": trial_seeds.main, "plan_accuracy":
           "plan_replay": plan_replay.main, "plan_replay_store": plan_replay_store.main, "insert_cost": insert_cost.main,
           "ingest_split": ingest_split.main}
 # On a fleet directory fleet_data wrote: the replay's backtest; seconds per trigger window;
-# quality slices from the stored hours against raw rows.
+# quality slices from the stored hours against raw rows; each rollup view's CPU on one insert.
 FLEET_TABLES = {"plan_backtest": plan_backtest.main, "trigger_windows": trigger_windows.main,
-                "quality_hours": quality_hours.main}
+                "quality_hours": quality_hours.main, "view_cost": view_cost.main}
 
 
 def main(argv: list[str]) -> int:
