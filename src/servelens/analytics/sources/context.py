@@ -247,14 +247,16 @@ _MEASURED_KEYS = ("(hasAny(mapKeys(SpanAttributes), {ctx_all_keys:Array(String)}
 
 def _present(store: StoreLike, params: dict[str, Any]) -> dict[str, bool]:
     """Which sources the window holds at all: measured counts, captured messages, retrieved
-    documents (read by key alone: a deployment that captures none pays for none)."""
+    documents (read by key alone: a deployment that captures none pays for none). One scan
+    of the key indexes for the three (the documents' window starts earlier): three took
+    about twice as long (BENCHMARKS.md, "Context presence in one scan")."""
     found = frame(store, f"""
-        SELECT (SELECT count() > 0 FROM otel_traces WHERE {window().sql} AND {_MEASURED_KEYS}) AS measured,
-               (SELECT count() > 0 FROM (SELECT SpanAttributes AS a FROM otel_traces WHERE {window().sql})
-                WHERE {HAS_MESSAGES}) AS messages,
-               (SELECT count() > 0 FROM (SELECT SpanAttributes AS a FROM otel_traces
-                                         WHERE {window(before="retrieval_before_ns").sql})
-                WHERE {HAS_DOCUMENTS}) AS documents""", params)
+        SELECT countIf({window().sql} AND {_MEASURED_KEYS}) > 0 AS measured,
+               countIf({window().sql} AND {HAS_MESSAGES}) > 0 AS messages,
+               countIf({HAS_DOCUMENTS}) > 0 AS documents
+        FROM (SELECT Timestamp, SpanAttributes, SpanAttributes AS a, ResourceAttributes FROM otel_traces
+              WHERE {window(before="retrieval_before_ns").sql}
+                AND ({_MEASURED_KEYS} OR {HAS_MESSAGES} OR {HAS_DOCUMENTS}))""", params)
     return {k: bool(v) for k, v in found.row(0, named=True).items()}
 
 
