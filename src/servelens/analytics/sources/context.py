@@ -248,8 +248,8 @@ _MEASURED_KEYS = ("(hasAny(mapKeys(SpanAttributes), {ctx_all_keys:Array(String)}
 def _present(store: StoreLike, params: dict[str, Any]) -> dict[str, bool]:
     """Which sources the window holds at all: measured counts, captured messages, retrieved
     documents (read by key alone: a deployment that captures none pays for none). One scan
-    of the key indexes for the three (the documents' window starts earlier): three took
-    about twice as long (BENCHMARKS.md, "Context presence in one scan")."""
+    of the key indexes answers the three (the documents' window starts earlier): a scan
+    each took about 1.5 times as long (BENCHMARKS.md, "Context presence in one scan")."""
     found = frame(store, f"""
         SELECT countIf({window().sql} AND {_MEASURED_KEYS}) > 0 AS measured,
                countIf({window().sql} AND {HAS_MESSAGES}) > 0 AS messages,
