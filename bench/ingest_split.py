@@ -41,7 +41,7 @@ from bench.ingest import (CLIENT_CORE, DISTINCT_PAYLOADS, SPANS_PER_REQUEST, Col
 from bench.payloads import build_payloads
 
 # The views in the order they are dropped: the rollups first, then what feeds them.
-VIEWS = ("rollup_spans_1h_mv", "rollup_ingest_1h_mv", "rollup_context_1d_mv", "rollup_context_6h_mv", "rollup_context_1h_mv", "rollup_costs_1d_mv",
+VIEWS = ("rollup_spans_1h_mv", "rollup_ingest_1h_mv", "rollup_context_all_1d_mv", "rollup_context_1d_mv", "rollup_context_6h_mv", "rollup_context_1h_mv", "rollup_costs_1d_mv",
          "rollup_arrivals_1m_mv", "rollup_workload_1d_mv", "rollup_workload_1h_mv",
          "rollup_reliability_1h_mv", "rollup_requests_1m_mv", "rollup_requests_1h_mv",
          "rollup_requests_6h_mv", "rollup_costs_models_1h_mv", "rollup_costs_15m_mv", "rollup_costs_6h_mv", "model_aliases_mv", "evaluations_mv", "llm_requests_mv", "rollup_stages_6h_mv",

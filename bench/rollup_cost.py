@@ -55,11 +55,12 @@ RESULT_PREFIX = "BENCH_ROLLUP_COST_RESULT "
 ROLLUP_VIEWS = ("rollup_requests_1m_mv", "rollup_requests_1h_mv", "rollup_requests_6h_mv", "rollup_costs_15m_mv",
                 "rollup_costs_6h_mv", "rollup_reliability_1h_mv", "rollup_ingest_1h_mv", "rollup_spans_1h_mv",
                 "rollup_context_1h_mv", "rollup_context_6h_mv", "rollup_context_1d_mv", "rollup_costs_1d_mv", "rollup_arrivals_1m_mv",
-                "rollup_workload_1h_mv", "rollup_workload_1d_mv", "rollup_costs_models_1h_mv")
+                "rollup_workload_1h_mv", "rollup_workload_1d_mv", "rollup_costs_models_1h_mv",
+                "rollup_context_all_1d_mv")
 ROLLUP_TABLES = ("rollup_requests_1m", "rollup_requests_1h", "rollup_requests_6h", "rollup_costs_15m", "rollup_costs_6h",
                  "rollup_reliability_1h", "rollup_ingest_1h", "rollup_spans_1h", "rollup_context_1h", "rollup_context_6h", "rollup_context_1d",
                  "rollup_costs_1d", "rollup_arrivals_1m", "rollup_workload_1h", "rollup_workload_1d",
-                 "rollup_costs_models_1h")
+                 "rollup_costs_models_1h", "rollup_context_all_1d")
 # The raw tables the spans fill (the GPU and metric tables are the same size whatever the traffic).
 SPAN_TABLES = ("otel_traces", "otel_traces_trace_id_ts", "llm_requests", "stage_spans", "trace_outcomes", "evaluations")
 STAGING = "bench_staging"

@@ -250,19 +250,14 @@ def _plain(request: Any) -> bool:
             return False
         for scope_spans in resource_spans.scope_spans:
             for span in scope_spans.spans:
-                if _nested(span.attributes):
-                    return False
-                if (span.events or span.links) and (any(_nested(e.attributes) for e in span.events)
-                                                    or any(_nested(link.attributes) for link in span.links)):
+                if (_nested(span.attributes) or any(_nested(e.attributes) for e in span.events)
+                        or any(_nested(link.attributes) for link in span.links)):
                     return False
     return True
 
 
 def _nested(key_values: Any) -> bool:
-    for kv in key_values:
-        if kv.value.WhichOneof("value") in _NESTED:
-            return True
-    return False
+    return any(kv.value.WhichOneof("value") in _NESTED for kv in key_values)
 
 
 _NESTED = ("array_value", "kvlist_value")
