@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import threading
 import time
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from servelens.analytics import memo, sources
+from servelens.analytics.reports import series
 from servelens.dashboard import data
 
 
@@ -17,7 +18,10 @@ def test_a_reading_ends_every_preset_range_at_one_instant():
     inside = data.one_reading(lambda: (day.window(), week.params(), data.one_reading(day.window)))
     (since, until), week_params, nested = inside
     assert until == week_params["until"] == nested[1]  # a nested reading keeps the outer instant
-    assert until - since == data.RANGES["24h"] and until - week_params["since"] == data.RANGES["7d"]
+    for (start, range_key, step) in ((since, "24h", 300), (week_params["since"], "7d", 3600)):
+        # on the charts' bucket grid, at most one bucket before the range's start
+        assert start.timestamp() % step == 0
+        assert timedelta(0) <= (until - data.RANGES[range_key]) - start < timedelta(seconds=step)
     time.sleep(0.002)
     assert day.window()[1] > until  # outside a reading the range ends now
 
@@ -148,3 +152,11 @@ def test_background_work_reads_on_its_own():
 
     data.one_reading(refresh)
     assert got == {"background": "background", "another refresh": "refresh"}
+
+
+def test_a_preset_window_on_the_bucket_grid_keeps_its_ranges_chart_bucket():
+    for range_key, span in data.RANGES.items():
+        since, until = data.Filters(range=range_key).window()
+        step = series.auto_seconds(span.total_seconds())
+        assert series.auto_seconds((until - since).total_seconds()) == step, range_key
+        assert since.timestamp() % step == 0 and until - since >= span

@@ -133,10 +133,18 @@ class Filters:
         return f"{since:%Y-%m-%d %H:%M} – {until:%Y-%m-%d %H:%M} UTC"
 
     def window(self, now: datetime | None = None) -> tuple[datetime, datetime]:
+        """A custom window as given; a preset range ends now and starts on its charts'
+        bucket grid, at most one bucket (under 1 % of the range) before `now - range`:
+        the first point of a chart is a whole bucket, not a part that reads as a dip, and
+        a report reads the window's start from whole rollup periods, not raw rows
+        (BENCHMARKS.md, "Preset windows on the bucket grid")."""
         if self.range == CUSTOM and self.since and self.until:
             return datetime.fromisoformat(self.since), datetime.fromisoformat(self.until)
         until = now or _INSTANT.get() or datetime.now(timezone.utc)
-        return until - RANGES[self.range], until
+        span = RANGES[self.range]
+        step = series_report.auto_seconds(span.total_seconds())
+        start = (until - span).timestamp()
+        return datetime.fromtimestamp(start - start % step, timezone.utc), until
 
     def params(self, now: datetime | None = None) -> dict[str, Any]:
         """Report parameters: a preset range ends now, so every refresh slides it forward."""

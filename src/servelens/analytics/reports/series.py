@@ -26,7 +26,10 @@ from servelens.core.config import Settings
 from servelens.core.store import StoreLike
 
 BUCKETS = {"1m": 60, "5m": 300, "15m": 900, "1h": 3600, "6h": 21600, "1d": 86400}
-MAX_POINTS = 360  # auto picks the finest bucket that keeps a series under this
+# auto picks the finest bucket that keeps a series under this; a dashboard window on the
+# bucket grid (dashboard.data.Filters.window) holds one bucket more than its range, and 6 h
+# in minutes (360) plus that one stays in minutes.
+MAX_POINTS = 400
 MAX_SERIES = 8  # keys by volume; the rest are left out (`omitted` says how many)
 
 _QUANTILE = {"p50": 0, "p95": 1, "p99": 2}
@@ -59,8 +62,12 @@ def bucket_seconds(bucket: str | None, q: ReportQuery) -> int:
         if (q.until - q.since).total_seconds() / seconds > 20 * MAX_POINTS:
             raise QueryError(f"bucket {bucket} is too fine for this window; use a coarser one or auto")
         return seconds
-    span = (q.until - q.since).total_seconds()
-    return next((s for s in BUCKETS.values() if span / s <= MAX_POINTS), BUCKETS["1d"])
+    return auto_seconds((q.until - q.since).total_seconds())
+
+
+def auto_seconds(span_s: float) -> int:
+    """The finest bucket that keeps a window of span_s seconds under MAX_POINTS."""
+    return next((s for s in BUCKETS.values() if span_s / s <= MAX_POINTS), BUCKETS["1d"])
 
 
 def _name(seconds: int) -> str:
