@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import polars as pl
 
+from servelens.analytics import sources
 from servelens.analytics.query import ReportQuery, key_expr
 from servelens.analytics.reports import cost, quality
 from servelens.analytics.sources import context as source
@@ -74,12 +75,12 @@ def part_rows(sums: pl.DataFrame, prices: pl.DataFrame) -> pl.DataFrame:
     return _shaped(rows, uncovered).sort(["key", "tokens"], descending=[False, True], nulls_last=True)
 
 
-def size_rows(store: StoreLike, settings: Settings, q: ReportQuery, sums: pl.DataFrame) -> pl.DataFrame:
+def size_rows(settings: Settings, sums: pl.DataFrame, timing: pl.DataFrame, evaluated: pl.DataFrame) -> pl.DataFrame:
+    """Per size class: `timing` (source.size_timing) with the pass rate of `evaluated`
+    (quality.slice_table by context size) and the retrieved share of `sums`."""
     labels = source.size_labels(settings.context.size_bounds)
-    timing = source.size_timing(store, settings, q)
     if timing.is_empty():
         return _shaped()
-    evaluated = quality.slice_table(store, settings, q.since, q.until, [quality.CONTEXT_SIZE], q.filters)
     retrieved = (sums.unique(["key", "size"]).group_by("size").agg(pl.col("covered_tokens").sum())
                  .join(sums.filter(pl.col("part") == "retrieved").group_by("size").agg(pl.col("tokens").sum()),
                        on="size", how="left"))
@@ -104,6 +105,12 @@ def size_rows(store: StoreLike, settings: Settings, q: ReportQuery, sums: pl.Dat
 def report(store: StoreLike, settings: Settings, q: ReportQuery) -> pl.DataFrame:
     q = q.with_by(q.by or DEFAULT_BY)
     key_expr(q.by, settings.attributes)  # an unknown key is the caller's error, before any query
+    # Three readings that do not depend on one another, side by side: in sequence they
+    # were the report's time at a month of 100 M requests (BENCHMARKS.md, "A report's
+    # readings side by side").
+    timing = sources.beside(source.size_timing, store, settings, q)
+    evaluated = sources.beside(quality.slice_table, store, settings, q.since, q.until, [quality.CONTEXT_SIZE],
+                               q.filters)
     sums = source.part_sums(store, settings, q)
     if sums.is_empty():
         return _shaped()
@@ -111,7 +118,7 @@ def report(store: StoreLike, settings: Settings, q: ReportQuery) -> pl.DataFrame
     prices = (_unit_prices(store, settings, q) if sums.get_column("covered").sum() else
               pl.DataFrame(schema={"key": pl.String, "usd_per_input_token": pl.Float64, "usd_per_request": pl.Float64,
                                    "_partly": pl.Boolean}))
-    return _shaped(part_rows(sums, prices), size_rows(store, settings, q, sums))
+    return _shaped(part_rows(sums, prices), size_rows(settings, sums, timing.result(), evaluated.result()))
 
 
 def _shaped(*frames: pl.DataFrame) -> pl.DataFrame:

@@ -7,15 +7,13 @@ stores there; the answers are the same.
 
 from __future__ import annotations
 
-import contextvars
 import math
-from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 from typing import Any, Mapping
 
 import polars as pl
 
-from servelens.analytics import memo
+from servelens.analytics import memo, sources
 from servelens.analytics.query import QueryError, ReportQuery
 from servelens.analytics.sources import frame, results
 from servelens.analytics.sources.results import CONTEXT_SIZE, MEASURES, SLICE_KEYS
@@ -179,14 +177,9 @@ def report(store: StoreLike, settings: Settings, q: ReportQuery) -> pl.DataFrame
     keys = parse_keys(q.by)
     base_until = datetime.fromtimestamp(q.since.timestamp() // 3600 * 3600, timezone.utc)
     # The baseline is read beside the window, not after it: in sequence the two were the
-    # Quality page's critical path at 30 days (BENCHMARKS.md, "Quality's raw edges"). It
-    # runs in a copy of this context: the same memo, deadline and query priority.
-    baseline = _BASELINES.submit(contextvars.copy_context().run, slice_table, store, settings,
-                                 base_until - settings.triggers.baseline, base_until, keys, q.filters)
+    # Quality page's critical path at 30 days (BENCHMARKS.md, "Quality's raw edges").
+    baseline = sources.beside(slice_table, store, settings, base_until - settings.triggers.baseline, base_until,
+                              keys, q.filters)
     window = slice_table(store, settings, q.since, q.until, keys, q.filters)
     return shape(window, baseline.result(), keys)
 
-
-# Long-lived threads: a store keeps a client per thread, and a thread per report would
-# leave one behind every time.
-_BASELINES = ThreadPoolExecutor(2, thread_name_prefix="quality-baseline")

@@ -8,15 +8,19 @@ strings are made valid UTF-8 first (Polars panics on invalid ones); inside
 `deadline(seconds)` every query carries the time left as the engine's max_execution_time;
 every query spills a large GROUP BY or ORDER BY to disk (SPILL_BYTES);
 inside `background()` every query runs on one engine thread, so that work nobody waits on
-leaves the cores to the work someone does.
+leaves the cores to the work someone does. `beside(fn, ...)` runs a report's
+independent reading on another thread, in the same context.
 """
 
 from __future__ import annotations
 
+import contextvars
+import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator, TypeVar
 
 import polars as pl
 import pyarrow as pa
@@ -58,6 +62,37 @@ def background() -> Iterator[None]:
 # 10 M requests, 1.1 GiB with this (BENCHMARKS.md, "Dashboard: refreshes that overlap").
 SPILL_BYTES = 512 * 1024**2
 _SPILL = {"max_bytes_before_external_group_by": SPILL_BYTES, "max_bytes_before_external_sort": SPILL_BYTES}
+
+
+T = TypeVar("T")
+# Long-lived threads: a store keeps a client per thread, and a thread per call would leave
+# one behind every time.
+_BESIDE = ThreadPoolExecutor(4, thread_name_prefix="report-part")
+_IN_BESIDE = threading.local()
+
+
+def beside(fn: Callable[..., T], *args: Any) -> Future[T]:
+    """fn(*args) started on another thread in a copy of this context (the same memo,
+    deadline and priority), for a report whose readings do not depend on one another:
+    where a core is free, their time together is the longest's. Called from such a thread,
+    fn runs at once on it (a part waiting on a part could otherwise wait for a thread that
+    its own waiting holds)."""
+    if getattr(_IN_BESIDE, "on", False):
+        done: Future[T] = Future()
+        try:
+            done.set_result(fn(*args))
+        except BaseException as exc:  # handed to the caller's .result(), as a thread would
+            done.set_exception(exc)
+        return done
+    return _BESIDE.submit(contextvars.copy_context().run, _marked, fn, *args)
+
+
+def _marked(fn: Callable[..., T], *args: Any) -> T:
+    _IN_BESIDE.on = True
+    try:
+        return fn(*args)
+    finally:
+        _IN_BESIDE.on = False
 
 
 def in_background() -> bool:

@@ -11,7 +11,7 @@ from typing import Any
 import polars as pl
 
 from servelens.analytics.query import ReportQuery, key_expr
-from servelens.analytics.sources import SPILL_BYTES, frame, rollups
+from servelens.analytics.sources import SPILL_BYTES, beside, frame, rollups
 from servelens.analytics.sql import RATE_LIMITED, bind, fallback, other_model
 from servelens.core.config import Settings
 from servelens.core.store import StoreLike
@@ -163,16 +163,6 @@ def _rollup_workload(store: StoreLike, q: ReportQuery, key_sql: str, where: str,
         lambda table, when: f"SELECT toString({rollup_key}) AS key, Minute AS minute, Seconds AS seconds "
                             f"FROM {table} WHERE {when} AND {kept}",
         lambda when: _raw_seconds(f"toString({key_sql})", f"{when} AND {where}"), first=len(tokens))
-    merge = _TOKENS.replace("(", "Merge(", 1)
-    counts = frame(store, f"""
-        SELECT toString(key) AS key, sum(Requests) AS requests, {merge}(Input) AS input_q,
-               {merge}(Output) AS output_q, sum(InputSum) AS input_tokens, sum(OutputSum) AS output_tokens,
-               sum(Batch) AS batch
-        FROM ({' UNION ALL '.join(tokens)})
-        GROUP BY key
-        HAVING requests > 0""", params)
-    if counts.is_empty():
-        return counts
     days = rollups.pieces(bounds["since_ns"], bounds["until_ns"], _PREFIX_DAYS)
     if any(p.table for p in days):
         prefixes = rollups.selects_of(
@@ -183,13 +173,26 @@ def _rollup_workload(store: StoreLike, q: ReportQuery, key_sql: str, where: str,
                                     countIf(CachedInputTokens > 0) AS Cached
                              FROM llm_requests WHERE {when} AND {where} GROUP BY key, PrefixKey""",
             column="Day", first=len(tokens) + len(seconds))
-        reused = frame(store, _reused_from_days(" UNION ALL ".join(prefixes)), params, spill_bytes=_KEYS_SPILL)
+        reused_sql, spill = _reused_from_days(" UNION ALL ".join(prefixes)), _KEYS_SPILL
     else:  # no whole day: the raw rows' own count is the quicker (BENCHMARKS.md, "Shared prefixes from days")
-        reused = frame(store, f"SELECT toString({key_sql}) AS key, {_reused(where)} AS reused FROM llm_requests "
-                              f"WHERE {where} GROUP BY key", params)
-    arrivals = frame(store, _arrivals_sql(" UNION ALL ".join(seconds)), params)
-    return (counts.join(reused, on="key", how="left")
-            .join(arrivals.with_columns(pl.col("key").cast(pl.String)), on="key", how="left"))
+        reused_sql, spill = (f"SELECT toString({key_sql}) AS key, {_reused(where)} AS reused FROM llm_requests "
+                             f"WHERE {where} GROUP BY key"), None
+    # The shared prefixes (a month's keys: most of the report's time) and the arrivals are
+    # read beside the counts (BENCHMARKS.md, "A report's readings side by side").
+    reused = beside(frame, store, reused_sql, params, spill)
+    arrivals = beside(frame, store, _arrivals_sql(" UNION ALL ".join(seconds)), params)
+    merge = _TOKENS.replace("(", "Merge(", 1)
+    counts = frame(store, f"""
+        SELECT toString(key) AS key, sum(Requests) AS requests, {merge}(Input) AS input_q,
+               {merge}(Output) AS output_q, sum(InputSum) AS input_tokens, sum(OutputSum) AS output_tokens,
+               sum(Batch) AS batch
+        FROM ({' UNION ALL '.join(tokens)})
+        GROUP BY key
+        HAVING requests > 0""", params)
+    if counts.is_empty():
+        return counts
+    return (counts.join(reused.result(), on="key", how="left")
+            .join(arrivals.result().with_columns(pl.col("key").cast(pl.String)), on="key", how="left"))
 
 
 def reliability_groups(store: StoreLike, settings: Settings, q: ReportQuery) -> pl.DataFrame:
