@@ -13,6 +13,7 @@ import socket
 import threading
 from typing import Any
 
+from servelens.core import allocator
 from servelens.core.config import ConfigError, Settings
 from servelens.core.migrate import migrate
 from servelens.core.retention import apply_retention
@@ -97,6 +98,7 @@ def _stop_on_signal() -> threading.Event:
 
 
 def run(command: str, settings: Settings, demo: bool = False, once: bool = False) -> int:
+    allocator.limit_arenas()  # before the engine and the roles start their threads
     if demo:
         settings = with_demo_defaults(settings)
     store = open_store(settings)
