@@ -47,7 +47,6 @@ RANGES: dict[str, timedelta] = {
 CUSTOM = "custom"  # from-to given (typed, or dragged on a chart)
 RANGE_LABELS = {"1h": "1 h", "6h": "6 h", "24h": "24 h", "7d": "7 d", "30d": "30 d", CUSTOM: "custom"}
 DEFAULT_RANGE = "24h"
-DAY_START_GRID_S = 3600  # a range of a day or more starts on the hour at least (start_grid_s)
 FILTER_KEYS = ("service", "deployment", "model", "tenant")
 # A dropdown past a few hundred entries is unusable; bound the query too.
 OPTION_LIMIT = 500
@@ -134,16 +133,16 @@ class Filters:
         return f"{since:%Y-%m-%d %H:%M} – {until:%Y-%m-%d %H:%M} UTC"
 
     def window(self, now: datetime | None = None) -> tuple[datetime, datetime]:
-        """A custom window as given; a preset range ends now and starts on a grid
-        (`start_grid_s`), at most one step before `now - range`: the first point of a
-        chart is a whole bucket, not a part that reads as a dip, and a report reads the
-        window's start from whole rollup periods, not raw rows (BENCHMARKS.md, "Preset
-        windows on the bucket grid")."""
+        """A custom window as given; a preset range ends now and starts on its charts'
+        bucket grid, at most one bucket (under 1 % of the range) before `now - range`:
+        the first point of a chart is a whole bucket, not a part that reads as a dip, and
+        a report reads the window's start from whole rollup periods, not raw rows
+        (BENCHMARKS.md, "Preset windows on the bucket grid")."""
         if self.range == CUSTOM and self.since and self.until:
             return datetime.fromisoformat(self.since), datetime.fromisoformat(self.until)
         until = now or _INSTANT.get() or datetime.now(timezone.utc)
         span = RANGES[self.range]
-        step = start_grid_s(span)
+        step = series_report.auto_seconds(span.total_seconds())
         start = (until - span).timestamp()
         return datetime.fromtimestamp(start - start % step, timezone.utc), until
 
@@ -153,16 +152,6 @@ class Filters:
         params: dict[str, Any] = {"since": since, "until": until}
         params.update({k: getattr(self, k) for k in FILTER_KEYS if getattr(self, k)})
         return params
-
-
-def start_grid_s(span: timedelta) -> int:
-    """Where a preset range of `span` starts: on its charts' bucket (series' `auto`), and a
-    range of a day or more on the hour at least, as `now-24h/h` rounds in Grafana's and
-    Elasticsearch's date math: the hourly rollups (context sizes, quality, stages) then
-    answer its start whole. At most one bucket more than the range (under 1 %), or an hour
-    more at 24 h."""
-    step = series_report.auto_seconds(span.total_seconds())
-    return max(step, DAY_START_GRID_S) if span >= timedelta(days=1) else step
 
 
 T = TypeVar("T")
