@@ -4,9 +4,9 @@ glibc's malloc gives a thread that finds the heap busy an arena of its own, up t
 per core, and each arena keeps what its threads freed for them to reuse. The collector's
 threads (receivers, write-ahead log, inserter) pass request bodies and batches of a few
 MiB between them, so every arena ends up holding its own high-water mark. Two arenas hold
-the same work in less: the collector's peak RSS 44-79 MiB lower at the same throughput
-(BENCHMARKS.md, "Ingest with the default configuration", 2026-12-06). Python allocates with
-its interpreter lock held, so the threads seldom wait for a heap either way.
+the same work in less, at the same throughput (BENCHMARKS.md, "Ingest with the default
+configuration", the malloc arenas). Python allocates with its interpreter lock held, so the
+threads seldom wait for a heap either way.
 """
 
 from __future__ import annotations

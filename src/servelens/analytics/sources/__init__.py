@@ -73,7 +73,7 @@ _IN_BESIDE = threading.local()
 
 def beside(fn: Callable[..., T], *args: Any) -> Future[T]:
     """fn(*args) started on another thread in a copy of this context (the same memo,
-    deadline and priority), for a report whose readings do not depend on one another:
+    deadline and query priority), for a report whose readings do not depend on one another:
     where a core is free, their time together is the longest's. Called from such a thread,
     fn runs at once on it (a part waiting on a part could otherwise wait for a thread that
     its own waiting holds)."""
