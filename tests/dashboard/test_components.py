@@ -4,6 +4,7 @@ render-or-keep-and-explain behaviour."""
 from __future__ import annotations
 
 import types
+from datetime import datetime, timedelta, timezone
 
 import dash
 import flask
@@ -75,7 +76,12 @@ def test_refresh_renders_or_keeps_the_last_children_and_says_why():
     data.attach(server, source)
     with server.app_context():
         rows, updated, alert = app.refresh({"range": "1h"}, 3, "model")
-        assert rows == ["model"] and updated.startswith("Last 1 h · updated ") and alert is None
+        assert rows == ["model"] and alert is None
+        window, read = updated.split(" · ")
+        assert window.startswith("Last 1 h from ") and window.endswith(" UTC") and read.startswith("updated ")
+        since = datetime.strptime(window[len("Last 1 h from "):-len(" UTC")], "%Y-%m-%d %H:%M")
+        hour_ago = datetime.now(timezone.utc).replace(tzinfo=None) - timedelta(hours=1)
+        assert hour_ago - timedelta(minutes=2) < since <= hour_ago  # where the range starts, on its minute
         *kept, alert = app.refresh(None, 4, "broken")
     assert all(value is dash.no_update for value in kept) and len(kept) == 2
     # the page says it failed, never why: the exception's text is for the log only

@@ -127,9 +127,10 @@ class Filters:
         return "window" if self.range == CUSTOM else RANGE_LABELS[self.range]
 
     def describe(self) -> str:
-        if self.range != CUSTOM:
-            return f"Last {RANGE_LABELS[self.range]}"
+        """The window in the page's header; a preset range says where it starts (its grid)."""
         since, until = self.window()
+        if self.range != CUSTOM:
+            return f"Last {RANGE_LABELS[self.range]} from {since:%Y-%m-%d %H:%M} UTC"
         return f"{since:%Y-%m-%d %H:%M} – {until:%Y-%m-%d %H:%M} UTC"
 
     def window(self, now: datetime | None = None) -> tuple[datetime, datetime]:
