@@ -15,14 +15,14 @@ HEAVY = "SELECT count() FROM numbers(100000000000) WHERE sipHash64(number) % 7 =
 
 def test_a_reading_beside_runs_on_another_thread_under_the_callers_deadline(store):
     started = time.monotonic()
-    with sources.deadline(0.3):
+    with sources.deadline(1.0):
         heavy = sources.beside(sources.frame, store, HEAVY, {})
         light = sources.beside(lambda: (threading.get_ident(), sources.frame(store, "SELECT 41 + 1 AS n", {})))
         thread, answer = light.result()
         with pytest.raises(Exception, match="TIMEOUT_EXCEEDED"):
             heavy.result()
     assert thread != threading.get_ident() and answer.item() == 42
-    assert time.monotonic() - started < 3
+    assert time.monotonic() - started < 5
     # outside the block, no deadline follows the next reading
     assert sources.beside(sources.frame, store, "SELECT 1 AS n", {}).result().item() == 1
 
