@@ -121,14 +121,18 @@ def test_what_reads_raw_rows(filled, make_settings) -> None:
     assert results.plan(store, settings, lo + 60 * 10**9, lo + 3000 * 10**9) is None
     assert results.plan(store, settings, lo, hi) is not None
     half = 30 * 60 * 10**9
+    # the half hours around the traffic hold no result: nothing to read raw there
     hours, runs = results.plan(store, settings, lo - half, hi + half)
-    assert runs == [(lo - half, lo), (hi, hi + half)] and len(hours) == (hi - lo) // (3600 * 10**9)
+    assert runs == [] and len(hours) == (hi - lo) // (3600 * 10**9)
+    assert results.holding(store, [(lo - half, lo), (lo, lo + half), (hi, hi + half)]) == [False, True, False]
+    hours, runs = results.plan(store, settings, lo + half, hi - half)
+    assert runs == [(lo + half, lo + 2 * half), (hi - 2 * half, hi - half)]
     assert results.raw_groups(settings, runs) == [[runs[0]], [runs[1]]]  # 30 min of delay: apart
     wide = make_settings(quality={**QUALITY, "evaluation_delay": "3d"})
     assert results.raw_groups(wide, runs) == [runs]
     quality_hours.fill(store, wide, NOW, margin=timedelta(0))
     raw = make_settings(quality={**QUALITY, "evaluation_delay": "3d"}, analytics={"use_rollups": False})
-    since, until = START - timedelta(minutes=30), END + timedelta(minutes=30)
+    since, until = START + timedelta(minutes=30), END - timedelta(minutes=30)
     for keys, bucket_s in ((["task_type", "tenant"], None), (["language"], 900)):
         _same(quality.slice_table(store, wide, since, until, keys, bucket_s=bucket_s),
               quality.slice_table(store, raw, since, until, keys, bucket_s=bucket_s), keys)

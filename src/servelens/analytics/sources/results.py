@@ -275,7 +275,24 @@ def plan(store: StoreLike, settings: Settings, lo_ns: int, hi_ns: int,
         at = (h + HOUR_S) * 10**9
     if at < hi_ns:
         runs.append((at, hi_ns))
-    return {h: filled[h] for h in clean}, runs
+    held = memo.cached(memo.key("results.held", store, None, tuple(runs)), lambda: holding(store, runs))
+    return {h: filled[h] for h in clean}, [run for run, has in zip(runs, held) if has]
+
+
+def holding(store: StoreLike, runs: list[tuple[int, int]]) -> list[bool]:
+    """Per raw run [(lo, hi) ns]: whether any evaluation row is stamped inside it. A run
+    with none adds nothing to a reading (a result counts by its latest version's stamp,
+    which is a row's), and its raw join would still read every evaluation's trace id and
+    days of requests to find that out (BENCHMARKS.md, "A raw run without results"). One
+    read of the runs' day partitions."""
+    if not runs:
+        return []
+    params = {f"h_lo_{i}": lo for i, (lo, _) in enumerate(runs)} | {f"h_hi_{i}": hi for i, (_, hi) in enumerate(runs)}
+    inside = [window(f"h_lo_{i}", f"h_hi_{i}").sql for i in range(len(runs))]
+    row = store.client().query(
+        f"SELECT {', '.join(f'countIf({w}) > 0' for w in inside)} FROM evaluations WHERE {' OR '.join(f'({w})' for w in inside)}",
+        parameters=params).first_row
+    return [bool(v) for v in row] if row else [False] * len(runs)
 
 
 def raw_groups(settings: Settings, runs: list[tuple[int, int]]) -> list[list[tuple[int, int]]]:
