@@ -8,6 +8,8 @@ import sys
 
 import pytest
 
+from servelens.core import allocator
+
 # Eight threads that allocate with the interpreter lock released (zlib's compressor state),
 # then the arenas glibc reports.
 _PROBE = """
@@ -42,8 +44,6 @@ def _arenas(mode: str, env: dict[str, str] | None = None) -> int:
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's allocator")
 def test_contending_threads_share_at_most_two_arenas():
-    from servelens.core import allocator
-
     free = _arenas("free")
     if free <= allocator.ARENAS:
         pytest.skip(f"these threads made only {free} arenas without a limit: nothing to compare")
@@ -51,7 +51,5 @@ def test_contending_threads_share_at_most_two_arenas():
 
 
 def test_an_operators_malloc_arena_max_stands(monkeypatch):
-    from servelens.core import allocator
-
     monkeypatch.setenv("MALLOC_ARENA_MAX", "4")
     assert allocator.limit_arenas() is False

@@ -287,7 +287,9 @@ def holding(store: StoreLike, runs: list[tuple[int, int]]) -> list[bool]:
     read of the runs' day partitions."""
     if not runs:
         return []
-    params = {f"h_lo_{i}": lo for i, (lo, _) in enumerate(runs)} | {f"h_hi_{i}": hi for i, (_, hi) in enumerate(runs)}
+    params: dict[str, int] = {}
+    for i, (lo, hi) in enumerate(runs):
+        params[f"h_lo_{i}"], params[f"h_hi_{i}"] = lo, hi
     inside = [window(f"h_lo_{i}", f"h_hi_{i}").sql for i in range(len(runs))]
     row = store.client().query(
         f"SELECT {', '.join(f'countIf({w}) > 0' for w in inside)} FROM evaluations WHERE {' OR '.join(f'({w})' for w in inside)}",
