@@ -347,15 +347,29 @@ def test_ledger_has_the_cases_it_claims() -> None:
 def served_model(loaded: list[LlmRequest], since: datetime, until: datetime):
     """The ledger's reading of the served model (analytics.model_names): a span naming only
     the model asked for groups with the model its service's requests for that name were
-    answered with in the window's hours, the most frequent one."""
+    answered with in the window's hours, the most frequent one; where its service has none
+    and no request for that name that did not fail, with the fleet's."""
     first_hour = since.replace(minute=0, second=0, microsecond=0)
     answered: dict[tuple[str, str], dict[str, int]] = {}
+    itself: set[tuple[str, str]] = set()
     for r in loaded:
-        if r.request_model and r.request_model != r.model and first_hour <= r.start < until:
-            names = answered.setdefault((r.service, r.request_model), {})
-            names[r.model] = names.get(r.model, 0) + 1
+        if not first_hour <= r.start < until:
+            continue
+        if r.request_model and r.request_model != r.model:
+            for key in ((r.service, r.request_model), ("", r.request_model)):
+                names = answered.setdefault(key, {})
+                names[r.model] = names.get(r.model, 0) + 1
+        elif not r.error:
+            itself.add((r.service, r.model))
     chosen = {k: max(v.items(), key=lambda kv: (kv[1], kv[0]))[0] for k, v in answered.items()}
-    return lambda r: r.model if r.request_model else chosen.get((r.service, r.model), r.model)
+
+    def model_of(r: LlmRequest) -> str:
+        if r.request_model:
+            return r.model
+        if (r.service, r.model) in chosen:
+            return chosen[(r.service, r.model)]
+        return r.model if (r.service, r.model) in itself else chosen.get(("", r.model), r.model)
+    return model_of
 
 
 def test_cost_report_matches_the_ledger(loaded, store, settings) -> None:

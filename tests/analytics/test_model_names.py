@@ -37,14 +37,24 @@ TRAFFIC = [
     # self-hosted: answered under the requested name, nothing to map
     ("llama-svc", "llama-3-8b", "llama-3-8b", 2, 6),
     ("llama-svc", "llama-3-8b", None, 1, 6),
+    # a provider that answers the same name under another: llama-svc answered it as it is,
+    # so its rows keep it; llama-client was never answered, so it takes the fleet's name
+    ("together-svc", "llama-3-8b", "meta-llama-3-8b-instruct-turbo", 1, 6),
+    ("llama-client", "llama-3-8b", None, 1, 6),
+    # a service whose requests for an alias were all refused: the fleet's answer for it
+    # (chat-api's snapshot, answered 3 times, over batch-jobs', answered twice)
+    ("copilot", "gpt-4o", None, 2, 1),
     # only ever refused in the window: no evidence of what would have served it
     ("chat-api", "o1-preview", None, 2, 7),
     # answered only before the window: its 429 inside stays the alias
     ("chat-api", "gpt-4-turbo", "gpt-4-turbo-2024-04-09", 2, 30),
     ("chat-api", "gpt-4-turbo", None, 1, 8),
 ]
-# A dialect that names one model only (Langfuse): no RequestModel, Model as stored.
-LANGFUSE = [("docs-assistant", "gpt-4o-mini-2024-07-18", 2), ("docs-assistant", "fail-429", 1)]
+# A dialect that names one model only (Langfuse): no RequestModel. A model no request was
+# answered under another name for stays as stored; a refused generation names the alias it
+# asked for, which its service was never answered for, so it takes the fleet's answer.
+LANGFUSE = [("docs-assistant", "gpt-4o-mini-2024-07-18", 2, False), ("docs-assistant", "fail-429", 1, True),
+            ("docs-assistant", "gpt-4o", 1, True)]
 
 
 def _insert(client) -> None:
@@ -58,10 +68,10 @@ def _insert(client) -> None:
             else:
                 attrs.update({"error.type": "429", "http.response.status_code": "429"})
             rows.append((service, attrs, hours_ago))
-    for service, model, count in LANGFUSE:
+    for service, model, count, refused in LANGFUSE:
         for _ in range(count):
-            rows.append((service, {"langfuse.observation.type": "generation",
-                                   "langfuse.observation.model.name": model}, 1))
+            rows.append((service, {"langfuse.observation.type": "generation", "langfuse.observation.model.name": model,
+                                   **({"error.type": "429"} if refused else {})}, 1))
     columns = ["Timestamp", "TraceId", "SpanId", "SpanName", "ServiceName", "SpanAttributes", "Duration", "StatusCode"]
     data = []
     for service, attrs, hours_ago in rows:
@@ -85,13 +95,13 @@ def test_refused_requests_group_with_the_model_their_service_was_served_by(store
 
     # As stored, each alias is a row of its own beside its served snapshot.
     stored = _grouped(store, settings, "Model", q)
-    assert stored["gpt-4o"] == 3 and stored["gpt-4o-mini"] == 1 and len(stored) == 14
+    assert stored["gpt-4o"] == 5 + 1 and stored["gpt-4o-mini"] == 1 and len(stored) == 15
 
     served = _grouped(store, settings, served_model_sql(), q)
     assert served == {
-        "gpt-4o-2024-08-06": 5, "gpt-4o-mini-2024-07-18": 3 + 2, "claude-3-5-sonnet-20241022": 2,
+        "gpt-4o-2024-08-06": 5 + 2 + 1, "gpt-4o-mini-2024-07-18": 3 + 2, "claude-3-5-sonnet-20241022": 2,
         "gpt-4o-2024-05-13": 3, "gpt-4.1-2025-04-14": 5, "gpt-4.1-2025-01-01": 1, "llama-3-8b": 3,
-        "o1-preview": 2, "gpt-4-turbo": 1, "fail-429": 1,
+        "meta-llama-3-8b-instruct-turbo": 1 + 1, "o1-preview": 2, "gpt-4-turbo": 1, "fail-429": 1,
     }
     # one row per served model: every alias that was answered in the window is gone
     assert not {"gpt-4o", "gpt-4o-mini", "claude-3-5-sonnet", "gpt-4.1"} & set(served)
@@ -104,7 +114,8 @@ def test_the_mapping_is_per_service_and_follows_the_window(store, settings) -> N
     sql = (f"SELECT ServiceName, {served_model_sql()} AS model, count() FROM llm_requests WHERE {window} "
            f"AND RequestModel = 'gpt-4o' GROUP BY ServiceName, model ORDER BY ServiceName")
     assert store.client().query(sql, parameters=params).result_rows == [
-        ("batch-jobs", "gpt-4o-2024-05-13", 3), ("chat-api", "gpt-4o-2024-08-06", 5)]
+        ("batch-jobs", "gpt-4o-2024-05-13", 3), ("chat-api", "gpt-4o-2024-08-06", 5),
+        ("copilot", "gpt-4o-2024-08-06", 2)]
 
     # A window reaching back to gpt-4-turbo's answers resolves its 429 too.
     wide = ReportQuery(NOW - timedelta(hours=48), NOW)

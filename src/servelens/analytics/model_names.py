@@ -6,27 +6,48 @@ model asked for, the alias ("gpt-4o"), while the same service's answered request
 the model that served them ("gpt-4o-2024-08-06"): grouped by Model, one model family is
 two rows. As Langfuse and Datadog show it, a model is one row: here a row whose Model is
 only its RequestModel takes the served name its service's answered requests for that
-RequestModel got in the same window (the most frequent one, when an alias moved).
+RequestModel got in the same window (the most frequent one, when an alias moved). A
+service none of whose requests for the alias was answered in the window (all refused or
+timed out) takes the name the rest of the fleet was served for it, the most frequent: a
+provider resolves an alias the same for every caller. A service's own answers, where it has
+any, decide for it: those under another name, or those that name no other model (a
+self-hosted engine serving the name as it is, a library that reports only the model asked
+for), which keep the name as stored.
 
-What stays as stored: rows without a RequestModel (dialects that name one model only, rows
-stored before migration 0021), models served under their requested name (self-hosted
-engines: nothing to map), and aliases no request in the window was answered for.
+A row without a RequestModel (a dialect that names one model only, as Langfuse's does, or
+a row stored before migration 0021) is read as asked under its Model: a refused Langfuse
+generation names the alias it asked for. What stays as stored: models served under their
+requested name (self-hosted engines: nothing to map), and aliases no request of the fleet
+in the window was answered for.
 """
 
 from __future__ import annotations
 
-# One row per (service, requested model) answered under another name in the hours the
-# window touches (model_aliases, migration 0022): the served name most requests got
-# (ties: the greatest name, so every run picks the same).
-_ANSWERED = """(
+# What served each requested model in the hours the window touches, per service (keyed
+# "service\0alias") and over the fleet (keyed "\0\0alias"): the name most of the requests
+# answered under another name got (model_aliases, migration 0022; ties: the greatest name,
+# so every run picks the same). And "\1service\0alias" where the service had requests for
+# the alias that did not fail and name no other model (the hour rollup's requests less its
+# errors), read for the aliases above only, so the map stays a few entries per alias
+# whatever the number of models.
+_HOURS = """WHERE {time} >= toStartOfHour(fromUnixTimestamp64Nano({{since_ns:Int64}}))
+                        AND {time} < fromUnixTimestamp64Nano({{until_ns:Int64}})"""
+_ANSWERED = f"""(
     SELECT CAST((groupArray(pair), groupArray(served)), 'Map(String, String)')
-    FROM (SELECT concat(toString(ServiceName), '\\0', toString(RequestModel)) AS pair,
-                 argMax(served, (n, served)) AS served
-          FROM (SELECT ServiceName, RequestModel, toString(Model) AS served, sum(Requests) AS n
-                FROM model_aliases
-                WHERE Hour >= toStartOfHour(fromUnixTimestamp64Nano({since_ns:Int64}))
-                  AND Hour < fromUnixTimestamp64Nano({until_ns:Int64})
-                GROUP BY ServiceName, RequestModel, served)
+    FROM (SELECT pair, argMax(served, (n, served)) AS served
+          FROM (SELECT pair, served, sum(n) AS n
+                FROM (SELECT [concat(toString(ServiceName), '\\0', toString(RequestModel)),
+                              concat('\\0\\0', toString(RequestModel))] AS pairs,
+                             toString(Model) AS served, toUInt64(Requests) AS n
+                      FROM model_aliases {_HOURS.format(time="Hour")}
+                      UNION ALL
+                      SELECT [concat('\\1', toString(ServiceName), '\\0', toString(Model))] AS pairs,
+                             '\\0' AS served, toUInt64(Requests - Errors) AS n
+                      FROM rollup_requests_1h {_HOURS.format(time="Minute")}
+                        AND Requests > Errors
+                        AND Model IN (SELECT RequestModel FROM model_aliases {_HOURS.format(time="Hour")}))
+                ARRAY JOIN pairs AS pair
+                GROUP BY pair, served)
           GROUP BY pair))"""
 
 
@@ -36,14 +57,23 @@ def served_model_sql(*, service: str = "ServiceName", model: str = "Model", requ
     The evidence is what the rows' services were answered with in the hours of the window
     ({since_ns:Int64}, {until_ns:Int64}: ReportQuery.where's parameters), whatever
     tenant, feature or model a report is narrowed to: which model a service's alias
-    resolves to is the service's. The mapping is one scalar subquery, computed once per
-    query, over model_aliases (a few rows per service, alias and hour).
+    resolves to is the service's where it was answered in the window, else the fleet's.
+    The mapping is one scalar subquery, computed once per query, over model_aliases and
+    the hour rollup (a few rows per service, alias and hour).
 
     The column arguments name the row's columns. For a rollup's rows (no RequestModel:
     rollup_requests_1m, rollup_costs_15m) pass request_model=<its model column>: a rollup
     row whose model is an alias its service was answered for under another name holds
     that alias's unanswered requests, and is mapped like them.
     """
-    pair = f"concat(toString({service}), '\\0', toString({request_model}))"
-    return (f"if({request_model} != '' AND {model} = {request_model}, "
-            f"ifNull(nullIf({_ANSWERED}[{pair}], ''), toString({model})), toString({model}))")
+    # The name a row was asked under: its RequestModel, or its Model where the row names no
+    # other (a dialect that names one model only, such as Langfuse's, names the alias a
+    # refused request asked for).
+    asked = f"({request_model} = '' OR {model} = {request_model})"
+    pair = f"concat(toString({service}), '\\0', toString({model}))"
+    fleet = f"concat('\\0\\0', toString({model}))"
+    itself = f"concat('\\1', toString({service}), '\\0', toString({model}))"
+    # The engine computes one scalar subquery once per query, however often it appears.
+    here, there = f"{_ANSWERED}[{pair}]", f"{_ANSWERED}[{fleet}]"
+    return (f"if({asked}, multiIf({here} != '', {here}, {_ANSWERED}[{itself}] = '' AND {there} != '', {there}, "
+            f"toString({model})), toString({model}))")
