@@ -11,7 +11,9 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.parse
 import urllib.request
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
@@ -22,6 +24,10 @@ pytestmark = pytest.mark.integration
 def get(url: str) -> dict:
     with urllib.request.urlopen(url, timeout=30) as resp:
         return json.loads(resp.read())
+
+
+def _ago(minutes: int) -> str:
+    return (datetime.now(timezone.utc) - timedelta(minutes=minutes)).isoformat()
 
 
 def test_up_with_demo_serves_analysed_traffic_and_stops_cleanly(tmp_path: Path) -> None:
@@ -50,6 +56,13 @@ def test_up_with_demo_serves_analysed_traffic_and_stops_cleanly(tmp_path: Path) 
         assert overview["cost_per_request_usd"] > 0
         assert 0 < overview["gpu_utilization"] < 1
         assert overview["binding_constraint"] in ("queue", "prefill", "decode", "retrieval", "tool", "other")
+        # The history runs on into the live traffic at one rate: its five-minute buckets
+        # hold about what live traffic sends in five minutes, not a hundredth of it.
+        from servelens.demo.traffic import UP_RATE_PER_S
+        points = get(f"{base}/api/v1/series/requests?bucket=5m&since="
+                     + urllib.parse.quote(_ago(115)) + "&until=" + urllib.parse.quote(_ago(10)))["series"][0]["points"]
+        history = sorted(v for _, v in points)
+        assert len(history) >= 20 and 0.4 < history[len(history) // 2] / (UP_RATE_PER_S * 300) < 2.5, history
         health = get(f"{base}/api/v1/health")
         assert health["collector"]["servelens_receiver_accepted_items_total{signal=traces,transport=http}"] > 500
         with urllib.request.urlopen(f"{base}/", timeout=30) as resp:  # the dashboard page itself

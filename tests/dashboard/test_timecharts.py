@@ -155,3 +155,20 @@ def test_the_overview_reuses_the_schedulers_24_hour_binding_constraint(settings,
     # a filtered or other range is computed live
     assert overview.fetch_binding(source, data.Filters(range="6h"))[1] is None
     assert overview.fetch_binding(source, data.Filters(service="chat-api"))[1] is None
+
+
+def test_a_scheduled_run_over_an_empty_store_is_not_read(settings, store, otlp_http):
+    """The first scheduled run after a start can come before any traffic landed: its answer
+    saw no request, and the Overview computes the binding constraint instead of showing
+    that empty answer for two intervals."""
+    from servelens.analytics import scheduler
+    from servelens.dashboard import data
+    from servelens.dashboard.app import create_app
+
+    create_app(settings, store)
+    from servelens.dashboard.pages import overview
+
+    scheduler.run_all(store, settings, scheduled=True)  # nothing stored yet
+    send(otlp_http, TRAFFIC)
+    found, as_of = overview.fetch_binding(data.DataSource(settings, store), data.Filters())
+    assert as_of is None and found == "decode"

@@ -174,13 +174,14 @@ def run(command: str, settings: Settings, demo: bool = False, once: bool = False
             print(f"servelens dashboard: {dashboard_url(settings, ports['ui'])}", flush=True)
         if demo and command == "up":
             from servelens.core.tls import pinned_client_context
-            from servelens.demo.traffic import DemoTraffic
+            from servelens.demo.traffic import UP_RATE_PER_S, DemoTraffic
 
             # the receiver speaks TLS only where a certificate is set: the demo trusts exactly that one
             tls = pinned_client_context(settings.tls_cert) if settings.tls_cert else None
-            traffic = DemoTraffic(f"{'https' if tls else 'http'}://127.0.0.1:{ports['otlp-http']}", tls=tls)
+            traffic = DemoTraffic(f"{'https' if tls else 'http'}://127.0.0.1:{ports['otlp-http']}",
+                                  rate_per_s=UP_RATE_PER_S, tls=tls)
             components.append(traffic)
-            traffic.backfill(minutes=120)  # two hours of history, so every chart has a shape
+            traffic.backfill(minutes=120, max_traces=None)  # two hours of history, so every chart has a shape
             traffic.start()
             print("demo traffic: sending to the OTLP/HTTP receiver (Ctrl-C to stop)", flush=True)
         while not stop.wait(0.5):

@@ -54,6 +54,10 @@ log = logging.getLogger(__name__)
 
 LLAMA = "meta-llama/Llama-3.1-70B-Instruct"
 MAX_BACKFILL_TRACES = 1500  # ~4k spans: enough history for every chart, quick to send
+# `servelens up --demo`: its two hours of history and its live traffic at one rate, so
+# every chart runs on from the history into the live minutes without a step (history
+# capped at MAX_BACKFILL_TRACES under a live rate of 20/s read as a 100x jump at the start).
+UP_RATE_PER_S = 1.0
 
 # Overrides for `servelens.config.load(None, **DEMO_CONFIG)`: prices the demo's API
 # models (USD per million tokens) and declares its self-hosted GPU deployment.
@@ -489,15 +493,17 @@ class DemoTraffic:
             span.end(end_time=start_ns + int(s.end * 1e9))
         self.sent_traces += 1
 
-    def backfill(self, minutes: int) -> int:
-        """Emit history over the last `minutes` (diurnal shape, at most MAX_BACKFILL_TRACES
-        traces) with the GPUs' samples over the same window, flush it, and return how many
-        traces were sent."""
+    def backfill(self, minutes: int, max_traces: int | None = MAX_BACKFILL_TRACES) -> int:
+        """Emit history over the last `minutes` at the live rate (diurnal shape, at most
+        `max_traces` traces; None: no cap) with the GPUs' samples over the same window,
+        flush it, and return how many traces were sent."""
         rng = self._rng(f"backfill-{minutes}")
         planner = _Planner(rng)
         now = time.time()
         window = minutes * 60.0
-        count = max(0, min(MAX_BACKFILL_TRACES, int(self.rate_per_s * window)))
+        count = max(0, int(self.rate_per_s * window))
+        if max_traces is not None:
+            count = min(max_traces, count)
         starts: list[float] = []
         while len(starts) < count:  # rejection sampling against the diurnal curve
             t = now - window * rng.random()

@@ -102,9 +102,11 @@ def fetch_cards(source: data.DataSource, filters: data.Filters) -> tuple[list[di
 
 def fetch_binding(source: data.DataSource, filters: data.Filters) -> tuple[str | None, Any]:
     """The scheduler's answer for the last 24 h when it is fresh (it computes that window
-    every analytics.interval), else computed now."""
+    every analytics.interval) and saw requests, else computed now: a run over a store that
+    was still empty (the first one after a start, before any traffic landed) answers
+    nothing for two intervals otherwise."""
     stored = source.scheduled_rows("overview", filters)
-    if stored and stored[0]:
+    if stored and stored[0] and stored[0][0].get("requests"):
         return stored[0][0].get("binding_constraint"), stored[1]
     return source.value(overview.binding, filters), None
 
