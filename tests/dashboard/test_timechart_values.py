@@ -40,3 +40,18 @@ def test_a_group_without_a_value_is_named_not_drawn(otlp_http, store, settings):
     assert names == {"gpt-4o-mini", "gpt-4o"}
     assert all(any(y is not None for y in t["y"]) for t in graph.figure["data"])
     assert _texts(note) == ["No value in this range for llama-3-8b"]
+
+
+def test_a_stacked_area_starts_and_ends_where_its_values_do():
+    """A stacked area draws a missing value as zero: idle GPU cost before the first GPU
+    sample (null in the series) is drawn from the first value, not as $0 before it. An
+    unstacked line keeps every point (a null there is a gap)."""
+    hours = [f"2026-12-06T{h:02d}:00:00Z" for h in range(6)]
+    values = [None, None, 1.5, None, 2.0, None]
+    doc = {"bucket": "1h", "series": [{"key": {"deployment": "d1"}, "points": [list(p) for p in zip(hours, values)]}]}
+    line = timecharts.Line("idle_cost_usd", "idle", "deployment")
+    stacked = timecharts.Chart("idle", "Idle cost over time", (line,), unit="$", stacked=True)
+    (trace,) = timecharts.figure(stacked, [(line, doc)], [], data.Filters(range="24h"))["data"]
+    assert trace["x"] == hours[2:5] and trace["y"] == [1.5, None, 2.0]
+    (trace,) = timecharts.figure(replace(stacked, stacked=False), [(line, doc)], [], data.Filters(range="24h"))["data"]
+    assert trace["x"] == hours and trace["y"] == values

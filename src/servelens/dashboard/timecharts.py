@@ -128,9 +128,10 @@ def figure(chart: Chart, docs: Sequence[tuple[Line, dict]], marks: Sequence[dict
         for s in doc["series"]:
             key = next(iter(s["key"].values()), None) if s["key"] else None
             name = line.name if key is None else f"{label(key)} · {line.name}" if len(chart.lines) > 1 else label(key)
+            points = _valued_span(s["points"]) if chart.stacked else s["points"]
             trace = {"type": "scatter", "name": name, "mode": "lines", "connectgaps": False,
-                     "x": [p[0] for p in s["points"]],
-                     "y": [None if p[1] is None else p[1] * scale for p in s["points"]],
+                     "x": [p[0] for p in points],
+                     "y": [None if p[1] is None else p[1] * scale for p in points],
                      "line": {"width": 1.6, "dash": line.dash, "color": next(colors)},
                      "meta": _link(line, key, doc["bucket"], filters),
                      "hovertemplate": f"%{{fullData.name}}<br>%{{x}}: {_HOVER.get(chart.unit, _HOVER[''])}<extra></extra>"}
@@ -150,6 +151,14 @@ def figure(chart: Chart, docs: Sequence[tuple[Line, dict]], marks: Sequence[dict
                   shapes=[_shape(mark, scale) for mark in marks],
                   annotations=[_annotation(mark, scale) for mark in marks if mark.get("text")])
     return {"data": traces, "layout": layout}
+
+
+def _valued_span(points: Sequence[Sequence[Any]]) -> Sequence[Sequence[Any]]:
+    """The points from a series' first value to its last. A stacked area draws a missing
+    value as zero: idle GPU cost before the first GPU sample is not known to be $0, so
+    the area starts where the values do (the x axis keeps the whole window)."""
+    valued = [i for i, p in enumerate(points) if p[1] is not None]
+    return points[valued[0]:valued[-1] + 1] if valued else []
 
 
 def _shape(mark: dict[str, Any], scale: float) -> dict[str, Any]:
