@@ -63,6 +63,9 @@ def test_up_with_demo_serves_analysed_traffic_and_stops_cleanly(tmp_path: Path) 
                      + urllib.parse.quote(_ago(115)) + "&until=" + urllib.parse.quote(_ago(10)))["series"][0]["points"]
         history = sorted(v for _, v in points)
         assert len(history) >= 20 and 0.4 < history[len(history) // 2] / (UP_RATE_PER_S * 300) < 2.5, history
+        # the demo's SLOs, judged on its traffic
+        slos = {r["name"]: r for r in get(f"{base}/api/v1/reports/slo")["rows"]}
+        assert set(slos) == {"chat-availability", "llama-latency"} and all(r["total"] > 0 for r in slos.values())
         health = get(f"{base}/api/v1/health")
         assert health["collector"]["servelens_receiver_accepted_items_total{signal=traces,transport=http}"] > 500
         with urllib.request.urlopen(f"{base}/", timeout=30) as resp:  # the dashboard page itself

@@ -60,8 +60,9 @@ def dashboard_url(settings: Settings, ui_port: int | None = None) -> str:
 
 
 def with_demo_defaults(settings: Settings) -> Settings:
-    """--demo: price the demo's models and declare its GPU deployment unless configured."""
-    from servelens.core.config import DeploymentConfig, PricingConfig
+    """--demo: price the demo's models, declare its GPU deployment, its SLOs and a spend
+    budget, each unless configured."""
+    from servelens.core.config import DeploymentConfig, PricingConfig, SloConfig, SpendBudget
     from servelens.demo.traffic import DEMO_CONFIG
 
     update: dict[str, Any] = {}
@@ -69,6 +70,10 @@ def with_demo_defaults(settings: Settings) -> Settings:
         update["pricing"] = PricingConfig.model_validate(DEMO_CONFIG["pricing"])
     if not settings.deployments:
         update["deployments"] = [DeploymentConfig.model_validate(d) for d in DEMO_CONFIG["deployments"]]
+    if not settings.slos:
+        update["slos"] = [SloConfig.model_validate(s) for s in DEMO_CONFIG["slos"]]
+    if not settings.spend_budgets:
+        update["spend_budgets"] = [SpendBudget.model_validate(b) for b in DEMO_CONFIG["spend_budgets"]]
     return settings.model_copy(update=update)
 
 

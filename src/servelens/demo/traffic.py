@@ -60,7 +60,9 @@ MAX_BACKFILL_TRACES = 1500  # ~4k spans: enough history for every chart, quick t
 UP_RATE_PER_S = 1.0
 
 # Overrides for `servelens.config.load(None, **DEMO_CONFIG)`: prices the demo's API
-# models (USD per million tokens) and declares its self-hosted GPU deployment.
+# models (USD per million tokens), declares its self-hosted GPU deployment, and gives
+# the SLO page and the budget trigger something to show (`servelens up --demo` applies
+# each part that servelens.yaml leaves unset).
 DEMO_CONFIG: dict[str, Any] = {
     "pricing": {"models": [
         {"model": "gpt-4o", "match": r"gpt-4o(-\d{4}-\d{2}-\d{2})?",
@@ -75,6 +77,17 @@ DEMO_CONFIG: dict[str, Any] = {
         "budgets": {"queue": "250ms", "prefill": "1200ms", "decode": "25s",
                     "retrieval": "400ms", "tool": "800ms", "total": "30s"},
     }],
+    "slos": [
+        # the chat gateway fails about 5 % of its attempts (429s, timeouts): a third of the
+        # budget left, burning at about 0.7x
+        {"name": "chat-availability", "service": "chat-gateway", "objective": 0.93, "period": "7d"},
+        {"name": "llama-latency", "deployment": "llama-70b-prod", "objective": 0.95, "latency_under": "20s",
+         "period": "7d"},
+    ],
+    # acme, the busiest tenant, spends about $6 an hour at the demo's rate: within a few
+    # hourly trigger windows of a start the forecast of its day's spend passes this, then
+    # the spend itself.
+    "spend_budgets": [{"by": "tenant", "key": "acme", "usd": 20, "period": "day"}],
 }
 
 # service -> (region, share of traffic)
