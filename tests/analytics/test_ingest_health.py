@@ -143,3 +143,27 @@ def test_ingest_counts_from_hours_equal_the_raw_rows(store, make_settings) -> No
     assert chat["without_usage"] == 200 and chat["without_model"] == 200 and chat["streams_without_ttft"] == 200
     [(stored,)] = store.client().query("SELECT sum(Spans) FROM rollup_spans_1h").result_rows
     assert stored == 3000
+
+
+def test_a_model_a_gpu_deployment_served_is_priced(collector, otlp_http, store, settings, make_settings) -> None:
+    """A self-hosted model has no token price; the cost report prices its requests by the
+    GPUs' time where its deployment is configured, so ingest health does not list it as
+    unpriced there. Sent by the OpenTelemetry SDK over the real receiver."""
+    provider = TracerProvider(resource=Resource.create({"service.name": "llama-svc", "app.deployment": "llama-prod"}))
+    provider.add_span_processor(SimpleSpanProcessor(OTLPSpanExporter(endpoint=f"{otlp_http}/v1/traces")))
+    for _ in range(3):
+        with provider.get_tracer("llama").start_as_current_span("chat my-llama-8b") as span:
+            span.set_attributes({"gen_ai.operation.name": "chat", "gen_ai.request.model": "my-llama-8b",
+                                 "gen_ai.response.model": "my-llama-8b", "gen_ai.usage.input_tokens": 40,
+                                 "gen_ai.usage.output_tokens": 9})
+    provider.shutdown()
+    assert collector.writer.force_flush(30)
+
+    def llama(s: Any) -> dict:
+        return {(r["service"], r["dialect"]): r for r in reports.run("ingest", store, s, {})["rows"]}[("llama-svc", "semconv")]
+
+    assert llama(settings)["unpriced_requests"] == 3 and llama(settings)["unpriced_models"] == ["my-llama-8b"]
+    gpu = make_settings(deployments=[{"name": "llama-prod", "gpus": {"hosts": ["gpu-1"]}, "gpu_hourly_usd": 2.0}])
+    assert llama(gpu)["unpriced_requests"] == 0 and llama(gpu)["unpriced_models"] == []
+    other = make_settings(deployments=[{"name": "other-prod", "gpus": {"hosts": ["gpu-1"]}, "gpu_hourly_usd": 2.0}])
+    assert llama(other)["unpriced_requests"] == 3

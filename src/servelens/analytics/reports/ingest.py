@@ -2,7 +2,9 @@
 
 One row per (service, dialect): spans seen, LLM requests recognized, and the requests a
 report cannot use whole (no token usage, no model, an unpriced model, a stream without
-TTFT). Spans of the service that no dialect recognized but whose attribute keys look like
+TTFT). A model is priced when the price catalog knows it or a configured GPU deployment
+served it in the window (the cost report prices those requests by the GPUs' time; a model
+both served there and called elsewhere counts as priced everywhere). Spans of the service that no dialect recognized but whose attribute keys look like
 GenAI data (`*token*`, `*model*`, `*usage*`) are listed with an example trace id: the
 sign of a dialect servelens does not read yet, or a key to configure (analytics.sources.span_keys:
 from the hours the analytics job stores, over long windows). Quarantined rows
@@ -73,7 +75,22 @@ def report(store: StoreLike, settings: Settings, q: ReportQuery) -> pl.DataFrame
         FROM ({_union(q, settings, params, service, _SPANS_ROLLUP, _SPANS_RAW, "rollup_spans_1h")})
         GROUP BY service""", params)
     unknown = span_keys.unrecognized(store, settings, q)
-    return _assemble(requests, spans, unknown, Catalog.of(settings.pricing.models), q.until)
+    return _assemble(requests, spans, unknown, Catalog.of(settings.pricing.models), q.until,
+                     _gpu_served(store, settings, params))
+
+
+def _gpu_served(store: StoreLike, settings: Settings, params: dict[str, Any]) -> set[str]:
+    """The models the configured GPU deployments served in the hours the window touches
+    (the cost rollup's hours: a few rows per model and hour)."""
+    deployments = [d.name for d in settings.deployments]
+    if not deployments:
+        return set()
+    served = frame(store, """
+        SELECT DISTINCT toString(Model) AS model FROM rollup_costs_models_1h
+        WHERE Bucket >= toStartOfHour(fromUnixTimestamp64Nano({since_ns:Int64}))
+          AND Bucket < fromUnixTimestamp64Nano({until_ns:Int64}) AND Deployment IN {gpu_deployments:Array(String)}""",
+                   {**params, "gpu_deployments": deployments})
+    return set(served["model"].to_list()) if served.height else set()
 
 
 # What per (service, dialect) holds, for a window (or service) with no LLM request.
@@ -83,9 +100,10 @@ _PER_DIALECT = {"service": pl.String, "dialect": pl.String, "requests": pl.UInt6
 
 
 def _assemble(requests: pl.DataFrame, spans: pl.DataFrame, unknown: pl.DataFrame, catalog: Catalog,
-              at: datetime) -> pl.DataFrame:
+              at: datetime, gpu_served: set[str]) -> pl.DataFrame:
     models = requests["model"].unique().to_list() if requests.height else []
-    priced = {m: m != "" and catalog.price(m, at.astimezone(timezone.utc)) is not None for m in models}
+    priced = {m: m != "" and (m in gpu_served or catalog.price(m, at.astimezone(timezone.utc)) is not None)
+              for m in models}
     per_dialect = (
         requests.with_columns(pl.col("model").replace_strict(priced, default=False, return_dtype=pl.Boolean)
                               .alias("priced"))
