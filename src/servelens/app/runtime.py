@@ -15,7 +15,7 @@ from typing import Any
 
 from servelens.core import allocator
 from servelens.core.config import ConfigError, Settings
-from servelens.core.migrate import migrate
+from servelens.core.migrate import discover, migrate
 from servelens.core.retention import apply_retention
 from servelens.core.serving import WILDCARD_HOSTS
 from servelens.core.store import Store, is_embedded
@@ -24,6 +24,9 @@ log = logging.getLogger(__name__)
 
 
 def open_store(settings: Settings, migrate_schema: bool = True) -> Store:
+    """The configured store, migrated; or, with migrate_schema False (a command that only
+    reads: `servelens report`, `plan`), as it is, refused with what to run when it holds
+    no servelens schema or an older one (a query would fail on a missing table)."""
     try:
         store = Store(settings.store_url, settings.store.database)
         if migrate_schema:
@@ -32,13 +35,34 @@ def open_store(settings: Settings, migrate_schema: bool = True) -> Store:
             changed = apply_retention(store.client(), settings.store.retention_days, settings.store.cluster)
             if changed:
                 log.info("retention %d days set on %s", settings.store.retention_days, ", ".join(changed))
+            unready = None
+        else:
+            unready = _unmigrated(store)
     except Exception as exc:
         hint = ""
         if is_embedded(settings.store_url):
             hint = (" (the embedded store admits one process per data directory: is `servelens up` "
                     "already running on it? Use its API, or point --clickhouse-url at a ClickHouse server)")
         raise ConfigError(f"cannot open the store {settings.store_url}: {exc}{hint}") from exc
+    if unready:
+        store.close()
+        raise ConfigError(f"the store {settings.store_url} (database {settings.store.database}) {unready}: "
+                          "run `servelens migrate` with this configuration (or start `servelens up` on it), "
+                          "or point --data-dir / --clickhouse-url at the store servelens writes")
     return store
+
+
+def _unmigrated(store: Store) -> str | None:
+    """Why the store cannot answer reports yet, or None."""
+    client = store.client()
+    if not client.command("SELECT count() FROM system.tables WHERE database = currentDatabase() "
+                          "AND name = 'servelens_migrations'"):
+        return "holds no servelens schema"
+    done = {row[0] for row in client.query("SELECT DISTINCT version FROM servelens_migrations").result_rows}
+    behind = [m for m in discover() if m.version not in done]
+    if behind:
+        return f"lacks {len(behind)} of this version's migrations (the first: {behind[0].version:04d}_{behind[0].name})"
+    return None
 
 
 def dashboard_url(settings: Settings, ui_port: int | None = None) -> str:
