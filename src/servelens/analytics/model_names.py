@@ -30,7 +30,7 @@ from __future__ import annotations
 # the alias that did not fail and name no other model (the hour rollup's requests less its
 # errors), read for the aliases above only, so the map stays a few entries per alias
 # whatever the number of models.
-_HOURS = """WHERE {time} >= toStartOfHour(fromUnixTimestamp64Nano({{since_ns:Int64}}))
+_WINDOW_HOURS = """WHERE {time} >= toStartOfHour(fromUnixTimestamp64Nano({{since_ns:Int64}}))
                         AND {time} < fromUnixTimestamp64Nano({{until_ns:Int64}})"""
 _ANSWERED = f"""(
     SELECT CAST((groupArray(pair), groupArray(served)), 'Map(String, String)')
@@ -39,13 +39,13 @@ _ANSWERED = f"""(
                 FROM (SELECT [concat(toString(ServiceName), '\\0', toString(RequestModel)),
                               concat('\\0\\0', toString(RequestModel))] AS pairs,
                              toString(Model) AS served, toUInt64(Requests) AS n
-                      FROM model_aliases {_HOURS.format(time="Hour")}
+                      FROM model_aliases {_WINDOW_HOURS.format(time="Hour")}
                       UNION ALL
                       SELECT [concat('\\1', toString(ServiceName), '\\0', toString(Model))] AS pairs,
                              '\\0' AS served, toUInt64(Requests - Errors) AS n
-                      FROM rollup_requests_1h {_HOURS.format(time="Minute")}
+                      FROM rollup_requests_1h {_WINDOW_HOURS.format(time="Minute")}
                         AND Requests > Errors
-                        AND Model IN (SELECT RequestModel FROM model_aliases {_HOURS.format(time="Hour")}))
+                        AND Model IN (SELECT RequestModel FROM model_aliases {_WINDOW_HOURS.format(time="Hour")}))
                 ARRAY JOIN pairs AS pair
                 GROUP BY pair, served)
           GROUP BY pair))"""

@@ -4,11 +4,12 @@ One row per (service, dialect): spans seen, LLM requests recognized, and the req
 report cannot use whole (no token usage, no model, an unpriced model, a stream without
 TTFT). A model is priced when the price catalog knows it or a configured GPU deployment
 served it in the window (the cost report prices those requests by the GPUs' time; a model
-both served there and called elsewhere counts as priced everywhere). Spans of the service that no dialect recognized but whose attribute keys look like
-GenAI data (`*token*`, `*model*`, `*usage*`) are listed with an example trace id: the
-sign of a dialect servelens does not read yet, or a key to configure (analytics.sources.span_keys:
-from the hours the analytics job stores, over long windows). Quarantined rows
-(collector.spool) are on /api/v1/health, beside this report.
+both served there and called elsewhere counts as priced everywhere). Spans of the service
+that no dialect recognized but whose attribute keys look like GenAI data (`*token*`,
+`*model*`, `*usage*`) are listed with an example trace id: the sign of a dialect servelens
+does not read yet, or a key to configure (analytics.sources.span_keys: from the hours the
+analytics job stores, over long windows). Quarantined rows (collector.spool) are on
+/api/v1/health, beside this report.
 """
 
 from __future__ import annotations
