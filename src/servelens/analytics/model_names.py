@@ -23,32 +23,38 @@ in the window was answered for.
 
 from __future__ import annotations
 
-# What served each requested model in the hours the window touches, per service (keyed
-# "service\0alias") and over the fleet (keyed "\0\0alias"): the name most of the requests
-# answered under another name got (model_aliases, migration 0022; ties: the greatest name,
-# so every run picks the same). And "\1service\0alias" where the service had requests for
-# the alias that did not fail and name no other model (the hour rollup's requests less its
-# errors), read for the aliases above only, so the map stays a few entries per alias
-# whatever the number of models.
+# What each service's requests for an alias resolve to in the hours the window touches,
+# keyed "service\0alias": the name most of its requests answered under another name got
+# (model_aliases, migration 0022; ties: the greatest name, so every run picks the same);
+# where it has none, nothing if some of its requests for the alias did not fail (they name
+# no other model: the hour rollup's requests less its errors), else the fleet's most
+# frequent answer. The evidence, one row per service, alias and served name ("\0": under
+# the alias itself), is read for the aliases only, so the map stays a few entries per alias
+# whatever the number of models; it is resolved in the subquery, and a row looks its pair
+# up once (each lookup in a Map reads its keys).
 _WINDOW_HOURS = """WHERE {time} >= toStartOfHour(fromUnixTimestamp64Nano({{since_ns:Int64}}))
                         AND {time} < fromUnixTimestamp64Nano({{until_ns:Int64}})"""
+_EVIDENCE = f"""
+    SELECT service, alias, served, sum(n) AS n
+    FROM (SELECT toString(ServiceName) AS service, toString(RequestModel) AS alias, toString(Model) AS served,
+                 toUInt64(Requests) AS n
+          FROM model_aliases {_WINDOW_HOURS.format(time="Hour")}
+          UNION ALL
+          SELECT toString(ServiceName), toString(Model), '\\0', toUInt64(toUInt64(Requests) - least(toUInt64(Errors), toUInt64(Requests)))
+          FROM rollup_requests_1h {_WINDOW_HOURS.format(time="Minute")}
+            AND Model IN (SELECT RequestModel FROM model_aliases {_WINDOW_HOURS.format(time="Hour")}))
+    GROUP BY service, alias, served"""
 _ANSWERED = f"""(
-    SELECT CAST((groupArray(pair), groupArray(served)), 'Map(String, String)')
-    FROM (SELECT pair, argMax(served, (n, served)) AS served
-          FROM (SELECT pair, served, sum(n) AS n
-                FROM (SELECT [concat(toString(ServiceName), '\\0', toString(RequestModel)),
-                              concat('\\0\\0', toString(RequestModel))] AS pairs,
-                             toString(Model) AS served, toUInt64(Requests) AS n
-                      FROM model_aliases {_WINDOW_HOURS.format(time="Hour")}
-                      UNION ALL
-                      SELECT [concat('\\1', toString(ServiceName), '\\0', toString(Model))] AS pairs,
-                             '\\0' AS served, toUInt64(Requests - Errors) AS n
-                      FROM rollup_requests_1h {_WINDOW_HOURS.format(time="Minute")}
-                        AND Requests > Errors
-                        AND Model IN (SELECT RequestModel FROM model_aliases {_WINDOW_HOURS.format(time="Hour")}))
-                ARRAY JOIN pairs AS pair
-                GROUP BY pair, served)
-          GROUP BY pair))"""
+    SELECT CAST((groupArray(concat(service, '\\0', alias)), groupArray(served)), 'Map(String, String)')
+    FROM (SELECT service, alias,
+                 if(argMaxIf(served, (n, served), served != '\\0') AS here != '', here,
+                    if(sumIf(n, served = '\\0') > 0, '', any(fleet))) AS served
+          FROM (SELECT service, alias, served, n,
+                       argMaxIf(served, (fleet_n, served), served != '\\0') OVER (PARTITION BY alias) AS fleet
+                FROM (SELECT service, alias, served, n, sum(n) OVER (PARTITION BY alias, served) AS fleet_n
+                      FROM ({_EVIDENCE})))
+          GROUP BY service, alias)
+    WHERE served != '')"""
 
 
 def served_model_sql(*, service: str = "ServiceName", model: str = "Model", request_model: str = "RequestModel") -> str:
@@ -71,9 +77,4 @@ def served_model_sql(*, service: str = "ServiceName", model: str = "Model", requ
     # refused request asked for).
     asked = f"({request_model} = '' OR {model} = {request_model})"
     pair = f"concat(toString({service}), '\\0', toString({model}))"
-    fleet = f"concat('\\0\\0', toString({model}))"
-    itself = f"concat('\\1', toString({service}), '\\0', toString({model}))"
-    # The engine computes one scalar subquery once per query, however often it appears.
-    here, there = f"{_ANSWERED}[{pair}]", f"{_ANSWERED}[{fleet}]"
-    return (f"if({asked}, multiIf({here} != '', {here}, {_ANSWERED}[{itself}] = '' AND {there} != '', {there}, "
-            f"toString({model})), toString({model}))")
+    return (f"if({asked}, ifNull(nullIf({_ANSWERED}[{pair}], ''), toString({model})), toString({model}))")
