@@ -153,17 +153,20 @@ def test_triggers_lists_active_first_and_opens_the_linked_episode(pages, store, 
     source = data.DataSource(settings, store)
 
     # list_triggers puts chat-api first (detected later); the page puts the active one first.
-    episode_id, listed, selected = triggers.fetch(source, data.Filters(), embed["id"], None)
+    episode_id, listed, selected, evaluated = triggers.fetch(source, data.Filters(), embed["id"], None)
+    assert evaluated == hour  # the history's last window
     assert [t["id"] for t in listed] == [embed["id"], chat["id"]] and episode_id == embed["id"]
     errors, attempts = _errors(store, "embed-api", hour - HOUR, hour)  # the latest window's evidence
     assert (selected["evidence"]["errors"], selected["evidence"]["attempts"]) == (errors, attempts)
 
-    panel, total, listing, _ = triggers.render((episode_id, listed, selected), data.Filters())
+    panel, total, listing, _ = triggers.render((episode_id, listed, selected, evaluated), data.Filters())
     table = listing.children[0]
     evidence = json.loads(next(c for c in panel.children if getattr(c, "id", None) == "trg-evidence").children)
     assert evidence == selected["evidence"]
     assert panel.children[0].children == "error_rate_spike · service=embed-api"
-    assert total == "2 episodes, 1 active"
+    assert total == f"2 episodes, 1 active; trigger windows evaluated up to {hour:%Y-%m-%d %H:%M} UTC"
+    assert triggers.totals([], None) == ("No episode in this window; no trigger window evaluated yet (the analytics "
+                                         "role evaluates each one as it closes).")
     first, second = (texts(row) for row in table.children[1].children)
     assert first[:4] == ["error_rate_spike", "service=embed-api", "active", embed["severity"]]
     assert first[4] == f"{hour - 4 * HOUR:%Y-%m-%d %H:%M} UTC" and first[6] == "—"
@@ -171,10 +174,10 @@ def test_triggers_lists_active_first_and_opens_the_linked_episode(pages, store, 
     assert table.children[1].children[0].children[0].children.href == f"/triggers?id={embed['id']}"
 
     # A service filter leaves the other service's episode out, not the linked one.
-    _, listed, selected = triggers.fetch(source, data.Filters(service="chat-api"), embed["id"], None)
+    _, listed, selected, _ = triggers.fetch(source, data.Filters(service="chat-api"), embed["id"], None)
     assert [t["id"] for t in listed] == [chat["id"]] and selected["id"] == embed["id"]
     # Outside the window (resolved 2 h ago, the last hour shown) the link still finds it.
-    _, listed, selected = triggers.fetch(source, data.Filters(range="1h"), chat["id"], None)
+    _, listed, selected, _ = triggers.fetch(source, data.Filters(range="1h"), chat["id"], None)
     assert [t["id"] for t in listed] == [embed["id"]] and selected["id"] == chat["id"]
     missing = triggers.render(triggers.fetch(source, data.Filters(), "nope", None), data.Filters())[0]
     assert missing.children == "No trigger episode with id nope."

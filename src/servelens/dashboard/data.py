@@ -354,6 +354,10 @@ class DataSource:
         found = triggers_engine.list_triggers(self._store, params["since"], params["until"], state)
         return access.visible_triggers(self.principal, found)
 
+    def triggers_evaluated_until(self) -> datetime | None:
+        """The end of the last trigger window evaluated (by any runner), or None."""
+        return triggers_engine.last_evaluated(self._store)
+
     def trigger(self, episode_id: str) -> dict[str, Any] | None:
         """The episode with this id whenever it ran: an alert's link outlives any time range."""
         found = triggers_engine.get_trigger(self._store, episode_id)

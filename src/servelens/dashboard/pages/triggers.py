@@ -104,11 +104,15 @@ def episodes_table(triggers: list[dict[str, Any]]) -> html.Div:
     return html.Div(children)
 
 
-def totals(triggers: list[dict[str, Any]]) -> str:
+def totals(triggers: list[dict[str, Any]], evaluated_until: datetime | None = None) -> str:
+    """How many episodes, and up to when the trigger windows were evaluated: an empty list
+    reads differently when nothing has been evaluated yet."""
+    until = (f"trigger windows evaluated up to {evaluated_until:%Y-%m-%d %H:%M} UTC" if evaluated_until
+             else "no trigger window evaluated yet (the analytics role evaluates each one as it closes)")
     if not triggers:
-        return ""
+        return f"No episode in this window; {until}."
     active = sum(t["state"] == "active" for t in triggers)
-    return f"{len(triggers)} episode{'s' if len(triggers) != 1 else ''}, {active} active"
+    return f"{len(triggers)} episode{'s' if len(triggers) != 1 else ''}, {active} active; {until}"
 
 
 def layout(**query: str) -> html.Div:
@@ -130,12 +134,12 @@ def fetch(source: data.DataSource, filters: data.Filters, episode_id: str | None
     selected = None
     if episode_id:  # the linked episode whatever the filters: the alert named it
         selected = next((t for t in listed if t["id"] == episode_id), None) or source.trigger(episode_id)
-    return episode_id or "", listed, selected
+    return episode_id or "", listed, selected, source.triggers_evaluated_until()
 
 
 def render(fetched: tuple, filters: data.Filters) -> tuple:
-    episode_id, listed, selected = fetched
-    return (episode_panel(episode_id, selected), totals(listed),
+    episode_id, listed, selected, evaluated_until = fetched
+    return (episode_panel(episode_id, selected), totals(listed, evaluated_until),
             episodes_table(listed), updated_line(filters))
 
 
