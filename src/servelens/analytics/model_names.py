@@ -40,7 +40,7 @@ _EVIDENCE = f"""
                  toUInt64(Requests) AS n
           FROM model_aliases {_WINDOW_HOURS.format(time="Hour")}
           UNION ALL
-          SELECT toString(ServiceName), toString(Model), '\\0', toUInt64(toUInt64(Requests) - least(toUInt64(Errors), toUInt64(Requests)))
+          SELECT toString(ServiceName), toString(Model), '\\0', toUInt64(Requests - Errors)
           FROM rollup_requests_1h {_WINDOW_HOURS.format(time="Minute")}
             AND Model IN (SELECT RequestModel FROM model_aliases {_WINDOW_HOURS.format(time="Hour")}))
     GROUP BY service, alias, served"""

@@ -92,12 +92,9 @@ def with_demo_defaults(settings: Settings) -> Settings:
     update: dict[str, Any] = {}
     if not settings.pricing.models:
         update["pricing"] = PricingConfig.model_validate(DEMO_CONFIG["pricing"])
-    if not settings.deployments:
-        update["deployments"] = [DeploymentConfig.model_validate(d) for d in DEMO_CONFIG["deployments"]]
-    if not settings.slos:
-        update["slos"] = [SloConfig.model_validate(s) for s in DEMO_CONFIG["slos"]]
-    if not settings.spend_budgets:
-        update["spend_budgets"] = [SpendBudget.model_validate(b) for b in DEMO_CONFIG["spend_budgets"]]
+    for key, model in (("deployments", DeploymentConfig), ("slos", SloConfig), ("spend_budgets", SpendBudget)):
+        if not getattr(settings, key):
+            update[key] = [model.model_validate(entry) for entry in DEMO_CONFIG[key]]
     return settings.model_copy(update=update)
 
 
