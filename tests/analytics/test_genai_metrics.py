@@ -78,7 +78,7 @@ def traffic(otlp_http: str) -> dict[str, list[float]]:
     neither. Returns the TTFT values each histogram recorded."""
     rng = random.Random(11)
     send(otlp_http, spans("svc-a", "m-a", 40, True, rng) + spans("svc-b", "m-b", 30, False, rng, ("acme", "globex"))
-         + spans("svc-c", "m-c", 30, False, rng) + spans("svc-d", "m-d", 10, False, rng), senders=2)
+         + spans("svc-c", "m-c", 30, False, rng) + spans("svc-d", "m-d", 10, False, rng), senders=2, batched=True)
 
     # B, cumulative (the SDK's default): the second export repeats the first's 45 values.
     # Adding the two snapshots would put p50 in the upper bucket instead of the lower one.

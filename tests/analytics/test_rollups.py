@@ -20,6 +20,8 @@ from servelens.analytics import sql
 from servelens.analytics.reports.registry import run
 from servelens.analytics.sources import requests as loader
 from servelens.analytics.sources import rollups
+from servelens.core.migrate import migrate
+from servelens.core.store import Store
 
 pytestmark = pytest.mark.integration
 
@@ -63,8 +65,19 @@ def _write_spans(store, models=MODELS, n=N, first=0) -> None:
         FROM numbers({first}, {n})""")
 
 
+@pytest.fixture(scope="module")
+def loaded(databases, engine_dir):
+    """One database of the spans for the module's tests that only read them (a worker
+    writes them once: 3-4 s a test otherwise); a test that adds rows takes `own_loaded`."""
+    store = Store(f"chdb://{engine_dir}", databases.fresh())
+    migrate(store.client())
+    _write_spans(store)
+    yield store
+    store.client().command(f"DROP DATABASE IF EXISTS `{store.database}`")
+
+
 @pytest.fixture
-def loaded(store):
+def own_loaded(store):
     _write_spans(store)
     return store
 
@@ -207,7 +220,8 @@ def test_configured_price_change(loaded, make_settings, hour, minute, tables) ->
     assert after["cost_per_request_usd"] < 0.5 * before["cost_per_request_usd"]  # the new price applies
 
 
-def test_time_of_day_prices_read_from_the_quarter_hours(loaded, make_settings) -> None:
+def test_time_of_day_prices_read_from_the_quarter_hours(own_loaded, make_settings) -> None:
+    loaded = own_loaded
     """Models the catalog prices by time of day (off-peak hours) come from the quarter
     hours, the rest from day and six-hour rows, in one answer equal to the raw rows'."""
     _write_spans(loaded, models=(("deepseek-chat", "deepseek"), ("gpt-4o", "openai")), n=6_000, first=N)
@@ -617,13 +631,14 @@ ON_GRID, OFF_GRID = [1000, 4000, 16000, 64000], [100, 1000, 128000]
 @pytest.mark.parametrize("window, bounds", [(WINDOWS[0], ON_GRID), (WINDOWS[1], ON_GRID), (WINDOWS[2], ON_GRID),
                                             (WINDOWS[1], OFF_GRID)],
                          ids=["all", "off-grain", "under-an-hour", "off-grain-edge-off-grid"])
-def test_context_sizes_equal_with_and_without_rollups(loaded, make_settings, window, bounds) -> None:
+def test_context_sizes_equal_with_and_without_rollups(own_loaded, make_settings, window, bounds) -> None:
     """Per size class, requests equal to the raw rows' exactly and the latency percentiles
     within 1 % of an exact value at most one rank from the percentile; per service, the
     requests and input tokens of the parts' rows equal. An edge off the buckets' grid
     (128k) reads raw rows, the same answer."""
     from servelens.analytics.sources import context
 
+    loaded = own_loaded
     _write_edge_spans(loaded)
     sketch = make_settings(context={"size_bounds": bounds}, analytics={"exact_quantiles_up_to": 0})
     exact = make_settings(context={"size_bounds": bounds}, analytics={"use_rollups": False})

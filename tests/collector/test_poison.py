@@ -25,10 +25,11 @@ from opentelemetry.proto.metrics.v1 import metrics_pb2
 
 from servelens.app.cli import main
 from servelens.collector.mapping.engine_spans import _varint
+from servelens.collector.pipeline import replay
 from servelens.collector.pipeline.spool import Spool
 from servelens.collector.pipeline.writer import Writer, WriterSettings
 from servelens.collector.service import Collector
-from servelens.core.migrate import migrate
+from servelens.core.migrate import discover, migrate
 from servelens.core.store import Store
 from tests.collector.otlp_payloads import kv, llm_request
 
@@ -53,16 +54,22 @@ def count(store: Store, table: str = "otel_traces", where: str = "1") -> int:
 
 
 @pytest.fixture
-def start(make_settings, tmp_path) -> Iterator:
-    """start(**collector settings) -> (collector, store, traces URL); stopped and dropped after."""
+def start(make_settings, tmp_path, databases, monkeypatch) -> Iterator:
+    """start(**collector settings) -> (collector, store, traces URL); stopped after, and its
+    database handed on to a later test where its schema is still the migrated one (one a
+    test added a constraint or a view to is dropped: conftest._Databases)."""
     started: list[tuple[Collector, Store]] = []
+    # A released batch is looked for every RESCAN_SECONDS once logged that long ago
+    # (replay.Replayer._released): within a second here, not up to ten.
+    monkeypatch.setattr(replay, "RESCAN_SECONDS", 1.0)
 
     def run(retention_days: int = 30, **collector: object) -> tuple[Collector, Store, str]:
         n = time.time_ns()
         settings = make_settings(collector=collector, data_dir=str(tmp_path / f"data{n}"),
-                                 store={"database": f"p_{n}", "retention_days": retention_days})
+                                 store={"database": databases.take(), "retention_days": retention_days})
         store = Store(settings.store_url, settings.store.database)
-        migrate(store.client())
+        if len(migrate(store.client())) == len(discover()):
+            databases.learn(store)
         c = Collector(settings, store)
         c.start()
         started.append((c, store))
@@ -71,7 +78,7 @@ def start(make_settings, tmp_path) -> Iterator:
     yield run
     for c, store in started:
         c.shutdown()
-        store.client().command(f"DROP DATABASE IF EXISTS `{store.database}`")
+        databases.give_back(store.database)
 
 
 def settle(collector: Collector, timeout: float = 60.0) -> None:

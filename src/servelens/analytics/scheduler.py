@@ -30,7 +30,7 @@ from servelens.analytics import memo, quality_hours, span_hours
 from servelens.analytics.leases import Leases, aligned, heartbeat, runner_alive, runner_id
 from servelens.analytics.query import DEFAULT_WINDOW, ReportQuery, iso
 from servelens.analytics.reports import registry as reports
-from servelens.analytics.triggers.engine import active_triggers, evaluate_due
+from servelens.analytics.triggers.engine import active_triggers, catch_up
 from servelens.core import priority
 from servelens.core.config import Settings
 from servelens.core.store import StoreLike
@@ -150,8 +150,13 @@ class Scheduler:
                     self._dispatcher.restore(active_triggers(self._store))
         else:
             heartbeat(self._store, self._owner, now)
+        started = time.perf_counter()
         self.last = run_all(self._store, self._settings, now=now, scheduled=True, owner=self._owner, stop=self._stop)
-        evaluate_due(self._store, self._settings, self._dispatcher, owner=self._owner, now=now, stop=self._stop)
+        windows = catch_up(self._store, self._settings, self._dispatcher, owner=self._owner, now=now,
+                           stop=self._stop)["windows"]
+        reports_run = sum(1 for job in self.last["jobs"].values() if not job.get("skipped"))
+        log.info("analytics run until %s: %d jobs, %d trigger windows evaluated, in %.1f s",
+                 self.last["until"], reports_run, len(windows), time.perf_counter() - started)
         if self._dispatcher is not None and not self._stop.is_set():
             self._dispatcher.retain({t["id"] for t in active_triggers(self._store)})
 

@@ -132,13 +132,6 @@ def due_windows(settings: Settings, now: datetime, last: datetime | None,
     return [first + i * window for i in range(count)][-settings.triggers.catch_up:]
 
 
-def evaluate_due(store: StoreLike, settings: Settings, dispatcher: episodes.Publisher | None = None, *,
-                 owner: str | None = None, now: datetime | None = None,
-                 stop: threading.Event | None = None) -> list[dict[str, Any]]:
-    """The trigger objects changed by `catch_up`'s windows."""
-    return catch_up(store, settings, dispatcher, owner=owner, now=now, stop=stop)["changes"]
-
-
 def catch_up(store: StoreLike, settings: Settings, dispatcher: episodes.Publisher | None = None, *,
              owner: str | None = None, now: datetime | None = None,
              stop: threading.Event | None = None) -> dict[str, Any]:
