@@ -1,8 +1,8 @@
 """Process assembly: which components each command runs, in what order they start and stop.
 
-Start order follows the data (store -> writer/receivers -> analytics -> dashboard -> demo
-traffic); stop order is the reverse, so the collector flushes everything it acknowledged
-before the process exits.
+Start order follows the data (store -> writer/receivers -> [the demo's history, stored] ->
+analytics -> dashboard -> demo traffic); stop order is the reverse, so the collector
+flushes everything it acknowledged before the process exits.
 """
 
 from __future__ import annotations
@@ -157,6 +157,13 @@ def run(command: str, settings: Settings, demo: bool = False, once: bool = False
             collector.start()
             components.append(collector)
             ports.update(collector.ports)
+        traffic = None
+        if demo and command == "up" and collector is not None:
+            # The history is stored before the analytics and the dashboard start: their first
+            # answers (a window is evaluated once; the landing page is kept warm) would
+            # otherwise be of a store holding part of it, or none.
+            traffic = _demo_history(settings, collector)
+            components.append(traffic)
         dispatcher = None
         role = scheduler_role(command, settings)
         if role is not None:
@@ -198,16 +205,7 @@ def run(command: str, settings: Settings, demo: bool = False, once: bool = False
         print(" ".join(f"{k}={v}" for k, v in ports.items()), flush=True)
         if "ui" in ports:
             print(f"servelens dashboard: {dashboard_url(settings, ports['ui'])}", flush=True)
-        if demo and command == "up":
-            from servelens.core.tls import pinned_client_context
-            from servelens.demo.traffic import UP_RATE_PER_S, DemoTraffic
-
-            # the receiver speaks TLS only where a certificate is set: the demo trusts exactly that one
-            tls = pinned_client_context(settings.tls_cert) if settings.tls_cert else None
-            traffic = DemoTraffic(f"{'https' if tls else 'http'}://127.0.0.1:{ports['otlp-http']}",
-                                  rate_per_s=UP_RATE_PER_S, tls=tls)
-            components.append(traffic)
-            traffic.backfill(minutes=120, max_traces=None)  # two hours of history, so every chart has a shape
+        if traffic is not None:
             traffic.start()
             print("demo traffic: sending to the OTLP/HTTP receiver (Ctrl-C to stop)", flush=True)
         while not stop.wait(0.5):
@@ -220,6 +218,23 @@ def run(command: str, settings: Settings, demo: bool = False, once: bool = False
                 log.exception("error stopping %s", type(component).__name__)
         store.close()
     return 0
+
+
+def _demo_history(settings: Settings, collector: Any) -> Any:
+    """The demo's traffic, its two hours of history sent (so every chart has a shape) and
+    stored."""
+    from servelens.core.tls import pinned_client_context
+    from servelens.demo.traffic import UP_RATE_PER_S, DemoTraffic
+
+    # the receiver speaks TLS only where a certificate is set: the demo trusts exactly that one
+    tls = pinned_client_context(settings.tls_cert) if settings.tls_cert else None
+    traffic = DemoTraffic(f"{'https' if tls else 'http'}://127.0.0.1:{collector.ports['otlp-http']}",
+                          rate_per_s=UP_RATE_PER_S, tls=tls)
+    print("demo traffic: storing two hours of history", flush=True)
+    traffic.backfill(minutes=120, max_traces=None)
+    if not collector.flush():
+        log.warning("demo traffic: the history is not all stored yet; the first answers may miss part of it")
+    return traffic
 
 
 def _analytics_once(store: Store, settings: Settings) -> int:

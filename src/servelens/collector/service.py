@@ -59,6 +59,11 @@ class Collector:
         self.scrapers.start()
         log.info("collector listening: otlp-grpc=%d otlp-http=%d", self.grpc.port, self.http.port)
 
+    def flush(self, timeout: float = 60.0) -> bool:
+        """Wait until every request answered so far is in the store (in write-ahead mode
+        its rows may still be in the log); False on timeout."""
+        return self.writer.force_flush(timeout) and self.writer.drain_spool(timeout)
+
     def shutdown(self, timeout: float = 10.0) -> None:
         """Receivers first (in-flight requests finish), then the writer flushes what was accepted."""
         self.scrapers.shutdown(timeout)
