@@ -206,6 +206,42 @@ def test_self_hosted_requests_cost_their_share_of_the_gpu_bill_as_the_cost_repor
         store.client().command(f"DROP DATABASE IF EXISTS `{settings.store.database}`")
 
 
+def test_an_older_traces_self_hosted_share_is_of_the_day_up_to_its_hours_end(make_settings):
+    """A trace whose hour has ended shares the GPU cost of the 24 hours up to that hour's
+    end (the hours' grid: stored hours only), as the cost report prices that window; a
+    trace in the running hour, of the 24 hours up to now."""
+    from datetime import datetime, timedelta, timezone
+
+    settings = make_settings(deployments=[{"name": "gpu-svc", "gpus": {"count": 2}, "gpu_hourly_usd": 2.0}])
+    store = Store(settings.store_url, settings.store.database)
+    migrate(store.client())
+    now = datetime.now(timezone.utc)
+    at = now.replace(minute=20, second=0, microsecond=0) - timedelta(hours=3)  # two requests at hh:20 and hh:21
+    try:
+        store.client().command(f"""
+            INSERT INTO otel_traces (Timestamp, TraceId, SpanId, ParentSpanId, SpanName, SpanKind, ServiceName,
+                                     SpanAttributes, Duration, StatusCode)
+            SELECT fromUnixTimestamp64Nano(toInt64({int(at.timestamp())} + 60 * (number % 2)) * 1000000000),
+                   repeat(['d', 'e'][1 + intDiv(number, 2)], 32), concat('s', toString(number)), '',
+                   'chat', 'SPAN_KIND_CLIENT', 'gpu-svc',
+                   map('gen_ai.operation.name', 'chat', 'gen_ai.request.model', 'llama-3-8b',
+                       'gen_ai.usage.input_tokens', toString(1000 * (number + 1)), 'gen_ai.usage.output_tokens', '100'),
+                   1000000000, 'STATUS_CODE_OK'
+            FROM numbers(4)""")
+        hour_end = at.replace(minute=0) + timedelta(hours=1)
+        window = traces_search.cost_window(at + timedelta(minutes=1), now=now)
+        assert (window.since, window.until) == (hour_end - timedelta(days=1), hour_end)
+        running = traces_search.cost_window(now - timedelta(seconds=5), now=now)
+        assert running.until == now
+        (row,) = reports.run("cost", store, settings, {"by": "deployment", "since": window.since.isoformat(),
+                                                        "until": hour_end.isoformat()})["rows"]
+        shares = [s["request"]["cost_usd"] for t in ("d", "e") for s in traces_search.get_trace(store, settings,
+                                                                                              t * 32)["spans"]]
+        assert sum(shares) == pytest.approx(row["cost_usd"]) and row["cost_usd"] == pytest.approx(2 * 24 * 2.0)
+    finally:
+        store.client().command(f"DROP DATABASE IF EXISTS `{settings.store.database}`")
+
+
 # --- API: search ------------------------------------------------------------------------------
 
 def _search(dashboard, **params: Any) -> list[dict[str, Any]]:

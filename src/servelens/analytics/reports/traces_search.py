@@ -307,14 +307,22 @@ def get_trace(store: StoreLike, settings: Settings, trace_id: str) -> dict[str, 
         return None
     requests = [r for r in rows if r["is_request"]]
     times = [_utc(r["timestamp"]) for r in requests]
-    # Self-hosted requests share the GPU cost of the report window that ends with the
-    # trace's last request (just after it: the window is half-open).
-    window = ReportQuery.from_params({"until": max(times) + timedelta(microseconds=1)}) if times else None
+    window = cost_window(max(times)) if times else None
     costs = cost.request_costs(store, settings, window, [{**r, "timestamp": t} for r, t in zip(requests, times)]) \
         if window else []
     priced = {id(r): c for r, c in zip(requests, costs)}
     spans = [_span(r, _request(r, priced[id(r)]) if r["is_request"] else None) for r in rows]
     return {"trace_id": trace_id, "spans": waterfall(spans), "truncated": len(rows) >= MAX_SPANS}
+
+
+def cost_window(last: datetime, now: datetime | None = None) -> ReportQuery:
+    """The report window whose GPU cost a trace's self-hosted requests share: the 24 hours
+    up to the end of the hour of its last request (up to now while that hour runs). On the
+    hours' grid it reads the stored GPU and request hours alone; a window ending at the
+    request itself read raw samples at both edges too (BENCHMARKS.md, "One trace by id at
+    100 M")."""
+    hour_end = last.replace(minute=0, second=0, microsecond=0) + timedelta(hours=1)
+    return ReportQuery.from_params({"until": min(hour_end, now or datetime.now(timezone.utc))})
 
 
 def _request(r: dict[str, Any], cost_usd: float | None) -> dict[str, Any]:
