@@ -35,6 +35,8 @@ WINDOWS = [
     (timedelta(minutes=10, seconds=5), timedelta(minutes=10, seconds=50)),
     (timedelta(minutes=20, seconds=31), timedelta(minutes=21, seconds=29)),
     (timedelta(hours=-3), timedelta(hours=-1)),
+    # on the hours' grid: the stored hours alone (sources.gpus._rows)
+    (timedelta(minutes=(60 - T0.minute) % 60), timedelta(minutes=(60 - T0.minute) % 60 + 60)),
 ]
 
 
@@ -126,7 +128,7 @@ def approx(value):
 
 
 @pytest.mark.parametrize("window", WINDOWS, ids=["aligned", "edges-inside-minutes", "inside-a-minute",
-                                                 "across-one-boundary", "before-any-sample"])
+                                                 "across-one-boundary", "before-any-sample", "on-the-hours"])
 def test_utilization_matches_the_samples(make_settings, store, loaded, window) -> None:
     settings = make_settings(deployments=DEPLOYMENTS)
     since, until = T0 + window[0], T0 + window[1]
@@ -180,3 +182,13 @@ def test_the_hour_rollup_holds_the_minutes(store, loaded) -> None:
     hours = client.query(per.format(t="gpu_util_hours")).result_rows
     assert hours and hours == client.query(per.format(t="gpu_util_minutes")).result_rows
     assert client.command("SELECT count() FROM gpu_util_hours WHERE toMinute(Minute) != 0") == 0
+
+
+def test_a_window_on_the_hours_reads_the_stored_hours_alone(make_settings) -> None:
+    from servelens.analytics.sources import gpus
+
+    settings = make_settings(deployments=DEPLOYMENTS)
+    hour = T0.replace(minute=0) + timedelta(hours=1)
+    on, off = ReportQuery(hour, hour + timedelta(hours=2)), ReportQuery(hour, hour + timedelta(hours=2, minutes=1))
+    assert "gpu_util_hours" in gpus._rows(settings, q=on) and "gpu_samples" not in gpus._rows(settings, q=on)
+    assert "gpu_samples" in gpus._rows(settings, q=off)

@@ -82,11 +82,24 @@ _WITH_GR = f"""
     SELECT Host, GpuUuid FROM gpu_samples WHERE ({_EDGES}) AND GrEngineActive IS NOT NULL"""
 
 
-def _rows(settings: Settings, minutes: bool = False) -> str:
+# A window on the hours' grid has no edge: its hours alone (the query's plan is most of
+# its cost on a day's hours; BENCHMARKS.md, "One trace by id at 100 M").
+_WITH_GR_HOURS = _WITH_GR[:_WITH_GR.index("UNION ALL")]
+
+
+def _rows(settings: Settings, minutes: bool = False, q: ReportQuery | None = None) -> str:
     """SQL: the window's states of the busy metric each GPU is measured by (`minutes`:
-    each row one minute, for per-minute peaks and buckets under an hour)."""
+    each row one minute, for per-minute peaks and buckets under an hour). With `q` on the
+    hours' grid, from the stored hours alone."""
+    if not minutes and q is not None and _on_hours(q):
+        return gpu_busy_metric(settings.gpus.busy_metric, Fragment(HOURS, {}), Fragment(_WITH_GR_HOURS, {})).sql
     return gpu_busy_metric(settings.gpus.busy_metric, Fragment(_MINUTES if minutes else _STATES, {}),
                            Fragment(_WITH_GR, {})).sql
+
+
+def _on_hours(q: ReportQuery) -> bool:
+    b = q.bounds()
+    return b["since_ns"] % HOUR_NS == 0 and b["until_ns"] % HOUR_NS == 0 and b["since_ns"] < b["until_ns"]
 
 
 def busy_metric_of(column: str = "busy_metric") -> pl.Expr:
@@ -153,7 +166,7 @@ def per_gpu(store: StoreLike, settings: Settings, q: ReportQuery, p95: bool = Tr
                sum(UtilSum) / samples AS util_mean,
                {p95_sql} AS util_p95,
                sum(UtilSum) AS util_sum
-        FROM ({_rows(settings)})
+        FROM ({_rows(settings, q=q)})
         GROUP BY deployment, host, gpu
         ORDER BY deployment, host, gpu"""
     return memo.cached(full if p95 else _key("per_gpu_mean", store, settings, q),
