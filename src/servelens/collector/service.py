@@ -60,8 +60,8 @@ class Collector:
         log.info("collector listening: otlp-grpc=%d otlp-http=%d", self.grpc.port, self.http.port)
 
     def flush(self, timeout: float = 60.0) -> bool:
-        """Wait until every request answered so far is in the store (in write-ahead mode
-        its rows may still be in the log); False on timeout."""
+        """Wait until the rows of every request answered so far are in the store, not only
+        in the write-ahead log; False on timeout."""
         return self.writer.force_flush(timeout) and self.writer.drain_spool(timeout)
 
     def shutdown(self, timeout: float = 10.0) -> None:
