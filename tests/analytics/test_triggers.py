@@ -117,9 +117,10 @@ def test_a_stable_week_with_daily_swings_fires_nothing(store, make_settings) -> 
         insert(store, start, end, traffic, seed=seed, pass_rate=pass_rate)
     insert_gpus(store, start, end, "gpu-1", 0.6)
     recorder = Recorder()
-    # 24 windows, 7 h apart: every hour of the day once, over the whole second week.
-    for i in range(24):
-        got = engine.evaluate(store, settings, T0 + timedelta(days=7, hours=5 + 7 * i), recorder)
+    # 12 windows, 14 h apart: every other hour of the day, each day of the second week (the
+    # detection benchmark's clean weeks evaluate every hour: BENCHMARKS.md).
+    for i in range(12):
+        got = engine.evaluate(store, settings, T0 + timedelta(days=7, hours=5 + 14 * i), recorder)
         assert got == [], json.dumps(got, indent=1)
     assert recorder.sent == [] and all_triggers(store) == []
     examined: dict[str, int] = {}
