@@ -15,7 +15,7 @@ from typing import Any
 
 from servelens.core import allocator
 from servelens.core.config import ConfigError, Settings
-from servelens.core.migrate import discover, migrate
+from servelens.core.migrate import discover, migrate, recorded
 from servelens.core.retention import apply_retention
 from servelens.core.serving import WILDCARD_HOSTS
 from servelens.core.store import Store, is_embedded
@@ -58,7 +58,7 @@ def _unmigrated(store: Store) -> str | None:
     if not client.command("SELECT count() FROM system.tables WHERE database = currentDatabase() "
                           "AND name = 'servelens_migrations'"):
         return "holds no servelens schema"
-    done = {row[0] for row in client.query("SELECT DISTINCT version FROM servelens_migrations").result_rows}
+    done = recorded(client)
     behind = [m for m in discover() if m.version not in done]
     if behind:
         return f"lacks {len(behind)} of this version's migrations (the first: {behind[0].version:04d}_{behind[0].name})"

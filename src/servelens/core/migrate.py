@@ -76,6 +76,11 @@ def ledger_ddl(cluster: str | None = None, database: str = "") -> list[str]:
 def applied(client: Client, cluster: str | None = None, database: str = "") -> set[int]:
     for statement in ledger_ddl(cluster, database):
         client.command(statement)
+    return recorded(client)
+
+
+def recorded(client: Client) -> set[int]:
+    """The versions the ledger (which must exist) records as applied."""
     return {row[0] for row in client.query("SELECT DISTINCT version FROM servelens_migrations").result_rows}
 
 

@@ -71,20 +71,18 @@ _MINUTES = f"""
 
 
 # The GPUs with graphics-engine readings in the window: a cheaper pass than the readings'
-# (no collapsing: one non-null value is enough).
-_WITH_GR = f"""
+# (no collapsing: one non-null value is enough). A window on the hours' grid has no edge:
+# its hours alone (the query's plan is most of its cost on a day's hours; BENCHMARKS.md,
+# "One trace by id at 100 M").
+_WITH_GR_HOURS = """
     SELECT Host, GpuUuid FROM gpu_util_hours
-    WHERE Minute >= toDateTime({{full_since_h_s:Int64}}) AND Minute < toDateTime({{full_until_h_s:Int64}})
-      AND BusyMetric = 'gr_engine_active'
+    WHERE Minute >= toDateTime({full_since_h_s:Int64}) AND Minute < toDateTime({full_until_h_s:Int64})
+      AND BusyMetric = 'gr_engine_active'"""
+_WITH_GR = f"""{_WITH_GR_HOURS}
     UNION ALL
     SELECT Host, GpuUuid FROM gpu_util_minutes WHERE {_EDGE_MINUTES} AND BusyMetric = 'gr_engine_active'
     UNION ALL
     SELECT Host, GpuUuid FROM gpu_samples WHERE ({_EDGES}) AND GrEngineActive IS NOT NULL"""
-
-
-# A window on the hours' grid has no edge: its hours alone (the query's plan is most of
-# its cost on a day's hours; BENCHMARKS.md, "One trace by id at 100 M").
-_WITH_GR_HOURS = _WITH_GR[:_WITH_GR.index("UNION ALL")]
 
 
 def _rows(settings: Settings, minutes: bool = False, q: ReportQuery | None = None) -> str:
