@@ -91,7 +91,7 @@ def test_every_kind_keeps_its_keys_and_defaults() -> None:
     assert {k: sorted(type(getattr(t, k)).model_fields) for k in FIELDS_BEFORE} == FIELDS_BEFORE
     assert (t.low_utilization, t.low_utilization_critical, t.low_utilization_min_samples) == (0.30, 0.10, 20)
     assert (t.window, t.baseline, t.pool_windows, t.resolve_after) == (timedelta(hours=1), timedelta(days=7), 6, 2)
-    assert t.queue_wait_growth.min_increase == timedelta(milliseconds=10) and t.queue_wait_growth.windows == 6
+    assert t.queue_wait_growth.min_increase == timedelta(milliseconds=5) and t.queue_wait_growth.windows == 6
     assert (t.p99_drift.min_rise, t.p99_drift.alpha, t.p99_drift.min_baseline) == (0.3, 1e-3, 1000)
     assert (t.error_rate_spike.pool_for_rate, t.error_rate_spike.min_errors) == (0.05, 10)
     assert t.quality_regression.fdr == 1e-4 and t.quality_regression.keys[0] == "task_type"

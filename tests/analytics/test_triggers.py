@@ -11,6 +11,7 @@ once while the change lasts (not one per window), and resolves once after it cle
 from __future__ import annotations
 
 import json
+import math
 import threading
 import time
 from dataclasses import replace
@@ -209,6 +210,30 @@ def test_a_queue_climbing_since_before_the_series_is_growth_over_its_usual(store
     (found,) = [f for f in findings if f.subject == {"deployment": "batch"}]
     assert found.evidence["baseline"] == "like_hours"
     assert found.evidence["growth"] < 0.5, found.summary  # over the first window
+    assert found.firing, found.summary
+
+
+def test_a_busier_like_day_does_not_hide_a_small_queues_growth(store, make_settings) -> None:
+    """Two like days, the second half as busy again as the first at every hour (a burst or
+    a busier day): their mean would put the usual level a quarter above the quieter day,
+    and a queue now 1.75x that day's level would read 1.4x, under min_growth. The usual
+    level is the lower median, the quieter day; and the rise, about 7 ms on a p95 of about
+    10 ms, is over min_increase."""
+    settings = make_settings(triggers={"baseline": "2d"})
+    base = Traffic(service="batch-svc", deployment="batch", per_hour=2000, diurnal=0.0, queue_s=0.006)
+    start = T0 + timedelta(days=2)
+    insert(store, T0, T0 + timedelta(days=1), base)
+    insert(store, T0 + timedelta(days=1), start, replace(base, queue_s=0.009), seed=1)
+    for i in range(6):
+        insert(store, start + i * HOUR, start + (i + 1) * HOUR,
+               replace(base, queue_s=0.006 * (1 + 0.125 * (i + 1))), seed=30 + i)
+    at = engine.window_at(settings, start + 6 * HOUR)
+    findings, _, _ = engine.run_detectors(store, settings, at, ["queue_wait_growth"])
+    (found,) = [f for f in findings if f.subject == {"deployment": "batch"}]
+    quiet_p95_ms = 6 * math.exp(0.3 * 1.645)  # the quieter day's queue p95 (lognormal, sigma 0.3)
+    assert found.evidence["baseline"] == "like_hours"
+    assert all(abs(u / quiet_p95_ms - 1) < 0.1 for u in found.evidence["usual_p95_ms"]), found.evidence
+    assert 5 <= found.evidence["rise_ms"] < 10, found.summary
     assert found.firing, found.summary
 
 
