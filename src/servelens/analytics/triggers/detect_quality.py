@@ -284,16 +284,16 @@ def quality_regression(store: StoreLike, settings: Settings, at: Evaluation) -> 
     cfg = settings.triggers.quality_regression
     since = at.until - cfg.windows * (at.until - at.since)
     keys = list(cfg.keys)
-    current = quality.slice_table(store, settings, since, at.until, keys)
+    most = max(cfg.windows, settings.triggers.pool_windows)
+    # The window and the wider span it pools into, from one reading of the wider span.
+    current, *wide = quality.slice_tables(store, settings, [since, *([at.until - most * (at.until - at.since)]
+                                                                     if most > cfg.windows else [])], at.until, keys)
     baseline = quality.slice_table(store, settings, since - settings.triggers.baseline, since, keys)
     if current.is_empty() or baseline.is_empty():
         return []
-    wider, most = None, max(cfg.windows, settings.triggers.pool_windows)
-    if most > cfg.windows:
-        # The baseline stays the shorter span's: the few windows it then shares with the wider
-        # span's (of 7 days) can only hide a drop, never make one, and it saves a second scan.
-        wider = (quality.slice_table(store, settings, at.until - most * (at.until - at.since), at.until, keys),
-                 baseline)
+    # The baseline stays the shorter span's: the few windows it then shares with the wider
+    # span's (of 7 days) can only hide a drop, never make one, and it saves a second scan.
+    wider = (wide[0], baseline) if wide else None
     tested = regressions(current, baseline, cfg, wider, most)
     findings = []
     for r in tested:
