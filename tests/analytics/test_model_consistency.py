@@ -64,6 +64,19 @@ def test_a_small_route_is_pooled_but_not_judged() -> None:
     assert lone[0]["test"] is None and "fewer than" in lone[0]["reason"] and not lone[0]["odd"]
 
 
+def test_a_sizeable_route_too_small_to_judge_stays_out_of_the_rest() -> None:
+    # A thin service's first windows (no span pooling allows holds the minimum in two routes
+    # with the rest under a tenth): the route that moved to the new version for two of its
+    # three windows is 98 requests, one short of judging; in eu-west's rest it made a route
+    # still on the old version look odd (bench: night-only, 100/h, Saturday 01:00).
+    counts = {"us-east": {OLD: 33, NEW: 65}, "eu-west": {OLD: 100}, "ap-south": {OLD: 99}}
+    results = judge(counts, CFG)
+    assert odd(results) == [] and [r["route"] for r in results] == ["eu-west"]
+    assert results[0]["rest_routes"] == [] and results[0]["test"] is None
+    # Under a tenth of the service, an unjudged route is in the others' rest as before.
+    assert judge({"a": {OLD: 500}, "b": {OLD: 500}, "tiny": {NEW: 40}}, CFG)[0]["rest_routes"] == ["b", "tiny"]
+
+
 def test_a_significant_but_small_difference_does_not_fire() -> None:
     # 8 points on large routes: significant, under min_share.
     results = judge({"a": {OLD: 9200, NEW: 800}, "b": {OLD: 10000}, "c": {OLD: 10000}}, CFG)

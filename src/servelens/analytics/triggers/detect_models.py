@@ -29,7 +29,8 @@ A thin service (a few dozen requests an hour) is judged over the fewest trailing
 up to `triggers.pool_windows`, in which two of its routes hold `min_requests` each (a
 route to test and a rest to test it against) and the routes still short of it hold under
 a tenth of its requests (`pooled_windows`), chosen on the counts alone before any test
-(analytics/triggers/pooling.py); the evidence says how many windows.
+(analytics/triggers/pooling.py); the evidence says how many windows. Where no span does
+(its first windows), the routes short of the minimum are left out of the rests.
 """
 
 from __future__ import annotations
@@ -134,18 +135,24 @@ def judge(counts: dict[str, dict[str, int]], cfg: Any) -> list[dict[str, Any]]:
     if len(routes) < 2 or not tested:
         return []
     tests = len(tested) * len(_pool(counts, routes))  # Bonferroni: every (route, version) test
+    # The routes too small to judge are in the others' rest only while they hold under
+    # UNJUDGED_SHARE of the service (as pooling chose the span): where no span gave that
+    # (a thin service's first windows), a sizeable one that moved to another version made
+    # the routes that had not look odd.
+    total = sum(sum(m.values()) for m in counts.values())
+    short = sum(sum(counts[r].values()) for r in routes if r not in tested)
+    restable = routes if short < UNJUDGED_SHARE * total else tested
     odd: list[str] = []
     result: dict[str, dict[str, Any]] = {}
     while True:
         for r in tested:
             if r not in odd:
-                rest = [x for x in routes if x != r and x not in odd]
+                rest = [x for x in restable if x != r and x not in odd]
                 result[r] = {**compare(counts[r], _pool(counts, rest), cfg, tests), "rest_routes": rest}
         candidates = [r for r in tested if r not in odd and result[r]["differs"]]
         if not candidates:
             break
         odd.append(min(candidates, key=lambda r: (-abs(result[r]["difference"]), result[r]["requests"], r)))
-    total = sum(sum(m.values()) for m in counts.values())
     consensus = sum(sum(counts[r].values()) for r in routes if r not in odd)
     return [{"route": r, **result[r], "odd": r in odd, "odd_routes": odd, "tests": tests,
              "consensus_share": consensus / total if total else None} for r in tested]
