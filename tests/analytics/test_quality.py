@@ -197,6 +197,29 @@ def test_slice_table_matches_what_was_sent(otlp_http, store, settings) -> None:
 
 
 @pytest.mark.integration
+def test_slice_tables_read_the_longest_span_once_and_equal_slice_table(otlp_http, settings, counting_store) -> None:
+    """quality_regression's window and the wider span it pools into: one reading, cut."""
+    send_calls(otlp_http, MIXED)
+    until = datetime.now(timezone.utc) + timedelta(minutes=1)
+    grid = datetime.fromtimestamp(int(until.timestamp()) // 900 * 900, tz=timezone.utc)
+    keys = ["task_type", "language"]
+    starts = [grid - timedelta(minutes=15), grid - timedelta(hours=2)]
+    before = counting_store.queries
+    tables = quality.slice_tables(counting_store, settings, starts, until, keys)
+    once = counting_store.queries - before
+    quality.slice_table(counting_store, settings, starts[1], until, keys, bucket_s=3600)  # the longest span alone
+    assert once >= 1 and once == counting_store.queries - before - once
+    for start, table in zip(starts, tables):
+        assert table.equals(quality.slice_table(counting_store, settings, start, until, keys)), start
+    assert actual_slices(tables[1], keys) == expected_slices(MIXED, keys)
+    # Nothing stored in the span: empty tables with the columns, as slice_table gives.
+    old = [start - timedelta(days=3) for start in starts]
+    empty = quality.slice_tables(counting_store, settings, old, old[0] + timedelta(hours=1), keys)
+    assert [t.columns for t in empty] == [[*keys, "evaluations", "passed", "mean_score"]] * 2
+    assert all(t.is_empty() for t in empty)
+
+
+@pytest.mark.integration
 def test_results_on_other_spans_belong_to_the_traces_first_request(otlp_http, store, settings) -> None:
     # A trace whose root (not an LLM request) and an evaluator child carry the results; of
     # its two LLM requests the earlier one (task "first") is the one they describe.

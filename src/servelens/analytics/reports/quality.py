@@ -109,6 +109,8 @@ def slice_tables(store: StoreLike, settings: Settings, starts: list[datetime], u
     counts = memo.cached(memo.key("quality.slice_table", store, settings, first, until, tuple(keys), ()),
                          lambda: _counts(store, settings, first, until, keys, {}, results.GRAIN_S))
     schema = {**{k: pl.String for k in keys}, "evaluations": pl.Int64, "passed": pl.Int64, "mean_score": pl.Float64}
+    if counts.is_empty():  # nothing to cut (an empty reading's bucket column is not cast to a time)
+        return [pl.DataFrame(schema=schema) for _ in starts]
     return [_table(_rebucket(counts.filter(pl.col("bucket").dt.epoch("s") >= int(start.timestamp())) if start > first
                            else counts, keys, None),
                    schema) for start in starts]
