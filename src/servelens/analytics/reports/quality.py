@@ -83,19 +83,11 @@ def slice_table(store: StoreLike, settings: Settings, since: datetime, until: da
     `filters` are the report filters (service, deployment, model, tenant, feature). With
     `bucket_s`, one row per slice and time bucket (`bucket`) of the results."""
     filters = dict(filters or {})
-    schema = {**{k: pl.String for k in keys}, **({"bucket": pl.Datetime("ns")} if bucket_s else {}),
-              "evaluations": pl.Int64, "passed": pl.Int64, "mean_score": pl.Float64}
     if bucket_s is None or bucket_s % results.GRAIN_S == 0:
-        # Read once per window in the stored hours' quarter hours and summed to what was
-        # asked: the Quality page's table and its chart over time, refreshed at once, share
-        # one reading (memo; BENCHMARKS.md, "Quality's raw edges").
-        out = memo.cached(memo.key("quality.slice_table", store, settings, since, until, tuple(keys),
-                                   tuple(sorted(filters.items()))),
-                          lambda: _counts(store, settings, since, until, keys, filters, results.GRAIN_S))
-        out = _rebucket(out, keys, bucket_s)
+        out = _rebucket(_quarter_hours(store, settings, since, until, keys, filters), keys, bucket_s)
     else:
         out = _counts(store, settings, since, until, keys, filters, bucket_s)
-    return _table(out, schema)
+    return _table(out, _schema(keys, bucket=bool(bucket_s)))
 
 
 def slice_tables(store: StoreLike, settings: Settings, starts: list[datetime], until: datetime,
@@ -106,14 +98,27 @@ def slice_tables(store: StoreLike, settings: Settings, starts: list[datetime], u
     if any(int(start.timestamp()) % results.GRAIN_S or start.timestamp() % 1 for start in starts):
         return [slice_table(store, settings, start, until, keys) for start in starts]
     first = min(starts)
-    counts = memo.cached(memo.key("quality.slice_table", store, settings, first, until, tuple(keys), ()),
-                         lambda: _counts(store, settings, first, until, keys, {}, results.GRAIN_S))
-    schema = {**{k: pl.String for k in keys}, "evaluations": pl.Int64, "passed": pl.Int64, "mean_score": pl.Float64}
+    counts = _quarter_hours(store, settings, first, until, keys, {})
     if counts.is_empty():  # nothing to cut (an empty reading's bucket column is not cast to a time)
-        return [pl.DataFrame(schema=schema) for _ in starts]
+        return [_table(counts, _schema(keys)) for _ in starts]
     return [_table(_rebucket(counts.filter(pl.col("bucket").dt.epoch("s") >= int(start.timestamp())) if start > first
-                           else counts, keys, None),
-                   schema) for start in starts]
+                           else counts, keys, None), _schema(keys)) for start in starts]
+
+
+def _quarter_hours(store: StoreLike, settings: Settings, since: datetime, until: datetime, keys: list[str],
+                   filters: dict[str, str]) -> pl.DataFrame:
+    """MEASURES per slice and quarter hour of [since, until), read once per window (memo): the
+    Quality page's table and its chart over time, refreshed at once, and a trigger's window
+    and wider span share one reading (BENCHMARKS.md, "Quality's raw edges")."""
+    return memo.cached(memo.key("quality.slice_table", store, settings, since, until, tuple(keys),
+                                tuple(sorted(filters.items()))),
+                       lambda: _counts(store, settings, since, until, keys, filters, results.GRAIN_S))
+
+
+def _schema(keys: list[str], bucket: bool = False) -> dict[str, Any]:
+    """slice_table's columns and types."""
+    return {**{k: pl.String for k in keys}, **({"bucket": pl.Datetime("ns")} if bucket else {}),
+            "evaluations": pl.Int64, "passed": pl.Int64, "mean_score": pl.Float64}
 
 
 def _table(out: pl.DataFrame, schema: dict[str, Any]) -> pl.DataFrame:

@@ -286,8 +286,8 @@ def quality_regression(store: StoreLike, settings: Settings, at: Evaluation) -> 
     keys = list(cfg.keys)
     most = max(cfg.windows, settings.triggers.pool_windows)
     # The window and the wider span it pools into, from one reading of the wider span.
-    current, *wide = quality.slice_tables(store, settings, [since, *([at.until - most * (at.until - at.since)]
-                                                                     if most > cfg.windows else [])], at.until, keys)
+    starts = [since] + ([at.until - most * (at.until - at.since)] if most > cfg.windows else [])
+    current, *wide = quality.slice_tables(store, settings, starts, at.until, keys)
     baseline = quality.slice_table(store, settings, since - settings.triggers.baseline, since, keys)
     if current.is_empty() or baseline.is_empty():
         return []
