@@ -1,7 +1,7 @@
 """CPU cost of a 2-span (or --rows) INSERT INTO otel_traces on the embedded engine (chDB), per store
 variant: what an insert's fixed cost is made of (BENCHMARKS.md, "What an insert costs").
 
-    .venv/bin/python -m bench.insert_cost [-n 20] [--rows 2] [--variants base,new,noview,fixedonly,nodownstream]
+    .venv/bin/python -m bench.insert_cost [-n 20] [--rows 2] [--shape calls|agent] [--variants base,new,noview,fixedonly,nodownstream]
         [--base-upto 25] [--setting name=value ...] [--explain]
 
 Variants (each a database in one fresh chDB directory under a temp dir):
@@ -49,6 +49,30 @@ FROM numbers({rows})
 """
 
 
+# --shape agent: traces as the Vercel AI SDK 7 writes an agent's model call, three spans each
+# (invoke_agent > step > chat), the tenant, user and session on the first two only, so that
+# every request takes them from its trace (migration 0045's trace context).
+AGENT_INSERT = """
+INSERT INTO otel_traces (Timestamp, TraceId, SpanId, ParentSpanId, SpanName, SpanKind, ServiceName,
+                         ResourceAttributes, ScopeName, SpanAttributes, Duration, StatusCode)
+SELECT now64(9), concat(toString(randConstant()), '-', toString(intDiv(number, 3))),
+       concat(toString(randConstant()), '-', toString(number)),
+       if(number % 3 = 0, '', concat(toString(randConstant()), '-', toString(number - 1))),
+       ['invoke_agent gpt-4o', 'step 1', 'chat gpt-4o'][number % 3 + 1],
+       ['SPAN_KIND_INTERNAL', 'SPAN_KIND_INTERNAL', 'SPAN_KIND_CLIENT'][number % 3 + 1], 'bench-svc',
+       map('service.name', 'bench-svc'), 'gen_ai',
+       if(number % 3 = 2,
+          map('gen_ai.operation.name', 'chat', 'gen_ai.request.model', 'gpt-4o',
+              'gen_ai.response.model', 'gpt-4o-2024-08-06', 'gen_ai.usage.input_tokens', toString(100 + number),
+              'gen_ai.usage.output_tokens', '20'),
+          map('gen_ai.operation.name', if(number % 3 = 0, 'invoke_agent', 'agent_step'),
+              'ai.settings.context.tenant', concat('t', toString(intDiv(number, 3) % 50)),
+              'ai.settings.context.userId', 'u-1', 'ai.settings.context.sessionId', 's-1')),
+       1500000000, 'STATUS_CODE_UNSET'
+FROM numbers({rows})
+"""
+
+
 def view_select(client) -> str:
     create = client.query("SELECT create_table_query FROM system.tables "
                           "WHERE database = currentDatabase() AND name = 'llm_requests_mv'").first_row[0]
@@ -87,6 +111,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("-n", type=int, default=20)
     p.add_argument("--rows", type=int, default=2, help="spans per INSERT (the collector's blocks: up to 65536)")
+    p.add_argument("--shape", choices=("calls", "agent"), default="calls",
+                   help="calls: every span a request carrying its tenant; agent: see AGENT_INSERT")
     p.add_argument("--variants", default="base,new,noview")
     p.add_argument("--setting", action="append", default=[], help="name=value, on the INSERT")
     p.add_argument("--base-upto", type=int, default=25, help="the last migration of the base variant")
@@ -114,7 +140,8 @@ def main(argv: list[str] | None = None) -> int:
 
         def run(name):
             store, extra = specs[name]
-            stores[store].client().command(INSERT.format(rows=args.rows), settings={**settings, **defaults, **extra})
+            insert = AGENT_INSERT if args.shape == "agent" else INSERT
+            stores[store].client().command(insert.format(rows=args.rows), settings={**settings, **defaults, **extra})
 
         cpu = {name: [] for name in names}
         wall = {name: [] for name in names}

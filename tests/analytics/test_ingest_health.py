@@ -12,9 +12,10 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
 from servelens.analytics.reports import registry as reports
-from tests.collector.captures import replay
+from tests.collector.captures import CAPTURES, replay
 
 pytestmark = pytest.mark.integration
+LIBRARIES = sorted(p.name for p in CAPTURES.iterdir() if (p / "manifest.json").is_file())
 
 
 def test_ingest_health_names_what_is_missing_per_service_and_dialect(collector, otlp_http, store, settings) -> None:
@@ -40,6 +41,18 @@ def test_ingest_health_names_what_is_missing_per_service_and_dialect(collector, 
     assert in_house["requests"] == 0 and in_house["spans_seen"] == 1 and in_house["unrecognized_spans"] == 2
     assert set(in_house["unrecognized_keys"]) == {"acme.model_id", "acme.usage.prompt_tokens"}
     assert all(len(t) == 32 for t in in_house["unrecognized_examples"])
+
+
+def test_no_library_span_is_unrecognized(collector, otlp_http, store, settings) -> None:
+    """Every span of the libraries' captures is read: a request, a step of one (an agent
+    step, a retrieval) or the outer span of a call (Vercel AI SDK 6's and 7's, LiteLLM's raw
+    provider request); only an unknown dialect's keys are flagged."""
+    for library in LIBRARIES:
+        replay(library, otlp_http)
+    assert collector.writer.force_flush(30)
+    rows = reports.run("ingest", store, settings, {})["rows"]
+    assert len({r["service"] for r in rows}) == len(LIBRARIES)
+    assert [(r["service"], r["unrecognized_keys"]) for r in rows if r["unrecognized_spans"]] == []
 
 
 def test_unrecognized_keys_from_stored_hours_equal_the_spans(store, make_settings) -> None:

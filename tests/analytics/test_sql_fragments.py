@@ -194,10 +194,13 @@ def test_the_live_view_reads_the_declared_keys_in_order(store) -> None:
         "SELECT create_table_query FROM system.tables "
         "WHERE database = currentDatabase() AND name = 'llm_requests_mv'").first_row[0]
     for unit, column in keys.UNIT_COLUMNS.items():
-        items = _list_items(_column_expression(view, column))
-        read = [re.search(r"\b([ar])\['([^']*)'\]", item).groups() for item in items]
-        # span attributes first, then the resource's, each in the declared precedence
+        own, trace, resource = _list_items(_column_expression(view, column))
+        read = [re.search(r"\b([ar])\['([^']*)'\]", item).groups()
+                for item in (*_list_items(own), *_list_items(resource))]
+        # span attributes first, then the trace's value, then the resource's, each in the
+        # declared precedence
         assert read == [("a", k) for k in keys.UNIT_KEYS[unit]] + [("r", k) for k in keys.UNIT_KEYS[unit]], unit
+        assert re.fullmatch(rf"ifNull\({dialects.TRACE_JOIN}\.{unit}, ''\)", trace), trace
 
 
 # --- composed queries answer as the SQL they replaced -------------------------------------------

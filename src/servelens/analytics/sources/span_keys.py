@@ -1,5 +1,6 @@
-"""Attribute keys that look like GenAI data on spans no dialect reads as an LLM request
-(the ingest report's unrecognized keys): per service, its most frequent such keys with an
+"""Attribute keys that look like GenAI data on spans no dialect reads (the ingest report's
+unrecognized keys; a dialect reads a span as an LLM request, a step of one, or the outer
+span of a call: dialects.sql_is_read): per service, its most frequent such keys with an
 example trace id each.
 
 Read from the hours the analytics job has stored (analytics.span_hours,
@@ -16,7 +17,7 @@ import polars as pl
 from servelens.analytics.query import ReportQuery
 from servelens.analytics.sources import frame, rollups, traces
 from servelens.analytics.sql import window
-from servelens.collector.mapping.dialects import sql_is_request
+from servelens.collector.mapping.dialects import sql_is_read
 from servelens.core.config import Settings
 from servelens.core.store import StoreLike
 
@@ -33,9 +34,9 @@ def _keys_sql(where: str) -> str:
     needles = ", ".join(f"'{n}'" for n in GENAI_LOOKING)
     return f"""
         SELECT ServiceName, key AS Key, count() AS Spans, any(TraceId) AS Example
-        FROM (SELECT ServiceName, TraceId, SpanAttributes AS a FROM otel_traces WHERE {where})
+        FROM (SELECT ServiceName, TraceId, SpanName, SpanAttributes AS a FROM otel_traces WHERE {where})
         ARRAY JOIN arrayFilter(k -> multiSearchAnyCaseInsensitive(k, [{needles}]), mapKeys(a)) AS key
-        WHERE NOT ({sql_is_request()})
+        WHERE NOT ({sql_is_read()})
         GROUP BY ServiceName, Key"""
 
 

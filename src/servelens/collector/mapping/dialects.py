@@ -196,6 +196,12 @@ REQUEST_MARKERS = ("gen_ai.operation.name", "gen_ai.request.model", "gen_ai.usag
                    "gen_ai.usage.prompt_tokens", "llm.request.type", "gen_ai.latency.e2e")
 PIPELINE_OPERATIONS = ("retrieval", "execute_tool", "create_agent", "invoke_agent",
                        "agent_step")  # Vercel AI SDK 7: one step of an agent, around its model call
+# A call is (operation, request model): a request span whose child repeats them is the
+# outer span of that one call (wrapped_calls).
+CALL_KEYS = ("gen_ai.operation.name", "gen_ai.request.model")
+# What a request takes from the other spans of its trace when its own span lacks it
+# (trace_context): AI SDK 7 writes its runtime context on the agent and step spans only.
+TRACE_UNITS = (*UNIT_KEYS, "session")
 
 
 # --- the Python reading ----------------------------------------------------------------------
@@ -211,6 +217,9 @@ class SpanView:
     event_names: Sequence[str] = ()
     event_times_ns: Sequence[int] = ()
     scope_name: str = ""
+    trace_id: str = ""
+    span_id: str = ""
+    parent_span_id: str = ""
 
 
 def is_request(span: SpanView) -> bool:
@@ -221,10 +230,67 @@ def is_request(span: SpanView) -> bool:
     return marked and a.get("gen_ai.operation.name", "") not in PIPELINE_OPERATIONS
 
 
-def request_fields(span: SpanView) -> dict[str, Any]:
-    """Every request field of one span, as the llm_requests view computes it."""
+def requests(spans: Sequence[SpanView]) -> dict[str, dict[str, Any]]:
+    """The requests among spans written together (one insert, as the view sees its block),
+    by span id, with their fields: the spans is_request reads as requests but the outer
+    span of a call a span of the block repeats (is_wrapper), each with what its trace's
+    other spans carry (trace_context)."""
+    context, inner = trace_context(spans), wrapped_calls(spans)
+    return {span.span_id: request_fields(span, context.get(span.trace_id, {})) for span in spans
+            if is_request(span) and _call_key(span, span.span_id) not in inner}
+
+
+def _call_key(span: SpanView, span_id: str) -> tuple[str, str, str, str]:
     a = span.attributes
+    return span.trace_id, span_id, a.get(CALL_KEYS[0], ""), a.get(CALL_KEYS[1], "")
+
+
+def wrapped_calls(spans: Sequence[SpanView]) -> set[tuple[str, str, str, str]]:
+    """(trace, parent span, operation, request model) of each span that names an operation
+    under a parent: a request span with such a key is the outer span of the same call
+    (AI SDK 7's `embeddings` operation span around its provider call's), not a request."""
+    return {_call_key(s, s.parent_span_id) for s in spans
+            if s.parent_span_id and s.attributes.get(CALL_KEYS[0], "") not in ("", *PIPELINE_OPERATIONS)}
+
+
+def trace_context(spans: Sequence[SpanView]) -> dict[str, dict[str, str]]:
+    """Per trace that holds a request carrying no business-unit key of its own: each of
+    TRACE_UNITS that its spans' own attributes give one value of (context_keys)."""
+    needy = {s.trace_id for s in spans if is_request(s) and not any(k in s.attributes for k in unit_key_names())}
+    seen: dict[tuple[str, str], set[str]] = {}
+    for span in spans:
+        if span.trace_id not in needy:
+            continue
+        for unit, keys in context_keys().items():
+            value = _decoded(next((v for v in (span.attributes.get(k, "") for k in keys) if v), ""))
+            if value:
+                seen.setdefault((span.trace_id, unit), set()).add(value)
+    context: dict[str, dict[str, str]] = {}
+    for (trace, unit), values in seen.items():
+        if len(values) == 1:
+            context.setdefault(trace, {})[unit] = next(iter(values))
+    return context
+
+
+def context_keys() -> dict[str, tuple[str, ...]]:
+    """The keys a trace's spans pass their units on by: each unit's keys, the session's
+    carriers (as they are: no JSON parent is read)."""
+    return {**UNIT_KEYS, "session": tuple(c.key for c in STRING_FIELDS["session"])}
+
+
+def unit_key_names() -> list[str]:
+    """Every span attribute that gives a request a unit of its own: the units' keys, their
+    JSON parents (_unit_lookup), the session's carriers."""
+    names = [n for k in (k for ks in UNIT_KEYS.values() for k in ks) for n in (k, k.rpartition(".")[0]) if n]
+    return list(dict.fromkeys([*names, *(c.key for c in STRING_FIELDS["session"])]))
+
+
+def request_fields(span: SpanView, context: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Every request field of one span, as the llm_requests view computes it; `context`:
+    its trace's units (trace_context), where the span carries none of its own."""
+    a, context = span.attributes, context or {}
     out: dict[str, Any] = {name: _first_string(span, carriers) for name, carriers in STRING_FIELDS.items()}
+    out["session"] = out["session"] or context.get("session", "")
     out["operation"] = _operation(a, out["operation"])
     out["modality_tokens"] = modality_tokens(a)
     for name, carriers in TOKEN_FIELDS.items():
@@ -242,7 +308,7 @@ def request_fields(span: SpanView) -> dict[str, Any]:
                        or a.get(ERROR_LEVEL[1]) == ERROR_LEVEL[2])
     out["http_status"] = next((v for v in (_uint(_read(span, c), 0xFFFF) for c in HTTP_STATUS) if v), 0)
     for unit, keys in UNIT_KEYS.items():
-        out[unit] = unit_value(span, keys)
+        out[unit] = unit_value(span, keys, context.get(unit, ""))
     out["dialect"] = dialect(span)
     return out
 
@@ -273,14 +339,14 @@ def dialect(span: SpanView) -> str:
     return SEMCONV
 
 
-def unit_value(span: SpanView, keys: Sequence[str]) -> str:
-    """The first of `keys` with a value, on the span, then on its resource."""
-    for attrs in (span.attributes, span.resource):
-        for key in keys:
-            value = _decoded(_unit_lookup(attrs, key))
-            if value:
-                return value
-    return ""
+def unit_value(span: SpanView, keys: Sequence[str], inherited: str = "") -> str:
+    """The first of `keys` with a value on the span, else `inherited` (its trace's), else
+    the first on its resource."""
+    return _unit_in(span.attributes, keys) or inherited or _unit_in(span.resource, keys)
+
+
+def _unit_in(attrs: Mapping[str, str], keys: Sequence[str]) -> str:
+    return next((v for v in (_decoded(_unit_lookup(attrs, key)) for key in keys) if v), "")
 
 
 def _unit_lookup(attrs: Mapping[str, str], key: str) -> str:
@@ -434,8 +500,13 @@ def _sql_first(carriers: Sequence[Carrier]) -> str:
     return f"arrayFirst(v -> v != '', {_sql_array(_sql_read(c) for c in carriers)})"
 
 
-_SQL_DECODE = ("v -> if(length(v) >= 2 AND startsWith(v, '\"') AND endsWith(v, '\"') AND isValidJSON(v), "
-               "JSONExtractString(v), v)")
+def _sql_decoded(v: str) -> str:
+    """_decoded of the string expression `v` (a name: it is repeated)."""
+    return (f"if(length({v}) >= 2 AND startsWith({v}, '\"') AND endsWith({v}, '\"') AND isValidJSON({v}), "
+            f"JSONExtractString({v}), {v})")
+
+
+_SQL_DECODE = f"v -> {_sql_decoded('v')}"
 
 
 def _sql_unit_lookup(m: str, key: str) -> str:
@@ -447,13 +518,54 @@ def _sql_unit_lookup(m: str, key: str) -> str:
     return f"if({direct} != '', {direct}, if({inside} = '', '', JSONExtractString({inside}, {_q(inner)})))"
 
 
-def sql_unit(keys: Sequence[str]) -> str:
-    """unit_value: each key on the span, then on the resource (a['k1'], ..., r['k1'], ...:
-    tests/analytics/test_sql_fragments.py reads the keys back from the live view), where
-    one is empty the inner key of its JSON parent (_unit_lookup), each decoded; the first
-    non-empty."""
-    lookups = _sql_array(_sql_unit_lookup(m, k) for m in ("a", "r") for k in keys)
+def _sql_unit_in(m: str, keys: Sequence[str]) -> str:
+    """_unit_in over the map `m`: each key, where it is empty the inner key of its JSON
+    parent (_unit_lookup), each decoded; the first non-empty."""
+    lookups = _sql_array(_sql_unit_lookup(m, k) for k in keys)
     return f"arrayFirst(v -> v != '', arrayMap({_SQL_DECODE}, {lookups}))"
+
+
+def sql_unit(unit: str) -> str:
+    """unit_value: the unit's keys on the span, else its trace's value (the view's join,
+    TRACE_JOIN), else the keys on the resource (a['k1'], ..., then r['k1'], ...:
+    tests/analytics/test_sql_fragments.py reads the keys back from the live view)."""
+    keys = UNIT_KEYS[unit]
+    return (f"arrayFirst(v -> v != '', [{_sql_unit_in('a', keys)}, ifNull({TRACE_JOIN}.{unit}, ''), "
+            f"{_sql_unit_in('r', keys)}])")
+
+
+TRACE_JOIN = "trace_"  # the view's name for sql_trace_context's rows
+
+
+def sql_trace_context() -> str:
+    """trace_context over the rows of one insert: an otel_traces block, which is what a
+    materialized view's every mention of its source table reads. Most traces need none
+    (their requests carry their units): only theirs are read."""
+    keys = context_keys()
+    assert tuple(keys) == TRACE_UNITS
+    values = ",\n               ".join(
+        f"arrayFirst(v -> v != '', {_sql_array(f'a[{_q(k)}]' for k in ks)}) AS {unit}_raw, "
+        f"{_sql_decoded(f'{unit}_raw')} AS {unit}_" for unit, ks in keys.items())
+    # one value when the spans' lowest equals their highest: no set of values is built
+    picked = ",\n           ".join(f"if((minIf({u}_, {u}_ != '') AS {u}_lo) = maxIf({u}_, {u}_ != ''), {u}_lo, '') AS {u}"
+                                    for u in keys)
+    every_key = _sql_array(map(_q, dict.fromkeys(k for ks in keys.values() for k in ks)))
+    return (f"SELECT TraceId,\n           {picked}\n"
+            f"    FROM (SELECT TraceId, SpanAttributes AS a,\n               {values}\n"
+            f"          FROM otel_traces\n"
+            f"          WHERE hasAny(mapKeys(SpanAttributes), {every_key})\n"
+            f"            AND TraceId IN (SELECT TraceId FROM (SELECT TraceId, SpanAttributes AS a FROM otel_traces)\n"
+            f"                            WHERE {sql_is_request()}\n"
+            f"                              AND NOT hasAny(mapKeys(a), {_sql_array(map(_q, unit_key_names()))})))\n"
+            f"    GROUP BY TraceId")
+
+
+def sql_not_wrapper() -> str:
+    """NOT wrapped_calls: no span of the block repeats this span's call under it."""
+    op, model = (f"SpanAttributes[{_q(k)}]" for k in CALL_KEYS)
+    return (f"(TraceId, SpanId, {op}, {model}) NOT IN (\n"
+            f"      SELECT TraceId, ParentSpanId, {op}, {model} FROM otel_traces\n"
+            f"      WHERE ParentSpanId != '' AND {op} NOT IN ('', {', '.join(map(_q, PIPELINE_OPERATIONS))}))")
 
 
 SQL_STREAMED = " OR ".join([
@@ -513,6 +625,20 @@ def sql_is_request() -> str:
     return f"({markers}\n       OR {kinds}\n       OR {calls})\n  AND a['gen_ai.operation.name'] NOT IN ({pipeline})"
 
 
+# Spans a dialect reads that are not requests: an operation the GenAI conventions or the
+# Vercel AI SDK name (a pipeline step, the outer span of a call) and LiteLLM's raw provider
+# request under its own request span.
+READ_MARKERS = ("gen_ai.operation.name", "ai.operationId")
+READ_SPAN_NAMES = ("raw_gen_ai_request",)
+
+
+def sql_is_read() -> str:
+    """A span some dialect reads, as a request or as what READ_MARKERS name (over `a` and
+    SpanName)."""
+    markers = " OR ".join(f"mapContains(a, {_q(k)})" for k in READ_MARKERS)
+    return f"({sql_is_request()})\n  OR {markers} OR SpanName IN ({', '.join(map(_q, READ_SPAN_NAMES))})"
+
+
 def with_sql() -> list[tuple[str, str]]:
     """The view's WITH aliases the columns below use (besides `a` and `r`): what two
     columns share."""
@@ -545,11 +671,12 @@ def select_sql() -> dict[str, str]:
         "RequestModel": _sql_first(STRING_FIELDS["request_model"]),
         "Provider": _sql_first(STRING_FIELDS["provider"]),
         "Operation": sql_operation(),
-        "Tenant": sql_unit(UNIT_KEYS["tenant"]),
-        "Feature": sql_unit(UNIT_KEYS["feature"]),
-        "Team": sql_unit(UNIT_KEYS["team"]),
-        "UserId": sql_unit(UNIT_KEYS["user"]),
-        "SessionId": _sql_first(STRING_FIELDS["session"]),
+        "Tenant": sql_unit("tenant"),
+        "Feature": sql_unit("feature"),
+        "Team": sql_unit("team"),
+        "UserId": sql_unit("user"),
+        "SessionId": f"if(({_sql_first(STRING_FIELDS['session'])}) AS session_ != '', session_, "
+                     f"ifNull({TRACE_JOIN}.session, ''))",
         "InputTokens": _tokens("input_tokens"),
         "OutputTokens": _tokens("output_tokens"),
         "CachedInputTokens": _tokens("cache_read_tokens"),
@@ -611,7 +738,7 @@ COLUMN_ORDER = (
 # The migration holding the current rendering of the view; a change to the table above
 # goes into a new migration (ADD COLUMN, DROP VIEW, the view) named here, rendered by
 # `python -m servelens.collector.mapping.dialects`.
-VIEW_MIGRATION = "0027_llm_requests_view_constant_keys.sql"
+VIEW_MIGRATION = "0045_llm_requests_trace_context.sql"
 
 
 def llm_requests_view_sql() -> str:
@@ -622,7 +749,9 @@ def llm_requests_view_sql() -> str:
     with_text = ",\n    ".join(f"{expr} AS {name}" for name, expr in withs)
     select_text = ",\n    ".join(f"{columns[name]} AS {name}" for name in COLUMN_ORDER)
     return (f"CREATE MATERIALIZED VIEW IF NOT EXISTS llm_requests_mv TO llm_requests AS\nWITH\n    {with_text}\n"
-            f"SELECT\n    {select_text}\nFROM otel_traces\nWHERE {sql_is_request()};\n")
+            f"SELECT\n    {select_text}\nFROM otel_traces\n"
+            f"LEFT ANY JOIN (\n    {sql_trace_context()}) AS {TRACE_JOIN} USING (TraceId)\n"
+            f"WHERE {sql_is_request()}\n  AND {sql_not_wrapper()};\n")
 
 
 def render_migration(path: Path) -> None:
