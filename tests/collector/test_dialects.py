@@ -70,10 +70,10 @@ def stored(request, make_settings, tmp_path):
 def _spans(store: Store) -> list[dialects.SpanView]:
     rows = store.client().query(
         "SELECT SpanAttributes, ResourceAttributes, toUnixTimestamp64Nano(Timestamp), StatusCode, Events.Name, "
-        "arrayMap(t -> toUnixTimestamp64Nano(t), Events.Timestamp), ScopeName, TraceId, SpanId, ParentSpanId "
-        "FROM otel_traces").result_rows
-    return [dialects.SpanView(dict(a), dict(r), start, status, list(names), list(times), scope, trace, span, parent)
-            for a, r, start, status, names, times, scope, trace, span, parent in rows]
+        "arrayMap(t -> toUnixTimestamp64Nano(t), Events.Timestamp), ScopeName, TraceId, SpanId, ParentSpanId, "
+        "ServiceName FROM otel_traces").result_rows
+    return [dialects.SpanView(dict(a), dict(r), start, status, list(names), list(times), scope, trace, span, parent,
+                              service) for a, r, start, status, names, times, scope, trace, span, parent, service in rows]
 
 
 def _requests(store: Store) -> dict[str, dict]:

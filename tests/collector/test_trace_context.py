@@ -62,9 +62,9 @@ def _rows(store: Store) -> list[dict]:
 
 
 def _python_agrees(store: Store) -> None:
-    spans = [dialects.SpanView(dict(a), dict(r), 0, "STATUS_CODE_UNSET", (), (), scope, trace, span, parent)
-             for a, r, scope, trace, span, parent in store.client().query(
-                 "SELECT SpanAttributes, ResourceAttributes, ScopeName, TraceId, SpanId, ParentSpanId "
+    spans = [dialects.SpanView(dict(a), dict(r), 0, "STATUS_CODE_UNSET", (), (), scope, trace, span, parent, service)
+             for a, r, scope, trace, span, parent, service in store.client().query(
+                 "SELECT SpanAttributes, ResourceAttributes, ScopeName, TraceId, SpanId, ParentSpanId, ServiceName "
                  "FROM otel_traces").result_rows]
     python = dialects.requests(spans)
     rows = {r["SpanId"]: r for r in _rows(store)}
@@ -122,6 +122,32 @@ def test_one_call_traced_twice_is_one_request(sent) -> None:
     assert [(r["Operation"], r["Model"], r["InputTokens"], r["Tenant"]) for r in _rows(store)] == [
         ("chat", "router", 5, ""), ("embeddings", "e", 29, "acme"), ("chat", "m", 40, "")]
     _python_agrees(store)
+
+
+def test_another_services_spans_of_the_trace_change_nothing(sent) -> None:
+    """An app's call through a gateway that traces it too: two services' spans of one trace,
+    exported by two processes, which may land in one insert or two. Each service's request
+    is read with its own service's spans only, so the rows are the same either way."""
+    store, collector, endpoint = sent
+    app = TracerProvider(resource=Resource.create({"service.name": "app"}))
+    gateway = TracerProvider(resource=Resource.create({"service.name": "gateway"}))
+    for provider in (app, gateway):
+        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint)))
+    call = {"gen_ai.operation.name": "chat", "gen_ai.request.model": "m"}
+    with app.get_tracer("app").start_as_current_span("handle", attributes={"app.tenant": "acme"}):
+        with app.get_tracer("app").start_as_current_span("chat m", kind=SpanKind.CLIENT,
+                                                         attributes={**call, "gen_ai.usage.input_tokens": 7}):
+            with gateway.get_tracer("gw").start_as_current_span("chat m", kind=SpanKind.SERVER,
+                                                                attributes={**call, "gen_ai.usage.input_tokens": 8}):
+                pass
+    gateway.shutdown()
+    app.shutdown()
+    assert collector.writer.force_flush(30)
+    assert [(r["InputTokens"], r["Tenant"]) for r in _rows(store)] == [(7, "acme"), (8, "")]
+    _python_agrees(store)
+    # the same spans again, both services' in one insert: the same two rows again
+    store.client().command("INSERT INTO otel_traces SELECT * FROM otel_traces")
+    assert [(r["InputTokens"], r["Tenant"]) for r in _rows(store)] == [(7, "acme"), (7, "acme"), (8, ""), (8, "")]
 
 
 def test_the_view_reads_the_insert_not_the_table(store) -> None:

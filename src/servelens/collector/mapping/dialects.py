@@ -220,6 +220,14 @@ class SpanView:
     trace_id: str = ""
     span_id: str = ""
     parent_span_id: str = ""
+    service_name: str = ""
+
+    @property
+    def trace(self) -> tuple[str, str]:
+        """What trace_context and wrapped_calls group by: the trace's spans of one service,
+        which one process exports together (another service's spans of the trace come
+        in its own exports, in whichever insert they land)."""
+        return self.trace_id, self.service_name
 
 
 def is_request(span: SpanView) -> bool:
@@ -236,36 +244,39 @@ def requests(spans: Sequence[SpanView]) -> dict[str, dict[str, Any]]:
     span of a call a span of the block repeats (is_wrapper), each with what its trace's
     other spans carry (trace_context)."""
     context, inner = trace_context(spans), wrapped_calls(spans)
-    return {span.span_id: request_fields(span, context.get(span.trace_id, {})) for span in spans
+    return {span.span_id: request_fields(span, context.get(span.trace, {})) for span in spans
             if is_request(span) and _call_key(span, span.span_id) not in inner}
 
 
-def _call_key(span: SpanView, span_id: str) -> tuple[str, str, str, str]:
+def _call_key(span: SpanView, span_id: str) -> tuple[tuple[str, str], str, str, str]:
     a = span.attributes
-    return span.trace_id, span_id, a.get(CALL_KEYS[0], ""), a.get(CALL_KEYS[1], "")
+    return span.trace, span_id, a.get(CALL_KEYS[0], ""), a.get(CALL_KEYS[1], "")
 
 
-def wrapped_calls(spans: Sequence[SpanView]) -> set[tuple[str, str, str, str]]:
+def wrapped_calls(spans: Sequence[SpanView]) -> set[tuple[tuple[str, str], str, str, str]]:
     """(trace, parent span, operation, request model) of each span that names an operation
-    under a parent: a request span with such a key is the outer span of the same call
-    (AI SDK 7's `embeddings` operation span around its provider call's), not a request."""
+    (not a pipeline step) under a parent: a request span with such a key is the outer span
+    of the same call (AI SDK 7's `embeddings` operation span around its provider call's), not
+    a request. Within one service (SpanView.trace): a client's span around a gateway's is
+    left as it is."""
     return {_call_key(s, s.parent_span_id) for s in spans
             if s.parent_span_id and s.attributes.get(CALL_KEYS[0], "") not in ("", *PIPELINE_OPERATIONS)}
 
 
-def trace_context(spans: Sequence[SpanView]) -> dict[str, dict[str, str]]:
-    """Per trace that holds a request carrying no business-unit key of its own: each of
-    TRACE_UNITS that its spans' own attributes give one value of (context_keys)."""
-    needy = {s.trace_id for s in spans if is_request(s) and not any(k in s.attributes for k in unit_key_names())}
-    seen: dict[tuple[str, str], set[str]] = {}
+def trace_context(spans: Sequence[SpanView]) -> dict[tuple[str, str], dict[str, str]]:
+    """Per trace (SpanView.trace: of one service) that holds a request carrying no
+    business-unit key of its own: each of TRACE_UNITS that its spans' own attributes give
+    one value of (context_keys)."""
+    needy = {s.trace for s in spans if is_request(s) and not any(k in s.attributes for k in unit_key_names())}
+    seen: dict[tuple[tuple[str, str], str], set[str]] = {}
     for span in spans:
-        if span.trace_id not in needy:
+        if span.trace not in needy:
             continue
         for unit, keys in context_keys().items():
             value = _decoded(next((v for v in (span.attributes.get(k, "") for k in keys) if v), ""))
             if value:
-                seen.setdefault((span.trace_id, unit), set()).add(value)
-    context: dict[str, dict[str, str]] = {}
+                seen.setdefault((span.trace, unit), set()).add(value)
+    context: dict[tuple[str, str], dict[str, str]] = {}
     for (trace, unit), values in seen.items():
         if len(values) == 1:
             context.setdefault(trace, {})[unit] = next(iter(values))
@@ -550,21 +561,22 @@ def sql_trace_context() -> str:
     picked = ",\n           ".join(f"if((minIf({u}_, {u}_ != '') AS {u}_lo) = maxIf({u}_, {u}_ != ''), {u}_lo, '') AS {u}"
                                     for u in keys)
     every_key = _sql_array(map(_q, dict.fromkeys(k for ks in keys.values() for k in ks)))
-    return (f"SELECT TraceId,\n           {picked}\n"
-            f"    FROM (SELECT TraceId, SpanAttributes AS a,\n               {values}\n"
+    return (f"SELECT TraceId, ServiceName,\n           {picked}\n"
+            f"    FROM (SELECT TraceId, ServiceName, SpanAttributes AS a,\n               {values}\n"
             f"          FROM otel_traces\n"
             f"          WHERE hasAny(mapKeys(SpanAttributes), {every_key})\n"
-            f"            AND TraceId IN (SELECT TraceId FROM (SELECT TraceId, SpanAttributes AS a FROM otel_traces)\n"
-            f"                            WHERE {sql_is_request()}\n"
-            f"                              AND NOT hasAny(mapKeys(a), {_sql_array(map(_q, unit_key_names()))})))\n"
-            f"    GROUP BY TraceId")
+            f"            AND (TraceId, ServiceName) IN (\n"
+            f"                SELECT TraceId, ServiceName FROM (SELECT TraceId, ServiceName, SpanAttributes AS a FROM otel_traces)\n"
+            f"                WHERE {sql_is_request()}\n"
+            f"                  AND NOT hasAny(mapKeys(a), {_sql_array(map(_q, unit_key_names()))})))\n"
+            f"    GROUP BY TraceId, ServiceName")
 
 
 def sql_not_wrapper() -> str:
     """NOT wrapped_calls: no span of the block repeats this span's call under it."""
     op, model = (f"SpanAttributes[{_q(k)}]" for k in CALL_KEYS)
-    return (f"(TraceId, SpanId, {op}, {model}) NOT IN (\n"
-            f"      SELECT TraceId, ParentSpanId, {op}, {model} FROM otel_traces\n"
+    return (f"(TraceId, ServiceName, SpanId, {op}, {model}) NOT IN (\n"
+            f"      SELECT TraceId, ServiceName, ParentSpanId, {op}, {model} FROM otel_traces\n"
             f"      WHERE ParentSpanId != '' AND {op} NOT IN ('', {', '.join(map(_q, PIPELINE_OPERATIONS))}))")
 
 
@@ -750,7 +762,7 @@ def llm_requests_view_sql() -> str:
     select_text = ",\n    ".join(f"{columns[name]} AS {name}" for name in COLUMN_ORDER)
     return (f"CREATE MATERIALIZED VIEW IF NOT EXISTS llm_requests_mv TO llm_requests AS\nWITH\n    {with_text}\n"
             f"SELECT\n    {select_text}\nFROM otel_traces\n"
-            f"LEFT ANY JOIN (\n    {sql_trace_context()}) AS {TRACE_JOIN} USING (TraceId)\n"
+            f"LEFT ANY JOIN (\n    {sql_trace_context()}) AS {TRACE_JOIN} USING (TraceId, ServiceName)\n"
             f"WHERE {sql_is_request()}\n  AND {sql_not_wrapper()};\n")
 
 
