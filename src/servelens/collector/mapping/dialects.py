@@ -241,7 +241,7 @@ def is_request(span: SpanView) -> bool:
 def requests(spans: Sequence[SpanView]) -> dict[str, dict[str, Any]]:
     """The requests among spans written together (one insert, as the view sees its block),
     by span id, with their fields: the spans is_request reads as requests but the outer
-    span of a call a span of the block repeats (is_wrapper), each with what its trace's
+    span of a call a span of the block repeats (wrapped_calls), each with what its trace's
     other spans carry (trace_context)."""
     context, inner = trace_context(spans), wrapped_calls(spans)
     return {span.span_id: request_fields(span, context.get(span.trace, {})) for span in spans
@@ -264,10 +264,10 @@ def wrapped_calls(spans: Sequence[SpanView]) -> set[tuple[tuple[str, str], str, 
 
 
 def trace_context(spans: Sequence[SpanView]) -> dict[tuple[str, str], dict[str, str]]:
-    """Per trace (SpanView.trace: of one service) that holds a request carrying no
-    business-unit key of its own: each of TRACE_UNITS that its spans' own attributes give
-    one value of (context_keys)."""
-    needy = {s.trace for s in spans if is_request(s) and not any(k in s.attributes for k in unit_key_names())}
+    """Per trace (SpanView.trace: of one service) that holds a request carrying no tenant
+    key of its own (tenant_key_names): each of TRACE_UNITS that its spans' own attributes
+    give one value of (context_keys)."""
+    needy = {s.trace for s in spans if is_request(s) and not any(k in s.attributes for k in tenant_key_names())}
     seen: dict[tuple[tuple[str, str], str], set[str]] = {}
     for span in spans:
         if span.trace not in needy:
@@ -289,11 +289,10 @@ def context_keys() -> dict[str, tuple[str, ...]]:
     return {**UNIT_KEYS, "session": tuple(c.key for c in STRING_FIELDS["session"])}
 
 
-def unit_key_names() -> list[str]:
-    """Every span attribute that gives a request a unit of its own: the units' keys, their
-    JSON parents (_unit_lookup), the session's carriers."""
-    names = [n for k in (k for ks in UNIT_KEYS.values() for k in ks) for n in (k, k.rpartition(".")[0]) if n]
-    return list(dict.fromkeys([*names, *(c.key for c in STRING_FIELDS["session"])]))
+def tenant_key_names() -> list[str]:
+    """Every span attribute that gives a request a tenant of its own: the tenant's keys and
+    their JSON parents (_unit_lookup). A request without one takes its trace's units."""
+    return list(dict.fromkeys(n for k in UNIT_KEYS["tenant"] for n in (k, k.rpartition(".")[0]) if n))
 
 
 def request_fields(span: SpanView, context: Mapping[str, str] | None = None) -> dict[str, Any]:
@@ -551,7 +550,7 @@ TRACE_JOIN = "trace_"  # the view's name for sql_trace_context's rows
 def sql_trace_context() -> str:
     """trace_context over the rows of one insert: an otel_traces block, which is what a
     materialized view's every mention of its source table reads. Most traces need none
-    (their requests carry their units): only theirs are read."""
+    (their requests carry a tenant): only the others' spans are read."""
     keys = context_keys()
     assert tuple(keys) == TRACE_UNITS
     values = ",\n               ".join(
@@ -564,11 +563,11 @@ def sql_trace_context() -> str:
     return (f"SELECT TraceId, ServiceName,\n           {picked}\n"
             f"    FROM (SELECT TraceId, ServiceName, SpanAttributes AS a,\n               {values}\n"
             f"          FROM otel_traces\n"
-            f"          WHERE hasAny(mapKeys(SpanAttributes), {every_key})\n"
-            f"            AND (TraceId, ServiceName) IN (\n"
+            f"          WHERE (TraceId, ServiceName) IN (\n"
             f"                SELECT TraceId, ServiceName FROM (SELECT TraceId, ServiceName, SpanAttributes AS a FROM otel_traces)\n"
-            f"                WHERE {sql_is_request()}\n"
-            f"                  AND NOT hasAny(mapKeys(a), {_sql_array(map(_q, unit_key_names()))})))\n"
+            f"                WHERE NOT hasAny(mapKeys(a), {_sql_array(map(_q, tenant_key_names()))})\n"
+            f"                  AND {sql_is_request()})\n"
+            f"            AND hasAny(mapKeys(SpanAttributes), {every_key}))\n"
             f"    GROUP BY TraceId, ServiceName")
 
 

@@ -1,15 +1,17 @@
--- The llm_requests view reads a request in the company of the spans inserted with it (the
--- view's every mention of otel_traces reads the inserted block, not the table):
--- - a request span that carries no tenant, feature, team, user or session takes the one
---   value the other spans of its trace in the block carry (before its resource's): the
---   Vercel AI SDK 7 writes its runtime context on the agent and step spans, not on the
---   model call;
--- - a request span under which a span of the block repeats its call (the same operation
---   and request model) is the outer span of that call, not a request of its own: AI SDK 7's
+-- The llm_requests view reads a request in the company of the spans of its trace and service
+-- inserted with it (a view's every mention of otel_traces reads the inserted block, not the
+-- table):
+-- - a request span that carries no tenant key of its own takes the tenant, feature, team,
+--   user and session that its trace's other spans agree on (one value each; before its
+--   resource's): the Vercel AI SDK 7 writes its runtime context on the agent and step spans,
+--   not on the model call;
+-- - a request span under which a span repeats its call (the same operation and request
+--   model) is the outer span of that call, not a request of its own: AI SDK 7's
 --   `embeddings` operation span around its provider call's.
--- A library exports a trace's spans together when they end together; the collector inserts
--- whole export requests. What each costs an insert: BENCHMARKS.md, "A request's trace
--- context at ingest".
+-- One process exports a trace's spans together when they end together, and the collector
+-- inserts whole export requests; another service's spans of the trace are not read (they
+-- come in whichever insert their process's export lands in). What it costs an insert:
+-- BENCHMARKS.md, "A request's trace context at ingest".
 
 -- The view, rendered from collector/dialects.py by `python -m servelens.collector.mapping.dialects`
 -- (tests/collector/test_dialects.py fails when this file is not its current rendering).
@@ -86,14 +88,14 @@ LEFT ANY JOIN (
                arrayFirst(v -> v != '', [a['user.id'], a['enduser.id'], a['traceloop.association.properties.user_id'], a['llm.user'], a['ai.telemetry.metadata.userId'], a['ai.settings.context.userId']]) AS user_raw, if(length(user_raw) >= 2 AND startsWith(user_raw, '"') AND endsWith(user_raw, '"') AND isValidJSON(user_raw), JSONExtractString(user_raw), user_raw) AS user_,
                arrayFirst(v -> v != '', [a['gen_ai.conversation.id'], a['session.id'], a['langfuse.session.id'], a['traceloop.association.properties.session_id'], a['ai.telemetry.metadata.sessionId'], a['ai.settings.context.sessionId']]) AS session_raw, if(length(session_raw) >= 2 AND startsWith(session_raw, '"') AND endsWith(session_raw, '"') AND isValidJSON(session_raw), JSONExtractString(session_raw), session_raw) AS session_
           FROM otel_traces
-          WHERE hasAny(mapKeys(SpanAttributes), ['app.tenant', 'tenant.id', 'tenant', 'traceloop.association.properties.tenant', 'langfuse.trace.metadata.tenant', 'metadata.tenant', 'litellm.metadata.tenant', 'ai.telemetry.metadata.tenant', 'ai.settings.context.tenant', 'app.feature', 'feature', 'traceloop.association.properties.feature', 'langfuse.trace.metadata.feature', 'metadata.feature', 'litellm.metadata.feature', 'ai.telemetry.metadata.feature', 'ai.settings.context.feature', 'app.team', 'team', 'traceloop.association.properties.team', 'langfuse.trace.metadata.team', 'metadata.team', 'litellm.metadata.team', 'ai.telemetry.metadata.team', 'ai.settings.context.team', 'user.id', 'enduser.id', 'traceloop.association.properties.user_id', 'llm.user', 'ai.telemetry.metadata.userId', 'ai.settings.context.userId', 'gen_ai.conversation.id', 'session.id', 'langfuse.session.id', 'traceloop.association.properties.session_id', 'ai.telemetry.metadata.sessionId', 'ai.settings.context.sessionId'])
-            AND (TraceId, ServiceName) IN (
+          WHERE (TraceId, ServiceName) IN (
                 SELECT TraceId, ServiceName FROM (SELECT TraceId, ServiceName, SpanAttributes AS a FROM otel_traces)
-                WHERE (mapContains(a, 'gen_ai.operation.name') OR mapContains(a, 'gen_ai.request.model') OR mapContains(a, 'gen_ai.usage.input_tokens') OR mapContains(a, 'gen_ai.usage.prompt_tokens') OR mapContains(a, 'llm.request.type') OR mapContains(a, 'gen_ai.latency.e2e')
+                WHERE NOT hasAny(mapKeys(a), ['app.tenant', 'app', 'tenant.id', 'tenant', 'traceloop.association.properties.tenant', 'traceloop.association.properties', 'langfuse.trace.metadata.tenant', 'langfuse.trace.metadata', 'metadata.tenant', 'metadata', 'litellm.metadata.tenant', 'litellm.metadata', 'ai.telemetry.metadata.tenant', 'ai.telemetry.metadata', 'ai.settings.context.tenant', 'ai.settings.context'])
+                  AND (mapContains(a, 'gen_ai.operation.name') OR mapContains(a, 'gen_ai.request.model') OR mapContains(a, 'gen_ai.usage.input_tokens') OR mapContains(a, 'gen_ai.usage.prompt_tokens') OR mapContains(a, 'llm.request.type') OR mapContains(a, 'gen_ai.latency.e2e')
        OR a['openinference.span.kind'] IN ('LLM', 'EMBEDDING') OR a['langfuse.observation.type'] IN ('generation', 'embedding')
        OR a['ai.operationId'] IN ('ai.generateText.doGenerate', 'ai.streamText.doStream', 'ai.generateObject.doGenerate', 'ai.streamObject.doStream', 'ai.embed.doEmbed', 'ai.embedMany.doEmbed'))
-  AND a['gen_ai.operation.name'] NOT IN ('retrieval', 'execute_tool', 'create_agent', 'invoke_agent', 'agent_step')
-                  AND NOT hasAny(mapKeys(a), ['app.tenant', 'app', 'tenant.id', 'tenant', 'traceloop.association.properties.tenant', 'traceloop.association.properties', 'langfuse.trace.metadata.tenant', 'langfuse.trace.metadata', 'metadata.tenant', 'metadata', 'litellm.metadata.tenant', 'litellm.metadata', 'ai.telemetry.metadata.tenant', 'ai.telemetry.metadata', 'ai.settings.context.tenant', 'ai.settings.context', 'app.feature', 'feature', 'traceloop.association.properties.feature', 'langfuse.trace.metadata.feature', 'metadata.feature', 'litellm.metadata.feature', 'ai.telemetry.metadata.feature', 'ai.settings.context.feature', 'app.team', 'team', 'traceloop.association.properties.team', 'langfuse.trace.metadata.team', 'metadata.team', 'litellm.metadata.team', 'ai.telemetry.metadata.team', 'ai.settings.context.team', 'user.id', 'user', 'enduser.id', 'enduser', 'traceloop.association.properties.user_id', 'llm.user', 'llm', 'ai.telemetry.metadata.userId', 'ai.settings.context.userId', 'gen_ai.conversation.id', 'session.id', 'langfuse.session.id', 'traceloop.association.properties.session_id', 'ai.telemetry.metadata.sessionId', 'ai.settings.context.sessionId'])))
+  AND a['gen_ai.operation.name'] NOT IN ('retrieval', 'execute_tool', 'create_agent', 'invoke_agent', 'agent_step'))
+            AND hasAny(mapKeys(SpanAttributes), ['app.tenant', 'tenant.id', 'tenant', 'traceloop.association.properties.tenant', 'langfuse.trace.metadata.tenant', 'metadata.tenant', 'litellm.metadata.tenant', 'ai.telemetry.metadata.tenant', 'ai.settings.context.tenant', 'app.feature', 'feature', 'traceloop.association.properties.feature', 'langfuse.trace.metadata.feature', 'metadata.feature', 'litellm.metadata.feature', 'ai.telemetry.metadata.feature', 'ai.settings.context.feature', 'app.team', 'team', 'traceloop.association.properties.team', 'langfuse.trace.metadata.team', 'metadata.team', 'litellm.metadata.team', 'ai.telemetry.metadata.team', 'ai.settings.context.team', 'user.id', 'enduser.id', 'traceloop.association.properties.user_id', 'llm.user', 'ai.telemetry.metadata.userId', 'ai.settings.context.userId', 'gen_ai.conversation.id', 'session.id', 'langfuse.session.id', 'traceloop.association.properties.session_id', 'ai.telemetry.metadata.sessionId', 'ai.settings.context.sessionId']))
     GROUP BY TraceId, ServiceName) AS trace_ USING (TraceId, ServiceName)
 WHERE (mapContains(a, 'gen_ai.operation.name') OR mapContains(a, 'gen_ai.request.model') OR mapContains(a, 'gen_ai.usage.input_tokens') OR mapContains(a, 'gen_ai.usage.prompt_tokens') OR mapContains(a, 'llm.request.type') OR mapContains(a, 'gen_ai.latency.e2e')
        OR a['openinference.span.kind'] IN ('LLM', 'EMBEDDING') OR a['langfuse.observation.type'] IN ('generation', 'embedding')
