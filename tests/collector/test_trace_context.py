@@ -164,3 +164,29 @@ def test_the_view_reads_the_insert_not_the_table(store) -> None:
                   column_names=columns)
     assert client.query("SELECT SpanId, Tenant FROM llm_requests ORDER BY SpanId").result_rows == [
         ("child", ""), ("outer", "acme")]
+
+
+def test_an_ai_sdk_7_trace_reads_as_agent_steps_around_one_priced_call(make_settings, tmp_path) -> None:
+    """The Vercel AI SDK 7 capture through the real receiver, each trace as the Traces page
+    shows it (GET /api/v1/traces/<id>): the agent and its step around one LLM call that
+    carries the agent's tenant; an embedding is its operation span around one call."""
+    from servelens.analytics.reports import traces_search
+    from tests.collector.captures import replay
+
+    settings = make_settings(data_dir=str(tmp_path / "data"))
+    store = Store(settings.store_url, settings.store.database)
+    migrate(store.client())
+    collector = Collector(settings, store)
+    collector.start()
+    try:
+        replay("vercel_ai_v7", f"http://127.0.0.1:{collector.http.port}")
+        assert collector.writer.force_flush(30)
+    finally:
+        collector.shutdown()
+    shapes = []
+    for (trace_id,) in store.client().query("SELECT DISTINCT TraceId FROM otel_traces").result_rows:
+        spans = traces_search.get_trace(store, settings, trace_id)["spans"]
+        shapes.append(tuple((s["role"], s["depth"], (s["request"] or {}).get("tenant")) for s in spans))
+    chat = (("agent", 0, None), ("agent", 1, None), ("llm", 2, "acme"))
+    assert sorted(shapes) == sorted([chat] * 4 + [(("agent", 0, None), ("agent", 1, None), ("llm", 2, "globex")),
+                                                  (("embedding", 0, None), ("llm", 1, "acme"))])

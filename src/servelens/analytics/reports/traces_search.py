@@ -367,7 +367,7 @@ def role(a: Mapping[str, str], is_request: bool) -> str:
         return "tool"
     if op == "embeddings" or oi == "EMBEDDING" or lf == "embedding":
         return "embedding"
-    if op in ("create_agent", "invoke_agent") or oi == "AGENT":
+    if op in ("create_agent", "invoke_agent", "agent_step") or oi == "AGENT":  # agent_step: AI SDK 7's step
         return "agent"
     return a.get("app.stage", "")
 
