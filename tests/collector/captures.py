@@ -12,6 +12,9 @@ from pathlib import Path
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
+from servelens.collector.mapping import dialects
+from servelens.core.store import Store
+
 CAPTURES = Path(__file__).resolve().parents[1] / "interop" / "captures"
 
 
@@ -57,3 +60,13 @@ def replay(library: str, url: str) -> None:
             assert response.status == 200, (library, path.name, response.status, response.read()[:300])
         finally:
             connection.close()
+
+
+def span_views(store: Store) -> list[dialects.SpanView]:
+    """Every stored span as the Python reading takes it (dialects.requests' input)."""
+    rows = store.client().query(
+        "SELECT SpanAttributes, ResourceAttributes, toUnixTimestamp64Nano(Timestamp), StatusCode, Events.Name, "
+        "arrayMap(t -> toUnixTimestamp64Nano(t), Events.Timestamp), ScopeName, TraceId, SpanId, ParentSpanId, "
+        "ServiceName FROM otel_traces").result_rows
+    return [dialects.SpanView(dict(a), dict(r), start, status, list(names), list(times), scope, trace, span, parent,
+                              service) for a, r, start, status, names, times, scope, trace, span, parent, service in rows]

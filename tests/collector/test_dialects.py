@@ -21,7 +21,7 @@ from servelens.collector.mapping import dialects
 from servelens.collector.service import Collector
 from servelens.core.migrate import MIGRATIONS_DIR, migrate
 from servelens.core.store import Store
-from tests.collector.captures import CAPTURES, replay
+from tests.collector.captures import CAPTURES, replay, span_views
 
 pytestmark = pytest.mark.integration
 LIBRARIES = sorted(p.name for p in CAPTURES.iterdir() if (p / "manifest.json").is_file())
@@ -67,15 +67,6 @@ def stored(request, make_settings, tmp_path):
     store.client().command(f"DROP DATABASE IF EXISTS `{settings.store.database}`")
 
 
-def _spans(store: Store) -> list[dialects.SpanView]:
-    rows = store.client().query(
-        "SELECT SpanAttributes, ResourceAttributes, toUnixTimestamp64Nano(Timestamp), StatusCode, Events.Name, "
-        "arrayMap(t -> toUnixTimestamp64Nano(t), Events.Timestamp), ScopeName, TraceId, SpanId, ParentSpanId, "
-        "ServiceName FROM otel_traces").result_rows
-    return [dialects.SpanView(dict(a), dict(r), start, status, list(names), list(times), scope, trace, span, parent,
-                              service) for a, r, start, status, names, times, scope, trace, span, parent, service in rows]
-
-
 def _requests(store: Store) -> dict[str, dict]:
     names = list(COLUMNS)
     rows = store.client().query(f"SELECT SpanId, {', '.join(names)} FROM llm_requests").result_rows
@@ -86,7 +77,7 @@ def _requests(store: Store) -> dict[str, dict]:
 def test_the_view_and_the_python_reading_agree_on_every_span(stored, library: str) -> None:
     store, load = stored
     load(library)
-    spans, rows = _spans(store), _requests(store)
+    spans, rows = span_views(store), _requests(store)
     python = dialects.requests(spans)  # the capture's one export: one insert, one block
     assert set(python) == set(rows), "the same spans are requests"
     for sid, fields in python.items():

@@ -17,10 +17,12 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.trace import SpanKind
 
+from servelens.analytics.reports import traces_search
 from servelens.collector.mapping import dialects
 from servelens.collector.service import Collector
 from servelens.core.migrate import migrate
 from servelens.core.store import Store
+from tests.collector.captures import replay, span_views
 
 pytestmark = pytest.mark.integration
 
@@ -62,11 +64,7 @@ def _rows(store: Store) -> list[dict]:
 
 
 def _python_agrees(store: Store) -> None:
-    spans = [dialects.SpanView(dict(a), dict(r), 0, "STATUS_CODE_UNSET", (), (), scope, trace, span, parent, service)
-             for a, r, scope, trace, span, parent, service in store.client().query(
-                 "SELECT SpanAttributes, ResourceAttributes, ScopeName, TraceId, SpanId, ParentSpanId, ServiceName "
-                 "FROM otel_traces").result_rows]
-    python = dialects.requests(spans)
+    python = dialects.requests(span_views(store))
     rows = {r["SpanId"]: r for r in _rows(store)}
     assert set(python) == set(rows)
     for sid, fields in python.items():
@@ -166,23 +164,12 @@ def test_the_view_reads_the_insert_not_the_table(store) -> None:
         ("child", ""), ("outer", "acme")]
 
 
-def test_an_ai_sdk_7_trace_reads_as_agent_steps_around_one_priced_call(make_settings, tmp_path) -> None:
+def test_an_ai_sdk_7_trace_reads_as_agent_steps_around_one_priced_call(collector, otlp_http, store, settings) -> None:
     """The Vercel AI SDK 7 capture through the real receiver, each trace as the Traces page
     shows it (GET /api/v1/traces/<id>): the agent and its step around one LLM call that
     carries the agent's tenant; an embedding is its operation span around one call."""
-    from servelens.analytics.reports import traces_search
-    from tests.collector.captures import replay
-
-    settings = make_settings(data_dir=str(tmp_path / "data"))
-    store = Store(settings.store_url, settings.store.database)
-    migrate(store.client())
-    collector = Collector(settings, store)
-    collector.start()
-    try:
-        replay("vercel_ai_v7", f"http://127.0.0.1:{collector.http.port}")
-        assert collector.writer.force_flush(30)
-    finally:
-        collector.shutdown()
+    replay("vercel_ai_v7", otlp_http)
+    assert collector.writer.force_flush(30)
     shapes = []
     for (trace_id,) in store.client().query("SELECT DISTINCT TraceId FROM otel_traces").result_rows:
         spans = traces_search.get_trace(store, settings, trace_id)["spans"]

@@ -199,9 +199,12 @@ PIPELINE_OPERATIONS = ("retrieval", "execute_tool", "create_agent", "invoke_agen
 # A call is (operation, request model): a request span whose child repeats them is the
 # outer span of that one call (wrapped_calls).
 CALL_KEYS = ("gen_ai.operation.name", "gen_ai.request.model")
-# What a request takes from the other spans of its trace when its own span lacks it
-# (trace_context): AI SDK 7 writes its runtime context on the agent and step spans only.
-TRACE_UNITS = (*UNIT_KEYS, "session")
+# What a request without a tenant key of its own (TENANT_KEY_NAMES: the tenant's keys and
+# their JSON parents, _unit_lookup) takes from the other spans of its trace (trace_context),
+# by the keys those spans carry it under, as they are (no JSON parent is read): each unit's
+# and the session's. AI SDK 7 writes its runtime context on the agent and step spans only.
+TRACE_KEYS = {**UNIT_KEYS, "session": tuple(c.key for c in STRING_FIELDS["session"])}
+TENANT_KEY_NAMES = tuple(dict.fromkeys(n for k in UNIT_KEYS["tenant"] for n in (k, k.rpartition(".")[0]) if n))
 
 
 # --- the Python reading ----------------------------------------------------------------------
@@ -265,14 +268,14 @@ def wrapped_calls(spans: Sequence[SpanView]) -> set[tuple[tuple[str, str], str, 
 
 def trace_context(spans: Sequence[SpanView]) -> dict[tuple[str, str], dict[str, str]]:
     """Per trace (SpanView.trace: of one service) that holds a request carrying no tenant
-    key of its own (tenant_key_names): each of TRACE_UNITS that its spans' own attributes
-    give one value of (context_keys)."""
-    needy = {s.trace for s in spans if is_request(s) and not any(k in s.attributes for k in tenant_key_names())}
+    key of its own (TENANT_KEY_NAMES): each unit of TRACE_KEYS that its spans' own
+    attributes give one value of."""
+    needy = {s.trace for s in spans if is_request(s) and not any(k in s.attributes for k in TENANT_KEY_NAMES)}
     seen: dict[tuple[tuple[str, str], str], set[str]] = {}
     for span in spans:
         if span.trace not in needy:
             continue
-        for unit, keys in context_keys().items():
+        for unit, keys in TRACE_KEYS.items():
             value = _decoded(next((v for v in (span.attributes.get(k, "") for k in keys) if v), ""))
             if value:
                 seen.setdefault((span.trace, unit), set()).add(value)
@@ -281,18 +284,6 @@ def trace_context(spans: Sequence[SpanView]) -> dict[tuple[str, str], dict[str, 
         if len(values) == 1:
             context.setdefault(trace, {})[unit] = next(iter(values))
     return context
-
-
-def context_keys() -> dict[str, tuple[str, ...]]:
-    """The keys a trace's spans pass their units on by: each unit's keys, the session's
-    carriers (as they are: no JSON parent is read)."""
-    return {**UNIT_KEYS, "session": tuple(c.key for c in STRING_FIELDS["session"])}
-
-
-def tenant_key_names() -> list[str]:
-    """Every span attribute that gives a request a tenant of its own: the tenant's keys and
-    their JSON parents (_unit_lookup). A request without one takes its trace's units."""
-    return list(dict.fromkeys(n for k in UNIT_KEYS["tenant"] for n in (k, k.rpartition(".")[0]) if n))
 
 
 def request_fields(span: SpanView, context: Mapping[str, str] | None = None) -> dict[str, Any]:
@@ -551,8 +542,7 @@ def sql_trace_context() -> str:
     """trace_context over the rows of one insert: an otel_traces block, which is what a
     materialized view's every mention of its source table reads. Most traces need none
     (their requests carry a tenant): only the others' spans are read."""
-    keys = context_keys()
-    assert tuple(keys) == TRACE_UNITS
+    keys = TRACE_KEYS
     values = ",\n               ".join(
         f"arrayFirst(v -> v != '', {_sql_array(f'a[{_q(k)}]' for k in ks)}) AS {unit}_raw, "
         f"{_sql_decoded(f'{unit}_raw')} AS {unit}_" for unit, ks in keys.items())
@@ -565,7 +555,7 @@ def sql_trace_context() -> str:
             f"          FROM otel_traces\n"
             f"          WHERE (TraceId, ServiceName) IN (\n"
             f"                SELECT TraceId, ServiceName FROM (SELECT TraceId, ServiceName, SpanAttributes AS a FROM otel_traces)\n"
-            f"                WHERE NOT hasAny(mapKeys(a), {_sql_array(map(_q, tenant_key_names()))})\n"
+            f"                WHERE NOT hasAny(mapKeys(a), {_sql_array(map(_q, TENANT_KEY_NAMES))})\n"
             f"                  AND {sql_is_request()})\n"
             f"            AND hasAny(mapKeys(SpanAttributes), {every_key}))\n"
             f"    GROUP BY TraceId, ServiceName")
