@@ -70,6 +70,13 @@ LIBS = {
          "opentelemetry-exporter-otlp-proto-http", "httpx", "httpx2"],
         "openinference.instrumentation using_metadata({'tenant':...}) + using_session + using_user",
     ),
+    "pydantic_ai": (
+        ["pydantic-ai-slim", "pydantic-graph", "genai-prices", "openai", "opentelemetry-sdk", "opentelemetry-api",
+         "opentelemetry-exporter-otlp-proto-http", "httpx"],
+        "Pydantic AI's run metadata: agent.run(..., metadata={'tenant':..., 'user_id':..., 'session_id':...}, "
+        "conversation_id=<session>) (recorded on the agent run span only); an embedding (no run metadata) inside the "
+        "app's own span with tenant/user.id/session.id attributes",
+    ),
     "langfuse": (
         ["langfuse", "openai", "opentelemetry-sdk", "opentelemetry-api",
          "opentelemetry-exporter-otlp-proto-http", "httpx", "httpx2"],

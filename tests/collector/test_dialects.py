@@ -17,6 +17,7 @@ import json
 
 import pytest
 
+from servelens.analytics.sql import RATE_LIMITED
 from servelens.collector.mapping import dialects
 from servelens.collector.service import Collector
 from servelens.core.migrate import MIGRATIONS_DIR, migrate
@@ -27,10 +28,14 @@ pytestmark = pytest.mark.integration
 LIBRARIES = sorted(p.name for p in CAPTURES.iterdir() if (p / "manifest.json").is_file())
 # What each library carries (interop/README.md): a missing carrier is no failure of ours.
 # (<lib>_rag: the same library's retrieval-augmented capture, callplan.rag_plan.)
-SENDS_CACHED = {"traceloop", "openlit", "openinference", "langfuse", "vercel_ai", "vercel_ai_v7", "traceloop_rag", "openinference_rag"}
-SENDS_REASONING = {"openinference", "langfuse", "vercel_ai", "openinference_rag"}  # traceloop: on non-streamed calls only
-SENDS_TTFT = {"traceloop", "openlit", "openinference", "langfuse", "vercel_ai", "vercel_ai_v7"}
+SENDS_CACHED = {"traceloop", "openlit", "openinference", "langfuse", "vercel_ai", "vercel_ai_v7", "traceloop_rag",
+                "openinference_rag", "pydantic_ai"}
+SENDS_REASONING = {"openinference", "langfuse", "vercel_ai", "openinference_rag", "pydantic_ai"}  # traceloop: non-streamed only
+SENDS_TTFT = {"traceloop", "openlit", "openinference", "langfuse", "vercel_ai", "vercel_ai_v7", "pydantic_ai"}
 SENDS_REQUEST_MODEL = set(LIBRARIES) - {"langfuse"}  # Langfuse names one model, not both
+# The refusal's HTTP status or an error type that names it (AI SDK 6: AI_APICallError for any
+# status; Langfuse records no exception)
+SENDS_RATE_LIMIT = set(LIBRARIES) - {"langfuse", "vercel_ai"}
 
 COLUMNS = {  # llm_requests column -> request_fields key
     "Model": "model", "Provider": "provider", "Operation": "operation", "Tenant": "tenant", "Feature": "feature",
@@ -88,6 +93,17 @@ def test_the_view_and_the_python_reading_agree_on_every_span(stored, library: st
                 assert got == pytest.approx(expected, rel=1e-9, abs=1e-9), (library, column)
             else:
                 assert got == expected, (library, column, sid)
+
+
+@pytest.mark.parametrize("library", sorted(SENDS_RATE_LIMIT & {c for c in LIBRARIES if "rag" not in c}))
+def test_a_refused_call_is_read_as_rate_limited(stored, library: str) -> None:
+    """The 429 as the reports count it (analytics.sql.RATE_LIMITED), whatever says so."""
+    store, load = stored
+    load(library)
+    rows = store.client().query(f"SELECT Model, {RATE_LIMITED.sql}, ErrorType FROM llm_requests WHERE IsError")
+    assert sorted((model, bool(limited)) for model, limited, _ in rows.result_rows) == [
+        ("fail-429", True), ("fail-500", False)], rows.result_rows
+    assert all(error_type for _, _, error_type in rows.result_rows), "each failure has its type"
 
 
 @pytest.mark.parametrize("library", LIBRARIES)

@@ -34,7 +34,9 @@ class Carrier:
     kind: "attr" (a span attribute; `resource` for a resource attribute), "json" (the key
     `path` inside a JSON-valued attribute), "event" (the first span event named `key`: its
     time after the span's start, in seconds), "start" (an ISO time in the attribute, JSON
-    quotes allowed: its time after the span's start). `scale` turns the value into the
+    quotes allowed: its time after the span's start), "exception" (the attribute `key` of the
+    span's first `exception` event, as OTel's record_exception writes it, on a span whose
+    status is an error). `scale` turns the value into the
     field's unit (0.001 for milliseconds). `streamed_only`: counted only when the request
     streamed (OpenLIT sets its TTFT on every call: on a non-streamed one it is the whole call).
     """
@@ -50,7 +52,8 @@ class Carrier:
     @property
     def source(self) -> str:
         """How a row says where a value came from (e.g. llm_requests.TtftSource)."""
-        where = {"attr": "attribute", "json": "attribute", "event": "event", "start": "timestamp"}[self.kind]
+        where = {"attr": "attribute", "json": "attribute", "event": "event", "start": "timestamp",
+                 "exception": "event"}[self.kind]
         return f"{where}:{self.key}"
 
 
@@ -65,7 +68,7 @@ def _usage(*paths: str) -> tuple[Carrier, ...]:
 
 
 SEMCONV, VLLM, OPENLLMETRY, OPENLIT, OPENINFERENCE = "semconv", "vllm", "openllmetry", "openlit", "openinference"
-LANGFUSE, LITELLM, VERCEL = "langfuse", "litellm", "vercel-ai"
+LANGFUSE, LITELLM, VERCEL, PYDANTIC_AI = "langfuse", "litellm", "vercel-ai", "pydantic-ai"
 
 # String fields: the first non-empty value.
 STRING_FIELDS: dict[str, tuple[Carrier, ...]] = {
@@ -95,7 +98,9 @@ STRING_FIELDS: dict[str, tuple[Carrier, ...]] = {
     "operation": (
         *_a(SEMCONV, "gen_ai.operation.name"), *_a(OPENLLMETRY, "llm.request.type"),
     ),
-    "error_type": (*_a(SEMCONV, "error.type"),),
+    # the conventions' error.type, else the exception the span recorded (OpenInference,
+    # Pydantic AI and the Vercel AI SDK set no error.type)
+    "error_type": (*_a(SEMCONV, "error.type"), Carrier(SEMCONV, "exception.type", "exception")),
     "session": (
         *_a(SEMCONV, "gen_ai.conversation.id", "session.id"), *_a(LANGFUSE, "langfuse.session.id"),
         *_a(OPENLLMETRY, "traceloop.association.properties.session_id"),
@@ -144,6 +149,8 @@ TOKEN_FIELDS: dict[str, tuple[Carrier, ...]] = {
         *_a(SEMCONV, "gen_ai.usage.reasoning.output_tokens", "gen_ai.usage.reasoning_tokens"),
         *_a(OPENINFERENCE, "llm.token_count.completion_details.reasoning"),
         *_usage("completion_tokens_details.reasoning_tokens", "output_reasoning"), *_a(VERCEL, "ai.usage.reasoningTokens"),
+        # Pydantic AI: the provider's own usage details, as the provider names them (OpenAI's)
+        *_a(PYDANTIC_AI, "gen_ai.usage.details.reasoning_tokens"),
     ),
 }
 
@@ -177,7 +184,7 @@ SECONDS_FIELDS: dict[str, tuple[Carrier, ...]] = {
 }
 # The client's own cost estimate, kept beside servelens' (never used as it).
 CLIENT_COST = (*_a(OPENLIT, "gen_ai.usage.cost"), *_a(LITELLM, "gen_ai.cost.total_cost"),
-               *_a(OPENINFERENCE, "llm.cost.total"))
+               *_a(OPENINFERENCE, "llm.cost.total"), *_a(PYDANTIC_AI, "operation.cost"))
 # Whether the request streamed: an explicit flag, or a carrier only a stream has.
 STREAM_FLAGS = (*_a(SEMCONV, "gen_ai.request.stream"), *_a(OPENLLMETRY, "gen_ai.is_streaming"),
                 *_a(LITELLM, "llm.is_streaming"))
@@ -200,9 +207,10 @@ PIPELINE_OPERATIONS = ("retrieval", "execute_tool", "create_agent", "invoke_agen
 # outer span of that one call (wrapped_calls).
 CALL_KEYS = ("gen_ai.operation.name", "gen_ai.request.model")
 # What a request without a tenant key of its own (TENANT_KEY_NAMES: the tenant's keys and
-# their JSON parents, _unit_lookup) takes from the other spans of its trace (trace_context),
-# by the keys those spans carry it under, as they are (no JSON parent is read): each unit's
-# and the session's. AI SDK 7 writes its runtime context on the agent and step spans only.
+# their JSON parents, _unit_lookup) takes from the other spans of its trace (trace_context):
+# each unit as those spans carry it (read as a request's own is, JSON parents included:
+# Pydantic AI writes its run metadata as JSON on the agent run span only), and the session
+# by its keys as they are. AI SDK 7 writes its runtime context on the agent and step spans only.
 TRACE_KEYS = {**UNIT_KEYS, "session": tuple(c.key for c in STRING_FIELDS["session"])}
 TENANT_KEY_NAMES = tuple(dict.fromkeys(n for k in UNIT_KEYS["tenant"] for n in (k, k.rpartition(".")[0]) if n))
 
@@ -224,6 +232,7 @@ class SpanView:
     span_id: str = ""
     parent_span_id: str = ""
     service_name: str = ""
+    event_attributes: Sequence[Mapping[str, str]] = ()
 
     @property
     def trace(self) -> tuple[str, str]:
@@ -276,7 +285,8 @@ def trace_context(spans: Sequence[SpanView]) -> dict[tuple[str, str], dict[str, 
         if span.trace not in needy:
             continue
         for unit, keys in TRACE_KEYS.items():
-            value = _decoded(next((v for v in (span.attributes.get(k, "") for k in keys) if v), ""))
+            value = (_unit_in(span.attributes, keys) if unit in UNIT_KEYS
+                     else _decoded(next((v for v in (span.attributes.get(k, "") for k in keys) if v), "")))
             if value:
                 seen.setdefault((span.trace, unit), set()).add(value)
     context: dict[tuple[str, str], dict[str, str]] = {}
@@ -379,6 +389,10 @@ def _operation(a: Mapping[str, str], named: str) -> str:
 
 def _read(span: SpanView, c: Carrier) -> str:
     attrs = span.resource if c.resource else span.attributes
+    if c.kind == "exception":
+        if span.status_code != "STATUS_CODE_ERROR" or "exception" not in span.event_names:
+            return ""
+        return span.event_attributes[list(span.event_names).index("exception")].get(c.key, "")
     if c.kind == "json":
         return _json_string(attrs.get(c.key, ""), c.path)
     return attrs.get(c.key, "")
@@ -489,6 +503,9 @@ def _sql_array(items: Iterable[str]) -> str:
 
 def _sql_read(c: Carrier) -> str:
     m = f"{'r' if c.resource else 'a'}[{_q(c.key)}]"
+    if c.kind == "exception":  # index 0 (no such event) reads an empty map
+        return (f"if(StatusCode = 'STATUS_CODE_ERROR', "
+                f"Events.Attributes[indexOf(Events.Name, 'exception')][{_q(c.key)}], '')")
     if c.kind == "json":
         return f"if({m} = '', '', JSONExtractString({m}, {', '.join(map(_q, c.path))}))"
     return m
@@ -544,12 +561,15 @@ def sql_trace_context() -> str:
     (their requests carry a tenant): only the others' spans are read."""
     keys = TRACE_KEYS
     values = ",\n               ".join(
+        f"{_sql_unit_in('a', ks)} AS {unit}_" if unit in UNIT_KEYS else
         f"arrayFirst(v -> v != '', {_sql_array(f'a[{_q(k)}]' for k in ks)}) AS {unit}_raw, "
         f"{_sql_decoded(f'{unit}_raw')} AS {unit}_" for unit, ks in keys.items())
     # one value when the spans' lowest equals their highest: no set of values is built
     picked = ",\n           ".join(f"if((minIf({u}_, {u}_ != '') AS {u}_lo) = maxIf({u}_, {u}_ != ''), {u}_lo, '') AS {u}"
                                     for u in keys)
-    every_key = _sql_array(map(_q, dict.fromkeys(k for ks in keys.values() for k in ks)))
+    every_key = _sql_array(map(_q, dict.fromkeys(
+        n for unit, ks in keys.items() for k in ks
+        for n in ((k, k.rpartition(".")[0]) if unit in UNIT_KEYS else (k,)) if n)))
     return (f"SELECT TraceId, ServiceName,\n           {picked}\n"
             f"    FROM (SELECT TraceId, ServiceName, SpanAttributes AS a,\n               {values}\n"
             f"          FROM otel_traces\n"
@@ -739,7 +759,7 @@ COLUMN_ORDER = (
 # The migration holding the current rendering of the view; a change to the table above
 # goes into a new migration (ADD COLUMN, DROP VIEW, the view) named here, rendered by
 # `python -m servelens.collector.mapping.dialects`.
-VIEW_MIGRATION = "0045_llm_requests_trace_context.sql"
+VIEW_MIGRATION = "0047_llm_requests_trace_units_in_json.sql"
 
 
 def llm_requests_view_sql() -> str:
