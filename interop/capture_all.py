@@ -77,6 +77,11 @@ LIBS = {
         "conversation_id=<session>) (recorded on the agent run span only); an embedding (no run metadata) inside the "
         "app's own span with tenant/user.id/session.id attributes",
     ),
+    "strands": (
+        ["strands-agents", "openai", "opentelemetry-sdk", "opentelemetry-api",
+         "opentelemetry-exporter-otlp-proto-http", "httpx"],
+        "Agent(trace_attributes={'tenant':..., 'user.id':..., 'session.id':...}) (written on every span of the run)",
+    ),
     "langfuse": (
         ["langfuse", "openai", "opentelemetry-sdk", "opentelemetry-api",
          "opentelemetry-exporter-otlp-proto-http", "httpx", "httpx2"],

@@ -543,15 +543,20 @@ def test_reliability_rollup_counts_rate_limiting_as_the_reports_do() -> None:
     """The migration's view spells analytics.sql.RATE_LIMITED_BY_TYPE (SQL cannot import it),
     and the request rollups count status 429: RATE_LIMITED is the two."""
     from servelens.core.migrate import MIGRATIONS_DIR
-    view = (MIGRATIONS_DIR / "0036_reliability_rollup.sql").read_text()
-    assert view.count(f"countIf(HttpStatusCode != 429 AND {sql.RATE_LIMITED_BY_TYPE.sql}) AS RateLimitedByType") == 2
+    first = (MIGRATIONS_DIR / "0036_reliability_rollup.sql").read_text()
+    # the back-fill selects what the view selects
+    selects = [first.split(marker, 1)[1].split(";", 1)[0]
+               for marker in ("TO rollup_reliability_1h AS\n", "INSERT INTO rollup_reliability_1h\n")]
+    assert selects[0] == selects[1] and selects[0].startswith("SELECT")
+    # the view as the latest migration that re-creates it spells it
+    latest = sorted(p for p in MIGRATIONS_DIR.glob("*.sql")
+                    if "MATERIALIZED VIEW IF NOT EXISTS rollup_reliability_1h_mv" in p.read_text())[-1]
+    view = latest.read_text().split("TO rollup_reliability_1h AS\n", 1)[1].split(";", 1)[0]
+    assert f"countIf(HttpStatusCode != 429 AND {sql.RATE_LIMITED_BY_TYPE.sql}) AS RateLimitedByType" in view
+    assert f"HttpStatusCode != 429 AND {sql.RATE_LIMITED_BY_TYPE.sql})" in view.split("WHERE", 1)[1]
     requests = (MIGRATIONS_DIR / "0019_request_rollups.sql").read_text()
     assert "countIf(HttpStatusCode = 429) AS RateLimited" in requests
     assert sql.RATE_LIMITED.sql == f"(HttpStatusCode = 429 OR {sql.RATE_LIMITED_BY_TYPE.sql})"
-    # the back-fill selects what the view selects
-    selects = [view.split(marker, 1)[1].split(";", 1)[0]
-               for marker in ("TO rollup_reliability_1h AS\n", "INSERT INTO rollup_reliability_1h\n")]
-    assert selects[0] == selects[1] and selects[0].startswith("SELECT")
 
 
 # --- context sizes (migrations/0037) -------------------------------------------------------
@@ -762,3 +767,47 @@ def test_shared_prefixes_equal_with_and_without_rollups(store, make_settings, wi
         "SELECT (SELECT count() FROM prefix_keys_1d FINAL WHERE PrefixKey != 0), "
         "(SELECT countIf(PrefixKey != 0) FROM llm_requests)").result_rows
     assert 0 < day_rows < keyed
+
+
+def _write_errors(store, types: list[tuple[str, str]]) -> None:
+    """One failed request per (error.type, HTTP status), in the benchmark hour."""
+    values = ", ".join(f"('{t}', '{s}', {i})" for i, (t, s) in enumerate(types))
+    store.client().command(f"""
+        INSERT INTO otel_traces (Timestamp, TraceId, SpanId, ParentSpanId, SpanName, SpanKind, ServiceName,
+                                 SpanAttributes, Duration, StatusCode)
+        SELECT toDateTime64('{START:%Y-%m-%d %H:%M:%S}', 9) + i, lower(hex(cityHash64(i, 'e1'))),
+               lower(hex(cityHash64(i, 'e2'))), '', 'chat', 'SPAN_KIND_CLIENT', 'chat-api',
+               map('gen_ai.operation.name', 'chat', 'gen_ai.request.model', 'gpt-4o', 'error.type', t,
+                   'http.response.status_code', s),
+               50000000, 'STATUS_CODE_ERROR'
+        FROM values('t String, s String, i UInt32', {values})""")
+
+
+def test_throttling_counts_as_rate_limited_before_and_after_the_upgrade(make_settings, tmp_path) -> None:
+    """0048: an error type naming throttling is rate limiting, in the hours stored before the
+    upgrade (added to them) and in those the view stores after, as the raw rows count it."""
+    import shutil
+
+    from servelens.core.migrate import MIGRATIONS_DIR
+
+    settings = make_settings(store={"database": "throttled_upgrade"})
+    store = Store(settings.store_url, settings.store.database)
+    types = [("ThrottlingException", ""), ("strands.types.exceptions.ModelThrottledException", ""),
+             ("openai.RateLimitError", ""), ("ThrottlingException", "429"), ("openai.InternalServerError", "500")]
+    try:
+        older = tmp_path / "older"
+        older.mkdir()
+        for path in sorted(MIGRATIONS_DIR.glob("*.sql")):
+            if int(path.name[:4]) < 48:
+                shutil.copy(path, older / path.name)
+        migrate(store.client(), older)
+        _write_errors(store, types)
+        migrate(store.client())
+        _write_errors(store, types)
+        client = store.client()
+        [(limited,)] = client.query(f"SELECT countIf({sql.RATE_LIMITED.sql}) FROM llm_requests").result_rows
+        [(rolled,)] = client.query("SELECT (SELECT sum(RateLimited) FROM rollup_requests_1h) "
+                                   "+ (SELECT sum(RateLimitedByType) FROM rollup_reliability_1h)").result_rows
+        assert limited == rolled == 8  # four of the five types, twice
+    finally:
+        store.client().command("DROP DATABASE IF EXISTS throttled_upgrade")

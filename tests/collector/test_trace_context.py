@@ -177,3 +177,21 @@ def test_an_ai_sdk_7_trace_reads_as_agent_steps_around_one_priced_call(collector
     chat = (("agent", 0, None), ("agent", 1, None), ("llm", 2, "acme"))
     assert sorted(shapes) == sorted([chat] * 4 + [(("agent", 0, None), ("agent", 1, None), ("llm", 2, "globex")),
                                                   (("embedding", 0, None), ("llm", 1, "acme"))])
+
+
+def test_a_strands_trace_reads_as_an_agent_loop_around_its_calls(collector, otlp_http, store, settings) -> None:
+    """The Strands Agents capture: each run is the agent, one turn of its loop and the model
+    call under it (the turn is no request), a call Strands retried after 429s one request per
+    attempt; the calls' TTFT, which Strands sends in milliseconds, in seconds."""
+    replay("strands", otlp_http)
+    assert collector.writer.force_flush(30)
+    shapes = []
+    for (trace_id,) in store.client().query("SELECT DISTINCT TraceId FROM otel_traces").result_rows:
+        spans = traces_search.get_trace(store, settings, trace_id)["spans"]
+        shapes.append(tuple((s["role"], s["depth"], (s["request"] or {}).get("tenant")) for s in spans))
+    loop = (("agent", 0, None), ("agent", 1, None))
+    assert sorted(shapes) == sorted([loop + (("llm", 2, "acme"),)] * 3 + [loop + (("llm", 2, "acme"),) * 6]
+                                    + [loop + (("llm", 2, "globex"),)])
+    ttfts = [t for (t,) in store.client().query(
+        "SELECT TtftSeconds FROM llm_requests WHERE NOT IsError ORDER BY Timestamp").result_rows]
+    assert len(ttfts) == 3 and all(0.1 < t < 2 for t in ttfts), ttfts

@@ -88,7 +88,7 @@ def other_model(deployments: Iterable[DeploymentConfig]) -> Fragment:
 # error.type is free text: HTTP status, OpenAI's RateLimitError, vLLM/LiteLLM's rate_limit_*.
 # The request rollups count status 429 (RateLimited, migrations/0019), rollup_reliability_1h
 # the error types among the other statuses (0036; a test holds its text to this one).
-RATE_LIMITED_BY_TYPE = Fragment("match(ErrorType, '(?i)429|rate_?limit')", {})
+RATE_LIMITED_BY_TYPE = Fragment("match(ErrorType, '(?i)429|rate_?limit|throttl')", {})
 RATE_LIMITED = Fragment(f"(HttpStatusCode = 429 OR {RATE_LIMITED_BY_TYPE.sql})", {})
 
 

@@ -367,7 +367,8 @@ def role(a: Mapping[str, str], is_request: bool) -> str:
         return "tool"
     if op == "embeddings" or oi == "EMBEDDING" or lf == "embedding":
         return "embedding"
-    if op in ("create_agent", "invoke_agent", "agent_step") or oi == "AGENT":  # agent_step: AI SDK 7's step
+    # agent_step: AI SDK 7's step; execute_event_loop_cycle: a turn of a Strands agent's loop
+    if op in ("create_agent", "invoke_agent", "agent_step", "execute_event_loop_cycle") or oi == "AGENT":
         return "agent"
     return a.get("app.stage", "")
 

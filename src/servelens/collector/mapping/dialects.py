@@ -36,9 +36,11 @@ class Carrier:
     time after the span's start, in seconds), "start" (an ISO time in the attribute, JSON
     quotes allowed: its time after the span's start), "exception" (the attribute `key` of the
     span's first `exception` event, as OTel's record_exception writes it, on a span whose
-    status is an error). `scale` turns the value into the
-    field's unit (0.001 for milliseconds). `streamed_only`: counted only when the request
-    streamed (OpenLIT sets its TTFT on every call: on a non-streamed one it is the whole call).
+    status is an error). `scale` turns the value into the field's unit (0.001 for
+    milliseconds). `streamed_only`: counted only when the request streamed (OpenLIT sets its
+    TTFT on every call: on a non-streamed one it is the whole call). `when` (key, value): read
+    only on a span whose attribute `key` is `value` (a dialect that gives a shared key its
+    own unit).
     """
 
     dialect: str
@@ -48,6 +50,7 @@ class Carrier:
     scale: float = 1.0
     resource: bool = False
     streamed_only: bool = False
+    when: tuple[str, str] | None = None
 
     @property
     def source(self) -> str:
@@ -69,6 +72,7 @@ def _usage(*paths: str) -> tuple[Carrier, ...]:
 
 SEMCONV, VLLM, OPENLLMETRY, OPENLIT, OPENINFERENCE = "semconv", "vllm", "openllmetry", "openlit", "openinference"
 LANGFUSE, LITELLM, VERCEL, PYDANTIC_AI = "langfuse", "litellm", "vercel-ai", "pydantic-ai"
+STRANDS = "strands"
 
 # String fields: the first non-empty value.
 STRING_FIELDS: dict[str, tuple[Carrier, ...]] = {
@@ -174,6 +178,8 @@ SECONDS_FIELDS: dict[str, tuple[Carrier, ...]] = {
         *_a(VLLM, "gen_ai.latency.time_to_first_token"), *_a(SEMCONV, "gen_ai.response.time_to_first_chunk"),
         # the client's operation attribute (Vercel AI SDK 7's @ai-sdk/otel): seconds, streams only
         *_a(SEMCONV, "gen_ai.client.operation.time_to_first_chunk"),
+        # Strands Agents: the same key in milliseconds (its model calls always stream)
+        Carrier(STRANDS, "gen_ai.server.time_to_first_token", scale=0.001, when=("gen_ai.system", "strands-agents")),
         Carrier(OPENLIT, "gen_ai.server.time_to_first_token", streamed_only=True),
         Carrier(VERCEL, "ai.response.msToFirstChunk", scale=0.001),
         Carrier(OPENLLMETRY, "gen_ai.content.completion.chunk", "event"),
@@ -202,7 +208,8 @@ UNIT_KEYS = keys.UNIT_KEYS
 REQUEST_MARKERS = ("gen_ai.operation.name", "gen_ai.request.model", "gen_ai.usage.input_tokens",
                    "gen_ai.usage.prompt_tokens", "llm.request.type", "gen_ai.latency.e2e")
 PIPELINE_OPERATIONS = ("retrieval", "execute_tool", "create_agent", "invoke_agent",
-                       "agent_step")  # Vercel AI SDK 7: one step of an agent, around its model call
+                       "agent_step",  # Vercel AI SDK 7: one step of an agent, around its model call
+                       "execute_event_loop_cycle")  # Strands Agents: one turn of the agent's loop
 # A call is (operation, request model): a request span whose child repeats them is the
 # outer span of that one call (wrapped_calls).
 CALL_KEYS = ("gen_ai.operation.name", "gen_ai.request.model")
@@ -389,6 +396,8 @@ def _operation(a: Mapping[str, str], named: str) -> str:
 
 def _read(span: SpanView, c: Carrier) -> str:
     attrs = span.resource if c.resource else span.attributes
+    if c.when and span.attributes.get(c.when[0], "") != c.when[1]:
+        return ""
     if c.kind == "exception":
         if span.status_code != "STATUS_CODE_ERROR" or "exception" not in span.event_names:
             return ""
@@ -506,6 +515,8 @@ def _sql_read(c: Carrier) -> str:
     if c.kind == "exception":  # index 0 (no such event) reads an empty map
         return (f"if(StatusCode = 'STATUS_CODE_ERROR', "
                 f"Events.Attributes[indexOf(Events.Name, 'exception')][{_q(c.key)}], '')")
+    if c.when:
+        return f"if(a[{_q(c.when[0])}] = {_q(c.when[1])}, {m}, '')"
     if c.kind == "json":
         return f"if({m} = '', '', JSONExtractString({m}, {', '.join(map(_q, c.path))}))"
     return m
