@@ -29,7 +29,11 @@ OTLP = os.environ.get("INTEROP_OTLP", "http://127.0.0.1:4318").rstrip("/")
 CALLS_OUT = os.environ.get("INTEROP_CALLS_OUT")
 FAKE_API_KEY = "sk-interop-fake-key"
 
+# Anthropic's SDK takes the server's root and adds /v1/messages itself.
+ANTHROPIC_BASE = OPENAI_BASE.removesuffix("/v1")
+
 CHAT_MODEL = "gpt-4o-mini"
+ANTHROPIC_MODEL = "claude-haiku-4-5"
 EMBED_MODEL = "text-embedding-3-small"
 SYSTEM = "You are a terse assistant."
 RAG_SYSTEM = ("You answer customers' questions about their orders from the policy passages given with "
@@ -96,6 +100,14 @@ def plan() -> list[Call]:
         c("chat-globex", "chat", "globex", CHAT_MODEL,
           "Say hello to the globex people, who are a different tenant."),
     ]
+
+
+def anthropic_plan() -> list[Call]:
+    """The plan's calls to Anthropic's Messages API (the *_anthropic captures): the same
+    labels, tenants and prompts, a Claude model; Anthropic has no embeddings API."""
+    return [Call(c.label, c.kind, c.tenant, c.user, c.session,
+                 ANTHROPIC_MODEL if c.model == CHAT_MODEL else c.model, c.prompt, c.stream)
+            for c in plan() if c.kind != "embedding"]
 
 
 def rag_plan() -> list[Call]:
@@ -168,3 +180,27 @@ def consume_stream(stream) -> dict:
     return {"client_first_chunk_ms": round((first or 0) * 1000, 1), "chunks": n,
             "text": "".join(text),
             "client_saw_usage": usage is not None}
+
+
+def anthropic_call(client, call: Call) -> dict:
+    """One plan call through Anthropic's SDK (`client`: anthropic.Anthropic): the system
+    prompt apart, as the Messages API takes it; a stream with `create(stream=True)`."""
+    system, user = (m["content"] for m in call.messages())
+    kw = {"model": call.model, "max_tokens": 64, "system": system,
+          "messages": [{"role": "user", "content": user}]}
+    if not call.stream:
+        r = client.messages.create(**kw)
+        return {"response_model": r.model, "usage": r.usage.model_dump()}
+    t0 = _call_t0 or time.perf_counter()
+    first, n, text, usage = None, 0, [], {}
+    for event in client.messages.create(stream=True, **kw):
+        if first is None:
+            first = time.perf_counter() - t0
+        n += 1
+        if event.type == "content_block_delta":
+            text.append(event.delta.text)
+        elif event.type in ("message_start", "message_delta"):
+            found = event.message.usage if event.type == "message_start" else event.usage
+            usage.update({k: v for k, v in found.model_dump().items() if v is not None})
+    return {"client_first_chunk_ms": round((first or 0) * 1000, 1), "chunks": n, "text": "".join(text),
+            "usage": usage}

@@ -111,10 +111,32 @@ LIBS = {
     ),
 }
 
+# The Anthropic captures (callplan.anthropic_plan): a library's instrumentation of Anthropic's
+# SDK, each in a venv of its own.
+LIBS.update({
+    "anthropic_openinference": (
+        ["openinference-instrumentation-anthropic", "openinference-instrumentation",
+         "openinference-semantic-conventions", "anthropic", "opentelemetry-sdk", "opentelemetry-api",
+         "opentelemetry-exporter-otlp-proto-http", "httpx"],
+        "openinference.instrumentation using_metadata({'tenant':...}) + using_session + using_user",
+    ),
+    "anthropic_traceloop": (
+        ["traceloop-sdk", "opentelemetry-instrumentation-anthropic", "opentelemetry-semantic-conventions-ai",
+         "anthropic", "opentelemetry-sdk", "opentelemetry-api", "opentelemetry-exporter-otlp-proto-http", "httpx"],
+        "Traceloop.set_association_properties({'tenant':..., 'user_id':..., 'session_id':...})",
+    ),
+    "anthropic_openlit": (
+        ["openlit", "anthropic", "opentelemetry-sdk", "opentelemetry-api",
+         "opentelemetry-exporter-otlp-proto-http", "httpx"],
+        "openlit.using_attributes({'tenant':..., 'user.id':..., 'session.id':...}) around each call",
+    ),
+})
+
 # The retrieval-augmented captures (callplan.rag_plan): a library's own script for them, in
 # that library's venv.
-VENV_OF = {"openinference_rag": "openinference", "traceloop_rag": "traceloop"}
-LIBS.update({rag: LIBS[lib] for rag, lib in VENV_OF.items()})
+# OpenLIT's Anthropic capture runs in its venv too (OpenLIT pins anthropic < 1, in it).
+VENV_OF = {"openinference_rag": "openinference", "traceloop_rag": "traceloop", "anthropic_openlit": "openlit"}
+LIBS.update({rag: LIBS[lib] for rag, lib in VENV_OF.items() if rag not in LIBS})
 
 # Node libraries: interop/libs/<lib>/ holds package.json, package-lock.json and
 # capture.mjs; lib -> extra files copied next to the script (shared helpers).
@@ -124,7 +146,7 @@ NODE_LIBS = {
 }
 
 CALL_FIELDS = ("request_model", "response_model", "response_id", "input_tokens", "output_tokens",
-               "cached_tokens", "reasoning_tokens", "stream", "include_usage",
+               "cached_tokens", "cache_write_tokens", "reasoning_tokens", "stream", "include_usage",
                "time_to_first_chunk_ms", "stream_duration_ms", "content_chunks", "status",
                "endpoint", "encoding_format")
 

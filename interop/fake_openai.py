@@ -5,6 +5,10 @@ Endpoints (all under /v1, like api.openai.com):
   POST /v1/chat/completions   non-streaming JSON, or `"stream": true` as SSE
   POST /v1/embeddings         float or base64 (the openai client asks for base64)
   GET  /v1/models             a tiny list (some clients probe it)
+  POST /v1/messages           Anthropic's Messages API (its SDK's base URL is the server's
+                              root): JSON, or `"stream": true` as Anthropic's SSE events;
+                              usage splits the prompt as Anthropic does (input_tokens
+                              without the cache reads and writes)
 
 Error triggers, by request model:
   "fail-500"  -> 500 with an OpenAI-shaped error body
@@ -42,6 +46,8 @@ RESPONSE_MODELS = {
     "gpt-4.1-mini": "gpt-4.1-mini-2025-04-14",
     "o4-mini": "o4-mini-2025-04-16",
 }
+# Anthropic answers an alias with its dated model.
+ANTHROPIC_MODELS = {"claude-haiku-4-5": "claude-haiku-4-5-20251001"}
 EMBEDDING_DIMS = 8
 FIRST_CHUNK_DELAY_S = 0.120   # before the first SSE chunk
 INTER_CHUNK_DELAY_S = 0.030   # between SSE chunks
@@ -128,6 +134,17 @@ def _usage(state: State, text: str, n_chunks: int) -> dict:
     }
 
 
+def _anthropic_usage(state: State, text: str, n_chunks: int) -> tuple[int, dict]:
+    """The whole prompt, and Anthropic's usage of it: `input_tokens` is what was neither
+    read from nor written to the cache."""
+    prompt = state.unique_prompt_tokens(8 + len(text) // 2)
+    cached = (prompt // 3) // 8 * 8
+    written = ((prompt - cached) // 4) // 8 * 8
+    return prompt, {"input_tokens": prompt - cached - written, "cache_creation_input_tokens": written,
+                    "cache_read_input_tokens": cached, "output_tokens": n_chunks + 2,
+                    "service_tier": "standard"}
+
+
 def make_handler(state: State):
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -186,6 +203,8 @@ def make_handler(state: State):
                 self._chat(body, seq, t0)
             elif path.endswith("/embeddings"):
                 self._embeddings(body, seq)
+            elif path.endswith("/v1/messages"):
+                self._messages(body, seq, t0)
             else:
                 self._not_found(seq)
 
@@ -288,6 +307,77 @@ def make_handler(state: State):
             self.wfile.flush()
             entry.update(time_to_first_chunk_ms=ttfc, sse_events=len(events),
                          content_chunks=len(chunks),
+                         stream_duration_ms=round((time.perf_counter() - t0) * 1000, 1))
+            state.record(entry)
+
+        def _anthropic_error(self, model: str, seq: int, entry: dict) -> bool:
+            if model not in ("fail-500", "fail-429"):
+                return False
+            status = 500 if model == "fail-500" else 429
+            entry.update(status=status)
+            state.record(entry)
+            kind, message = (("api_error", "Internal server error") if status == 500 else
+                             ("rate_limit_error", "This request would exceed the rate limit for your "
+                                                  "organization of 3 requests per minute."))
+            self._send_json(status, {"type": "error", "error": {"type": kind, "message": message},
+                                     "request_id": f"req_fake{seq:08d}"}, seq,
+                            extra={"retry-after": "20", "anthropic-ratelimit-requests-limit": "3",
+                                   "anthropic-ratelimit-requests-remaining": "0"} if status == 429 else None)
+            return True
+
+        def _messages(self, body: dict, seq: int, t0: float) -> None:
+            model = str(body.get("model", ""))
+            stream = bool(body.get("stream"))
+            system = body.get("system", "")
+            text = "\n".join([_text_of(system)] + [_text_of(m.get("content")) for m in body.get("messages", [])])
+            entry = {"seq": seq, "path": self.path, "endpoint": "messages", "label": _label(text),
+                     "request_model": model, "stream": stream}
+            if self._anthropic_error(model, seq, entry):
+                return
+            resp_model = ANTHROPIC_MODELS.get(model, model)
+            chunks = _reply_chunks(text)
+            prompt, usage = _anthropic_usage(state, text, len(chunks))
+            mid = f"msg_fake{seq:08d}"
+            entry.update(response_model=resp_model, response_id=mid, status=200, input_tokens=prompt,
+                         output_tokens=usage["output_tokens"], cached_tokens=usage["cache_read_input_tokens"],
+                         cache_write_tokens=usage["cache_creation_input_tokens"], reasoning_tokens=None,
+                         finish_reason="end_turn")
+            message = {"id": mid, "type": "message", "role": "assistant", "model": resp_model,
+                       "content": [{"type": "text", "text": "".join(chunks)}], "stop_reason": "end_turn",
+                       "stop_sequence": None, "usage": usage}
+            if not stream:
+                entry["time_to_first_chunk_ms"] = None
+                state.record(entry)
+                self._send_json(200, message, seq)
+                return
+            start = {**message, "content": [], "stop_reason": None, "usage": {**usage, "output_tokens": 1}}
+            events = [("message_start", {"type": "message_start", "message": start}),
+                      ("content_block_start", {"type": "content_block_start", "index": 0,
+                                               "content_block": {"type": "text", "text": ""}}),
+                      ("ping", {"type": "ping"})]
+            events += [("content_block_delta", {"type": "content_block_delta", "index": 0,
+                                                "delta": {"type": "text_delta", "text": w}}) for w in chunks]
+            events += [("content_block_stop", {"type": "content_block_stop", "index": 0}),
+                       ("message_delta", {"type": "message_delta",
+                                          "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+                                          "usage": {"output_tokens": usage["output_tokens"]}}),
+                       ("message_stop", {"type": "message_stop"})]
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream; charset=utf-8")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.send_header("Cache-Control", "no-cache")
+            self._common_headers(seq)
+            self.end_headers()
+            self.wfile.flush()
+            ttfc = None
+            for i, (name, data) in enumerate(events):
+                time.sleep(FIRST_CHUNK_DELAY_S if i == 0 else INTER_CHUNK_DELAY_S)
+                self._chunk(f"event: {name}\ndata: {json.dumps(data)}\n\n".encode())
+                if i == 0:
+                    ttfc = round((time.perf_counter() - t0) * 1000, 1)
+            self.wfile.write(b"0\r\n\r\n")
+            self.wfile.flush()
+            entry.update(time_to_first_chunk_ms=ttfc, sse_events=len(events), content_chunks=len(chunks),
                          stream_duration_ms=round((time.perf_counter() - t0) * 1000, 1))
             state.record(entry)
 

@@ -158,6 +158,11 @@ TOKEN_FIELDS: dict[str, tuple[Carrier, ...]] = {
     ),
 }
 
+# Instrumentations that send Anthropic's own split of a prompt: input_tokens without the
+# cache reads and writes (the conventions' input_tokens, and every other library's, holds
+# the whole prompt). Their input is the three together.
+UNCACHED_INPUT_SCOPES = ("openlit.instrumentation.anthropic",)
+
 # Usage per modality (the GenAI conventions in flight, semantic-conventions-genai):
 # gen_ai.usage.<modality>.input_tokens, .output_tokens and .cache_read.input_tokens, each
 # counted inside its total. Kept as sent (llm_requests.ModalityTokens, "audio.input" -> n);
@@ -210,9 +215,6 @@ REQUEST_MARKERS = ("gen_ai.operation.name", "gen_ai.request.model", "gen_ai.usag
 PIPELINE_OPERATIONS = ("retrieval", "execute_tool", "create_agent", "invoke_agent",
                        "agent_step",  # Vercel AI SDK 7: one step of an agent, around its model call
                        "execute_event_loop_cycle")  # Strands Agents: one turn of the agent's loop
-# A call is (operation, request model): a request span whose child repeats them is the
-# outer span of that one call (wrapped_calls).
-CALL_KEYS = ("gen_ai.operation.name", "gen_ai.request.model")
 # What a request without a tenant key of its own (TENANT_KEY_NAMES: the tenant's keys and
 # their JSON parents, _unit_lookup) takes from the other spans of its trace (trace_context):
 # each unit as those spans carry it (read as a request's own is, JSON parents included:
@@ -268,18 +270,21 @@ def requests(spans: Sequence[SpanView]) -> dict[str, dict[str, Any]]:
 
 
 def _call_key(span: SpanView, span_id: str) -> tuple[tuple[str, str], str, str, str]:
-    a = span.attributes
-    return span.trace, span_id, a.get(CALL_KEYS[0], ""), a.get(CALL_KEYS[1], "")
+    """A call as its spans read it: the operation and the model (each as the request's own
+    fields read them, whatever the dialect)."""
+    operation = _operation(span.attributes, _first_string(span, STRING_FIELDS["operation"]))
+    return span.trace, span_id, operation, _first_string(span, STRING_FIELDS["model"])
 
 
 def wrapped_calls(spans: Sequence[SpanView]) -> set[tuple[tuple[str, str], str, str, str]]:
-    """(trace, parent span, operation, request model) of each span that names an operation
-    (not a pipeline step) under a parent: a request span with such a key is the outer span
-    of the same call (AI SDK 7's `embeddings` operation span around its provider call's), not
-    a request. Within one service (SpanView.trace): a client's span around a gateway's is
-    left as it is."""
-    return {_call_key(s, s.parent_span_id) for s in spans
-            if s.parent_span_id and s.attributes.get(CALL_KEYS[0], "") not in ("", *PIPELINE_OPERATIONS)}
+    """(trace, parent span, operation, model) of each request span under a parent: a
+    request span with such a key has the same call under it, traced twice, and is its outer
+    span, not a request: AI SDK 7's `embeddings` operation span around its provider call's,
+    an instrumentation library's span around the span the provider's SDK traces itself
+    (OpenInference's around Anthropic's Python SDK's). A call under a call of another model
+    is two requests. Within one service (SpanView.trace): a client's span around a
+    gateway's is left as it is."""
+    return {_call_key(s, s.parent_span_id) for s in spans if s.parent_span_id and is_request(s)}
 
 
 def trace_context(spans: Sequence[SpanView]) -> dict[tuple[str, str], dict[str, str]]:
@@ -317,6 +322,9 @@ def request_fields(span: SpanView, context: Mapping[str, str] | None = None) -> 
             out[name] = min(sum(out["modality_tokens"].get(part, 0) for part in SUMMED_TOTALS[name]), _UINT32_MAX)
         else:
             out[name] = _uint(value, _UINT32_MAX)
+    if span.scope_name in UNCACHED_INPUT_SCOPES:
+        out["input_tokens"] = min(out["input_tokens"] + out["cache_read_tokens"] + out["cache_write_tokens"],
+                                  _UINT32_MAX)
     streamed = _streamed(span)
     out["streaming"] = streamed
     for name, carriers in SECONDS_FIELDS.items():
@@ -593,11 +601,12 @@ def sql_trace_context() -> str:
 
 
 def sql_not_wrapper() -> str:
-    """NOT wrapped_calls: no span of the block repeats this span's call under it."""
-    op, model = (f"SpanAttributes[{_q(k)}]" for k in CALL_KEYS)
-    return (f"(TraceId, ServiceName, SpanId, {op}, {model}) NOT IN (\n"
-            f"      SELECT TraceId, ServiceName, ParentSpanId, {op}, {model} FROM otel_traces\n"
-            f"      WHERE ParentSpanId != '' AND {op} NOT IN ('', {', '.join(map(_q, PIPELINE_OPERATIONS))}))")
+    """NOT wrapped_calls: no request span of the block repeats this span's call under it."""
+    call = f"{sql_operation()}, {_sql_first(STRING_FIELDS['model'])}"
+    return (f"(TraceId, ServiceName, SpanId, {call}) NOT IN (\n"
+            f"      SELECT TraceId, ServiceName, ParentSpanId, {call}\n"
+            f"      FROM (SELECT TraceId, ServiceName, ParentSpanId, SpanAttributes AS a FROM otel_traces)\n"
+            f"      WHERE ParentSpanId != '' AND {sql_is_request()})")
 
 
 SQL_STREAMED = " OR ".join([
@@ -709,7 +718,9 @@ def select_sql() -> dict[str, str]:
         "UserId": sql_unit("user"),
         "SessionId": f"if(({_sql_first(STRING_FIELDS['session'])}) AS session_ != '', session_, "
                      f"ifNull({TRACE_JOIN}.session, ''))",
-        "InputTokens": _tokens("input_tokens"),
+        "InputTokens": (f"if(ScopeName IN ({', '.join(map(_q, UNCACHED_INPUT_SCOPES))}), "
+                        f"toUInt32(least(toUInt64({_tokens('input_tokens')}) + {_tokens('cache_read_tokens')} "
+                        f"+ {_tokens('cache_write_tokens')}, {_UINT32_MAX})), {_tokens('input_tokens')})"),
         "OutputTokens": _tokens("output_tokens"),
         "CachedInputTokens": _tokens("cache_read_tokens"),
         "CacheWriteInputTokens": _tokens("cache_write_tokens"),
@@ -770,7 +781,7 @@ COLUMN_ORDER = (
 # The migration holding the current rendering of the view; a change to the table above
 # goes into a new migration (ADD COLUMN, DROP VIEW, the view) named here, rendered by
 # `python -m servelens.collector.mapping.dialects`.
-VIEW_MIGRATION = "0047_llm_requests_trace_units_in_json.sql"
+VIEW_MIGRATION = "0047_llm_requests_agents_and_anthropic.sql"
 
 
 def llm_requests_view_sql() -> str:
