@@ -20,7 +20,7 @@ import pytest
 from servelens.analytics.sql import RATE_LIMITED
 from servelens.collector.mapping import dialects
 from servelens.collector.service import Collector
-from servelens.core.migrate import MIGRATIONS_DIR, migrate
+from servelens.core.migrate import MIGRATIONS_DIR
 from servelens.core.store import Store
 from tests.collector.captures import CAPTURES, replay, span_views
 
@@ -69,11 +69,10 @@ def test_the_migration_holds_the_current_rendering_of_the_dialect_table() -> Non
 
 
 @pytest.fixture(params=["python", "engine"])
-def stored(request, make_settings, tmp_path):
-    """library -> its capture stored through the real receiver; yields (store, load)."""
+def stored(request, make_settings, store, tmp_path):
+    """library -> its capture stored through the real receiver; yields (store, load). The
+    suite's migrated databases are handed on emptied (conftest), so a test migrates nothing."""
     settings = make_settings(collector={"trace_mapping": request.param}, data_dir=str(tmp_path / "data"))
-    store = Store(settings.store_url, settings.store.database)
-    migrate(store.client())
     collector = Collector(settings, store)
     collector.start()
 
@@ -83,7 +82,6 @@ def stored(request, make_settings, tmp_path):
 
     yield store, load
     collector.shutdown()
-    store.client().command(f"DROP DATABASE IF EXISTS `{settings.store.database}`")
 
 
 def _requests(store: Store) -> dict[str, dict]:
