@@ -82,6 +82,12 @@ LIBS = {
          "opentelemetry-exporter-otlp-proto-http", "httpx"],
         "Agent(trace_attributes={'tenant':..., 'user.id':..., 'session.id':...}) (written on every span of the run)",
     ),
+    "openai_agents": (
+        ["openai-agents", "openinference-instrumentation-openai-agents", "openinference-instrumentation",
+         "openinference-semantic-conventions", "openai", "opentelemetry-sdk", "opentelemetry-api",
+         "opentelemetry-exporter-otlp-proto-http", "httpx"],
+        "openinference.instrumentation using_metadata({'tenant':...}) + using_session + using_user around each run",
+    ),
     "langfuse": (
         ["langfuse", "openai", "opentelemetry-sdk", "opentelemetry-api",
          "opentelemetry-exporter-otlp-proto-http", "httpx", "httpx2"],

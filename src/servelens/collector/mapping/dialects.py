@@ -40,7 +40,8 @@ class Carrier:
     milliseconds). `streamed_only`: counted only when the request streamed (OpenLIT sets its
     TTFT on every call: on a non-streamed one it is the whole call). `when` (key, value): read
     only on a span whose attribute `key` is `value` (a dialect that gives a shared key its
-    own unit).
+    own unit). "status": the HTTP status an error span's status message quotes
+    (STATUS_IN_MESSAGE).
     """
 
     dialect: str
@@ -56,7 +57,7 @@ class Carrier:
     def source(self) -> str:
         """How a row says where a value came from (e.g. llm_requests.TtftSource)."""
         where = {"attr": "attribute", "json": "attribute", "event": "event", "start": "timestamp",
-                 "exception": "event"}[self.kind]
+                 "exception": "event", "status": "status"}[self.kind]
         return f"{where}:{self.key}"
 
 
@@ -203,7 +204,12 @@ STREAM_EVENTS = ("gen_ai.content.completion.chunk", "First Token Stream Event")
 STREAM_STARTS = ("langfuse.observation.completion_start_time", "ai.response.msToFirstChunk",
                  "gen_ai.client.operation.time_to_first_chunk")
 ERROR_LEVEL = (LANGFUSE, "langfuse.observation.level", "ERROR")
-HTTP_STATUS = (*_a(SEMCONV, "http.response.status_code"), *_a(LITELLM, "error.code"))
+# The status of a failed call: an attribute, else the one the span's status message quotes
+# from the provider SDK's error (OpenAI's and Anthropic's "Error code: 429 - ...", Pydantic
+# AI's "status_code: 429"): the OpenAI Agents SDK and Pydantic AI send it nowhere else.
+HTTP_STATUS = (*_a(SEMCONV, "http.response.status_code"), *_a(LITELLM, "error.code"),
+               Carrier(SEMCONV, "StatusMessage", "status"))
+STATUS_IN_MESSAGE = r"(?i)(?:error code|status_code):? ([1-5][0-9][0-9])\b"
 
 # Business units, span before resource: the semantic keys, declared once (core.keys).
 UNIT_KEYS = keys.UNIT_KEYS
@@ -242,6 +248,7 @@ class SpanView:
     parent_span_id: str = ""
     service_name: str = ""
     event_attributes: Sequence[Mapping[str, str]] = ()
+    status_message: str = ""
 
     @property
     def trace(self) -> tuple[str, str]:
@@ -270,21 +277,30 @@ def requests(spans: Sequence[SpanView]) -> dict[str, dict[str, Any]]:
 
 
 def _call_key(span: SpanView, span_id: str) -> tuple[tuple[str, str], str, str, str]:
-    """A call as its spans read it: the operation and the model (each as the request's own
-    fields read them, whatever the dialect)."""
+    """A request as a call: its operation and model, as its own fields read them."""
     operation = _operation(span.attributes, _first_string(span, STRING_FIELDS["operation"]))
     return span.trace, span_id, operation, _first_string(span, STRING_FIELDS["model"])
 
 
 def wrapped_calls(spans: Sequence[SpanView]) -> set[tuple[tuple[str, str], str, str, str]]:
-    """(trace, parent span, operation, model) of each request span under a parent: a
-    request span with such a key has the same call under it, traced twice, and is its outer
-    span, not a request: AI SDK 7's `embeddings` operation span around its provider call's,
-    an instrumentation library's span around the span the provider's SDK traces itself
+    """(trace, parent span, operation, model) of each span under a parent that names its
+    call in the GenAI conventions' keys (an operation that is no pipeline step; the model
+    answered, else asked for): a request span with such a key (_call_key) has the same call
+    under it, traced twice, and is its outer span, not a request. AI SDK 7's `embeddings`
+    operation span around its provider call's; an instrumentation library's span, in any
+    dialect, around the span the provider's SDK writes itself in the conventions
     (OpenInference's around Anthropic's Python SDK's). A call under a call of another model
     is two requests. Within one service (SpanView.trace): a client's span around a
-    gateway's is left as it is."""
-    return {_call_key(s, s.parent_span_id) for s in spans if s.parent_span_id and is_request(s)}
+    gateway's is left as it is. (The inner span is read by the conventions' keys alone:
+    reading every dialect's on every span of an insert cost a tenth of it.)"""
+    keys = {}
+    for s in spans:
+        a = s.attributes
+        named = a.get("gen_ai.operation.name", "")
+        if s.parent_span_id and named not in ("", *PIPELINE_OPERATIONS):
+            model = a.get("gen_ai.response.model", "") or a.get("gen_ai.request.model", "")
+            keys[(s.trace, s.parent_span_id, OPERATION_ALIASES.get(named, named), model)] = None
+    return set(keys)
 
 
 def trace_context(spans: Sequence[SpanView]) -> dict[tuple[str, str], dict[str, str]]:
@@ -406,6 +422,9 @@ def _read(span: SpanView, c: Carrier) -> str:
     attrs = span.resource if c.resource else span.attributes
     if c.when and span.attributes.get(c.when[0], "") != c.when[1]:
         return ""
+    if c.kind == "status":
+        found = re.search(STATUS_IN_MESSAGE, span.status_message) if span.status_code == "STATUS_CODE_ERROR" else None
+        return found.group(1) if found else ""
     if c.kind == "exception":
         if span.status_code != "STATUS_CODE_ERROR" or "exception" not in span.event_names:
             return ""
@@ -520,6 +539,8 @@ def _sql_array(items: Iterable[str]) -> str:
 
 def _sql_read(c: Carrier) -> str:
     m = f"{'r' if c.resource else 'a'}[{_q(c.key)}]"
+    if c.kind == "status":
+        return f"if(StatusCode = 'STATUS_CODE_ERROR', extract(StatusMessage, {_q(STATUS_IN_MESSAGE)}), '')"
     if c.kind == "exception":  # index 0 (no such event) reads an empty map
         return (f"if(StatusCode = 'STATUS_CODE_ERROR', "
                 f"Events.Attributes[indexOf(Events.Name, 'exception')][{_q(c.key)}], '')")
@@ -601,12 +622,15 @@ def sql_trace_context() -> str:
 
 
 def sql_not_wrapper() -> str:
-    """NOT wrapped_calls: no request span of the block repeats this span's call under it."""
-    call = f"{sql_operation()}, {_sql_first(STRING_FIELDS['model'])}"
-    return (f"(TraceId, ServiceName, SpanId, {call}) NOT IN (\n"
-            f"      SELECT TraceId, ServiceName, ParentSpanId, {call}\n"
+    """NOT wrapped_calls: no span of the block repeats this span's call under it."""
+    named = "a['gen_ai.operation.name']"
+    aliased = (f"transform({named}, {_sql_array(map(_q, OPERATION_ALIASES))}, "
+               f"{_sql_array(map(_q, OPERATION_ALIASES.values()))})")
+    return (f"(TraceId, ServiceName, SpanId, {sql_operation()}, {_sql_first(STRING_FIELDS['model'])}) NOT IN (\n"
+            f"      SELECT TraceId, ServiceName, ParentSpanId, {aliased},\n"
+            f"             if(a['gen_ai.response.model'] != '', a['gen_ai.response.model'], a['gen_ai.request.model'])\n"
             f"      FROM (SELECT TraceId, ServiceName, ParentSpanId, SpanAttributes AS a FROM otel_traces)\n"
-            f"      WHERE ParentSpanId != '' AND {sql_is_request()})")
+            f"      WHERE ParentSpanId != '' AND {named} NOT IN ('', {', '.join(map(_q, PIPELINE_OPERATIONS))}))")
 
 
 SQL_STREAMED = " OR ".join([

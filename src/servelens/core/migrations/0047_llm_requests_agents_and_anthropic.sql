@@ -15,6 +15,9 @@
 -- Anthropic's Python SDK (2.x) writes for the same call is one request, not two.
 -- OpenLIT's Anthropic instrumentation sends Anthropic's own split of a prompt
 -- (`gen_ai.usage.input_tokens` without the cache reads and writes): its input is the three.
+-- A failed call's HTTP status, where no attribute carries it, is the one its span's status
+-- message quotes from the provider SDK's error ("Error code: 429 - ...", "status_code: 429"):
+-- the OpenAI Agents SDK (through OpenInference) and Pydantic AI send it nowhere else.
 
 -- The view, rendered from collector/dialects.py by `python -m servelens.collector.mapping.dialects`
 -- (tests/collector/test_dialects.py fails when this file is not its current rendering).
@@ -59,7 +62,7 @@ SELECT
     toFloat64OrNull(a['gen_ai.latency.time_in_model_decode']) AS DecodeSeconds,
     StatusCode = 'STATUS_CODE_ERROR' OR a['error.type'] != '' OR a['langfuse.observation.level'] = 'ERROR' AS IsError,
     arrayFirst(v -> v != '', [a['error.type'], if(StatusCode = 'STATUS_CODE_ERROR', Events.Attributes[indexOf(Events.Name, 'exception')]['exception.type'], '')]) AS ErrorType,
-    arrayFirst(x -> x != 0, [toUInt16OrZero(a['http.response.status_code']), toUInt16OrZero(a['error.code'])]) AS HttpStatusCode,
+    arrayFirst(x -> x != 0, [toUInt16OrZero(a['http.response.status_code']), toUInt16OrZero(a['error.code']), toUInt16OrZero(if(StatusCode = 'STATUS_CODE_ERROR', extract(StatusMessage, '(?i)(?:error code|status_code):? ([1-5][0-9][0-9])\\b'), ''))]) AS HttpStatusCode,
     toUInt16OrZero(if(mapContains(a, 'http.request.resend_count'), a['http.request.resend_count'], a['app.retry.attempt'])) AS RetryAttempt,
     lower(a['app.fallback']) = 'true' AS Fallback,
     a['app.outcome'] AS Outcome,
@@ -105,9 +108,7 @@ WHERE (mapContains(a, 'gen_ai.operation.name') OR mapContains(a, 'gen_ai.request
        OR a['ai.operationId'] IN ('ai.generateText.doGenerate', 'ai.streamText.doStream', 'ai.generateObject.doGenerate', 'ai.streamObject.doStream', 'ai.embed.doEmbed', 'ai.embedMany.doEmbed'))
   AND a['gen_ai.operation.name'] NOT IN ('retrieval', 'execute_tool', 'create_agent', 'invoke_agent', 'agent_step', 'execute_event_loop_cycle')
   AND (TraceId, ServiceName, SpanId, arrayFirst(v -> v != '', [transform(arrayFirst(v -> v != '', [a['gen_ai.operation.name'], a['llm.request.type']]), ['embedding', 'completion', 'generation'], ['embeddings', 'text_completion', 'chat']), transform(a['openinference.span.kind'], ['LLM', 'EMBEDDING'], ['chat', 'embeddings'], ''), transform(a['langfuse.observation.type'], ['generation', 'embedding'], ['chat', 'embeddings'], ''), transform(a['ai.operationId'], ['ai.generateText.doGenerate', 'ai.streamText.doStream', 'ai.generateObject.doGenerate', 'ai.streamObject.doStream', 'ai.embed.doEmbed', 'ai.embedMany.doEmbed'], ['chat', 'chat', 'chat', 'chat', 'embeddings', 'embeddings'], '')]), arrayFirst(v -> v != '', [a['gen_ai.response.model'], a['gen_ai.request.model'], a['llm.model_name'], a['embedding.model_name'], a['langfuse.observation.model.name'], a['llm.response.model'], a['ai.response.model'], if(a['llm.invocation_parameters'] = '', '', JSONExtractString(a['llm.invocation_parameters'], 'model')), a['llm.request.model'], a['ai.model.id']])) NOT IN (
-      SELECT TraceId, ServiceName, ParentSpanId, arrayFirst(v -> v != '', [transform(arrayFirst(v -> v != '', [a['gen_ai.operation.name'], a['llm.request.type']]), ['embedding', 'completion', 'generation'], ['embeddings', 'text_completion', 'chat']), transform(a['openinference.span.kind'], ['LLM', 'EMBEDDING'], ['chat', 'embeddings'], ''), transform(a['langfuse.observation.type'], ['generation', 'embedding'], ['chat', 'embeddings'], ''), transform(a['ai.operationId'], ['ai.generateText.doGenerate', 'ai.streamText.doStream', 'ai.generateObject.doGenerate', 'ai.streamObject.doStream', 'ai.embed.doEmbed', 'ai.embedMany.doEmbed'], ['chat', 'chat', 'chat', 'chat', 'embeddings', 'embeddings'], '')]), arrayFirst(v -> v != '', [a['gen_ai.response.model'], a['gen_ai.request.model'], a['llm.model_name'], a['embedding.model_name'], a['langfuse.observation.model.name'], a['llm.response.model'], a['ai.response.model'], if(a['llm.invocation_parameters'] = '', '', JSONExtractString(a['llm.invocation_parameters'], 'model')), a['llm.request.model'], a['ai.model.id']])
+      SELECT TraceId, ServiceName, ParentSpanId, transform(a['gen_ai.operation.name'], ['embedding', 'completion', 'generation'], ['embeddings', 'text_completion', 'chat']),
+             if(a['gen_ai.response.model'] != '', a['gen_ai.response.model'], a['gen_ai.request.model'])
       FROM (SELECT TraceId, ServiceName, ParentSpanId, SpanAttributes AS a FROM otel_traces)
-      WHERE ParentSpanId != '' AND (mapContains(a, 'gen_ai.operation.name') OR mapContains(a, 'gen_ai.request.model') OR mapContains(a, 'gen_ai.usage.input_tokens') OR mapContains(a, 'gen_ai.usage.prompt_tokens') OR mapContains(a, 'llm.request.type') OR mapContains(a, 'gen_ai.latency.e2e')
-       OR a['openinference.span.kind'] IN ('LLM', 'EMBEDDING') OR a['langfuse.observation.type'] IN ('generation', 'embedding')
-       OR a['ai.operationId'] IN ('ai.generateText.doGenerate', 'ai.streamText.doStream', 'ai.generateObject.doGenerate', 'ai.streamObject.doStream', 'ai.embed.doEmbed', 'ai.embedMany.doEmbed'))
-  AND a['gen_ai.operation.name'] NOT IN ('retrieval', 'execute_tool', 'create_agent', 'invoke_agent', 'agent_step', 'execute_event_loop_cycle'));
+      WHERE ParentSpanId != '' AND a['gen_ai.operation.name'] NOT IN ('', 'retrieval', 'execute_tool', 'create_agent', 'invoke_agent', 'agent_step', 'execute_event_loop_cycle'));
