@@ -180,6 +180,26 @@ def make_handler(state: State):
             self.wfile.write(data)
             self.wfile.flush()
 
+        def _stream(self, seq: int, t0: float, messages: list[bytes]) -> float:
+            """An SSE response, one message per chunk, the first after FIRST_CHUNK_DELAY_S and
+            the others INTER_CHUNK_DELAY_S apart; returns the server-side time to the first (ms)."""
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream; charset=utf-8")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.send_header("Cache-Control", "no-cache")
+            self._common_headers(seq)
+            self.end_headers()
+            self.wfile.flush()
+            ttfc = 0.0
+            for i, message in enumerate(messages):
+                time.sleep(FIRST_CHUNK_DELAY_S if i == 0 else INTER_CHUNK_DELAY_S)
+                self._chunk(message)
+                if i == 0:
+                    ttfc = round((time.perf_counter() - t0) * 1000, 1)
+            self.wfile.write(b"0\r\n\r\n")
+            self.wfile.flush()
+            return ttfc
+
         def _chunk(self, data: bytes) -> None:
             self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
             self.wfile.flush()
@@ -288,23 +308,8 @@ def make_handler(state: State):
             if include_usage:
                 events.append(chunk(None, None, with_choices=False, usage_obj=usage))
 
-            self.send_response(200)
-            self.send_header("Content-Type", "text/event-stream; charset=utf-8")
-            self.send_header("Transfer-Encoding", "chunked")
-            self.send_header("Cache-Control", "no-cache")
-            self._common_headers(seq)
-            self.end_headers()
-            self.wfile.flush()
-            ttfc = None
-            for i, ev in enumerate(events):
-                time.sleep(FIRST_CHUNK_DELAY_S if i == 0 else INTER_CHUNK_DELAY_S)
-                self._chunk(b"data: " + json.dumps(ev).encode() + b"\n\n")
-                if i == 0:
-                    ttfc = round((time.perf_counter() - t0) * 1000, 1)
-            time.sleep(INTER_CHUNK_DELAY_S)
-            self._chunk(b"data: [DONE]\n\n")
-            self.wfile.write(b"0\r\n\r\n")
-            self.wfile.flush()
+            ttfc = self._stream(seq, t0, [b"data: " + json.dumps(ev).encode() + b"\n\n" for ev in events]
+                                + [b"data: [DONE]\n\n"])
             entry.update(time_to_first_chunk_ms=ttfc, sse_events=len(events),
                          content_chunks=len(chunks),
                          stream_duration_ms=round((time.perf_counter() - t0) * 1000, 1))
@@ -362,21 +367,8 @@ def make_handler(state: State):
                                           "delta": {"stop_reason": "end_turn", "stop_sequence": None},
                                           "usage": {"output_tokens": usage["output_tokens"]}}),
                        ("message_stop", {"type": "message_stop"})]
-            self.send_response(200)
-            self.send_header("Content-Type", "text/event-stream; charset=utf-8")
-            self.send_header("Transfer-Encoding", "chunked")
-            self.send_header("Cache-Control", "no-cache")
-            self._common_headers(seq)
-            self.end_headers()
-            self.wfile.flush()
-            ttfc = None
-            for i, (name, data) in enumerate(events):
-                time.sleep(FIRST_CHUNK_DELAY_S if i == 0 else INTER_CHUNK_DELAY_S)
-                self._chunk(f"event: {name}\ndata: {json.dumps(data)}\n\n".encode())
-                if i == 0:
-                    ttfc = round((time.perf_counter() - t0) * 1000, 1)
-            self.wfile.write(b"0\r\n\r\n")
-            self.wfile.flush()
+            ttfc = self._stream(seq, t0, [f"event: {name}\ndata: {json.dumps(data)}\n\n".encode()
+                                          for name, data in events])
             entry.update(time_to_first_chunk_ms=ttfc, sse_events=len(events), content_chunks=len(chunks),
                          stream_duration_ms=round((time.perf_counter() - t0) * 1000, 1))
             state.record(entry)

@@ -342,21 +342,25 @@ def _by_key(rows: list[dict], by: str) -> dict:
     return {row[by]: row for row in rows}
 
 
-def test_upgrade_backfills_rows_stored_before(make_settings, tmp_path) -> None:
+def _migrate_before(store, tmp_path, number: int) -> None:
+    """The store as a release before migration `number` left it."""
     import shutil
 
-    from servelens.core.migrate import MIGRATIONS_DIR, migrate
-    from servelens.core.store import Store
+    from servelens.core.migrate import MIGRATIONS_DIR
 
+    older = tmp_path / "older"
+    older.mkdir()
+    for path in sorted(MIGRATIONS_DIR.glob("*.sql")):
+        if int(path.name[:4]) < number:
+            shutil.copy(path, older / path.name)
+    migrate(store.client(), older)
+
+
+def test_upgrade_backfills_rows_stored_before(make_settings, tmp_path) -> None:
     settings = make_settings(store={"database": "rollup_upgrade"})
     store = Store(settings.store_url, settings.store.database)
     try:
-        older = tmp_path / "older"
-        older.mkdir()
-        for path in sorted(MIGRATIONS_DIR.glob("*.sql")):
-            if int(path.name[:4]) < 19:
-                shutil.copy(path, older / path.name)
-        migrate(store.client(), older)
+        _migrate_before(store, tmp_path, 19)
         _write_spans(store)
         migrate(store.client())
         client = store.client()
@@ -786,21 +790,12 @@ def _write_errors(store, types: list[tuple[str, str]]) -> None:
 def test_throttling_counts_as_rate_limited_before_and_after_the_upgrade(make_settings, tmp_path) -> None:
     """0048: an error type naming throttling is rate limiting, in the hours stored before the
     upgrade (added to them) and in those the view stores after, as the raw rows count it."""
-    import shutil
-
-    from servelens.core.migrate import MIGRATIONS_DIR
-
     settings = make_settings(store={"database": "throttled_upgrade"})
     store = Store(settings.store_url, settings.store.database)
     types = [("ThrottlingException", ""), ("strands.types.exceptions.ModelThrottledException", ""),
              ("openai.RateLimitError", ""), ("ThrottlingException", "429"), ("openai.InternalServerError", "500")]
     try:
-        older = tmp_path / "older"
-        older.mkdir()
-        for path in sorted(MIGRATIONS_DIR.glob("*.sql")):
-            if int(path.name[:4]) < 48:
-                shutil.copy(path, older / path.name)
-        migrate(store.client(), older)
+        _migrate_before(store, tmp_path, 48)
         _write_errors(store, types)
         migrate(store.client())
         _write_errors(store, types)

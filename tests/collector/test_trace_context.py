@@ -164,16 +164,23 @@ def test_the_view_reads_the_insert_not_the_table(store) -> None:
         ("child", ""), ("outer", "acme")]
 
 
+def _shapes(store, settings) -> list[tuple]:
+    """Each stored trace as the Traces page shows it (GET /api/v1/traces/<id>): per span its
+    role, its depth and the tenant of the request it is, if it is one."""
+    shapes = []
+    for (trace_id,) in store.client().query("SELECT DISTINCT TraceId FROM otel_traces").result_rows:
+        spans = traces_search.get_trace(store, settings, trace_id)["spans"]
+        shapes.append(tuple((s["role"], s["depth"], (s["request"] or {}).get("tenant")) for s in spans))
+    return shapes
+
+
 def test_an_ai_sdk_7_trace_reads_as_agent_steps_around_one_priced_call(collector, otlp_http, store, settings) -> None:
     """The Vercel AI SDK 7 capture through the real receiver, each trace as the Traces page
     shows it (GET /api/v1/traces/<id>): the agent and its step around one LLM call that
     carries the agent's tenant; an embedding is its operation span around one call."""
     replay("vercel_ai_v7", otlp_http)
     assert collector.writer.force_flush(30)
-    shapes = []
-    for (trace_id,) in store.client().query("SELECT DISTINCT TraceId FROM otel_traces").result_rows:
-        spans = traces_search.get_trace(store, settings, trace_id)["spans"]
-        shapes.append(tuple((s["role"], s["depth"], (s["request"] or {}).get("tenant")) for s in spans))
+    shapes = _shapes(store, settings)
     chat = (("agent", 0, None), ("agent", 1, None), ("llm", 2, "acme"))
     assert sorted(shapes) == sorted([chat] * 4 + [(("agent", 0, None), ("agent", 1, None), ("llm", 2, "globex")),
                                                   (("embedding", 0, None), ("llm", 1, "acme"))])
@@ -185,10 +192,7 @@ def test_a_strands_trace_reads_as_an_agent_loop_around_its_calls(collector, otlp
     attempt; the calls' TTFT, which Strands sends in milliseconds, in seconds."""
     replay("strands", otlp_http)
     assert collector.writer.force_flush(30)
-    shapes = []
-    for (trace_id,) in store.client().query("SELECT DISTINCT TraceId FROM otel_traces").result_rows:
-        spans = traces_search.get_trace(store, settings, trace_id)["spans"]
-        shapes.append(tuple((s["role"], s["depth"], (s["request"] or {}).get("tenant")) for s in spans))
+    shapes = _shapes(store, settings)
     loop = (("agent", 0, None), ("agent", 1, None))
     assert sorted(shapes) == sorted([loop + (("llm", 2, "acme"),)] * 3 + [loop + (("llm", 2, "acme"),) * 6]
                                     + [loop + (("llm", 2, "globex"),)])
