@@ -95,9 +95,19 @@ def _requests(store: Store) -> dict[str, dict]:
 
 
 @pytest.mark.parametrize("library", LIBRARIES)
-def test_the_view_and_the_python_reading_agree_on_every_span(stored, library: str) -> None:
+def test_a_capture_reads_as_its_library_sent_it(stored, library: str, make_settings) -> None:
+    """The capture through the real receiver once per span mapping, and every check on it."""
     store, load = stored
     load(library)
+    _the_view_and_the_python_reading_agree_on_every_span(store, library)
+    _every_call_is_one_row_with_what_the_server_returned(store, library)
+    if library in SENDS_RATE_LIMIT and "rag" not in library:
+        _a_refused_call_is_read_as_rate_limited(store, library)
+    if library in ANTHROPIC:
+        _an_anthropic_call_costs_what_anthropic_bills_for_it(store, library, make_settings())
+
+
+def _the_view_and_the_python_reading_agree_on_every_span(store: Store, library: str) -> None:
     spans, rows = span_views(store), _requests(store)
     python = dialects.requests(spans)  # the capture's one export: one insert, one block
     assert set(python) == set(rows), "the same spans are requests"
@@ -111,11 +121,8 @@ def test_the_view_and_the_python_reading_agree_on_every_span(stored, library: st
                 assert got == expected, (library, column, sid)
 
 
-@pytest.mark.parametrize("library", sorted(SENDS_RATE_LIMIT & {c for c in LIBRARIES if "rag" not in c}))
-def test_a_refused_call_is_read_as_rate_limited(stored, library: str) -> None:
+def _a_refused_call_is_read_as_rate_limited(store: Store, library: str) -> None:
     """The 429 as the reports count it (analytics.sql.RATE_LIMITED), whatever says so."""
-    store, load = stored
-    load(library)
     rows = store.client().query(f"SELECT Model, {RATE_LIMITED.sql}, ErrorType FROM llm_requests WHERE IsError")
     # every attempt at the refused call (Strands retries it), none at the failed one
     assert sorted({(model, bool(limited)) for model, limited, _ in rows.result_rows}) == [
@@ -124,10 +131,7 @@ def test_a_refused_call_is_read_as_rate_limited(stored, library: str) -> None:
         assert all(error_type for _, _, error_type in rows.result_rows), "each failure has its type"
 
 
-@pytest.mark.parametrize("library", LIBRARIES)
-def test_every_call_is_one_row_with_what_the_server_returned(stored, library: str) -> None:
-    store, load = stored
-    load(library)
+def _every_call_is_one_row_with_what_the_server_returned(store: Store, library: str) -> None:
     manifest = json.loads((CAPTURES / library / "manifest.json").read_text())
     rows = list(_requests(store).values())
     calls = [call for call in manifest["calls"]
@@ -212,8 +216,7 @@ def test_openinference_and_langfuse_stages_are_pipeline_stages(collector, otlp_h
     assert stages == [("retrieval",), ("retrieval",), ("root",), ("tool",), ("tool",)]
 
 
-@pytest.mark.parametrize("library", sorted(ANTHROPIC))
-def test_an_anthropic_call_costs_what_anthropic_bills_for_it(stored, library: str, make_settings) -> None:
+def _an_anthropic_call_costs_what_anthropic_bills_for_it(store: Store, library: str, settings) -> None:
     """Prompt caching priced as Anthropic bills it (genai-prices' rates): the uncached input,
     the cache reads and the cache writes each at their own rate, whichever split the library
     sent (OpenLIT sends Anthropic's, the others the whole prompt with its parts)."""
@@ -223,8 +226,6 @@ def test_an_anthropic_call_costs_what_anthropic_bills_for_it(stored, library: st
 
     from servelens.analytics.reports import registry
 
-    store, load = stored
-    load(library)
     manifest = json.loads((CAPTURES / library / "manifest.json").read_text())
     billed = 0.0
     for call in manifest["calls"]:
@@ -235,7 +236,7 @@ def test_an_anthropic_call_costs_what_anthropic_bills_for_it(stored, library: st
                       cache_write_tokens=call["cache_write_tokens"], output_tokens=call["output_tokens"])
         billed += float(calc_price(usage, model_ref=call["response_model"], provider_id="anthropic").total_price)
     now = datetime.now(timezone.utc)
-    report = registry.run("cost", store, make_settings(), {
+    report = registry.run("cost", store, settings, {
         "since": (now - timedelta(days=2)).isoformat(), "until": (now + timedelta(hours=1)).isoformat(), "by": "model"})
     [row] = [r for r in report["rows"] if r["model"] == "claude-haiku-4-5-20251001"]
     assert row["cost_usd"] == pytest.approx(billed, abs=2e-6), (library, row)

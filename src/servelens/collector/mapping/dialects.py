@@ -293,14 +293,14 @@ def wrapped_calls(spans: Sequence[SpanView]) -> set[tuple[tuple[str, str], str, 
     is two requests. Within one service (SpanView.trace): a client's span around a
     gateway's is left as it is. (The inner span is read by the conventions' keys alone:
     reading every dialect's on every span of an insert cost a tenth of it.)"""
-    keys = {}
+    calls = set()
     for s in spans:
         a = s.attributes
         named = a.get("gen_ai.operation.name", "")
         if s.parent_span_id and named not in ("", *PIPELINE_OPERATIONS):
             model = a.get("gen_ai.response.model", "") or a.get("gen_ai.request.model", "")
-            keys[(s.trace, s.parent_span_id, OPERATION_ALIASES.get(named, named), model)] = None
-    return set(keys)
+            calls.add((s.trace, s.parent_span_id, OPERATION_ALIASES.get(named, named), model))
+    return calls
 
 
 def trace_context(spans: Sequence[SpanView]) -> dict[tuple[str, str], dict[str, str]]:
