@@ -14,6 +14,8 @@ Variants (each a database in one fresh chDB directory under a temp dir):
            cost of the llm_requests write and the views on llm_requests, without the
            dialect expressions)
   nodownstream: fixedonly, and the views that read llm_requests dropped
+  nochained: new, less the views that read another view's table (a rollup's coarser tiers)
+  norollups: new, less every view that reads llm_requests (the dialect view kept)
   store@setting=value: that store's inserts with a setting (e.g. base@compile_expressions=0)
 Rounds are interleaved (one insert per variant per round) so that load from other
 processes hits every variant alike. CPU is time.process_time() (all of the process'
@@ -90,6 +92,13 @@ def build(url: str, name: str, work: Path, base_upto: int) -> Store:
     migrate(client, upto)
     if name == "noview":
         client.command("DROP VIEW llm_requests_mv")
+    elif name in ("nochained", "norollups"):
+        views = client.query("SELECT name, create_table_query FROM system.tables WHERE database = currentDatabase() "
+                             "AND engine = 'MaterializedView'").result_rows
+        for view, create in views:
+            source = re.search(r"\bFROM\s+(?:\S+\.)?(\w+)", create[create.index(" AS ", create.index("TO ")):]).group(1)
+            if (source not in ("otel_traces", "llm_requests")) if name == "nochained" else (source == "llm_requests"):
+                client.command(f"DROP VIEW {view}")
     elif name in ("fixedonly", "nodownstream"):  # same rows into llm_requests, only the columns no dialect decides
         if name == "nodownstream":  # and no view on llm_requests (rollups, model aliases)
             for (view,) in client.query(
