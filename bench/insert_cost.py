@@ -92,6 +92,9 @@ def build(url: str, name: str, work: Path, base_upto: int) -> Store:
     migrate(client, upto)
     if name == "noview":
         client.command("DROP VIEW llm_requests_mv")
+    elif name == "noattrindex":
+        for index in ("idx_res_attr_key", "idx_res_attr_value", "idx_span_attr_key", "idx_span_attr_value"):
+            client.command(f"ALTER TABLE otel_traces DROP INDEX {index}")
     elif name in ("nochained", "norollups"):
         views = client.query("SELECT name, create_table_query FROM system.tables WHERE database = currentDatabase() "
                              "AND engine = 'MaterializedView'").result_rows

@@ -13,7 +13,7 @@ import pytest
 
 from servelens.analytics import memo
 from servelens.analytics.query import QueryError, ReportQuery
-from servelens.analytics.reports import series
+from servelens.analytics.reports import cost, overview, series
 from servelens.analytics.reports.registry import run
 from servelens.analytics.sources import rollups
 
@@ -240,6 +240,26 @@ def test_an_ungrouped_spend_series_adds_up_a_grouped_one_read_in_the_same_run(co
         assert [t for t, _ in points] == [t for t, _ in expected]
         assert [v for _, v in points] == [None if v is None else pytest.approx(v, rel=1e-9) for _, v in expected]
 
+
+
+def test_the_overview_headline_reads_the_groups_of_the_spend_by_tenant(counting_store, settings) -> None:
+    # The Overview shows its headline and the spend by tenant together: in one run the
+    # headline reads fewer queries after the spend by tenant than alone (the cost groups
+    # are read once), and says what it says computed alone.
+    _write_mixed(counting_store.store)
+    q = _q()
+    with memo.run():
+        alone = overview.headline(counting_store, settings, q)
+        by_itself = counting_store.queries
+    with memo.run():
+        cost.report(counting_store, settings, q.with_by(cost.DEFAULT_BY))
+        read = counting_store.queries
+        together = overview.headline(counting_store, settings, q)
+        after_the_spend = counting_store.queries - read
+    assert after_the_spend < by_itself
+    assert alone.get_column("cost_per_request_usd")[0] > 0
+    assert together.get_column("cost_per_request_usd")[0] == pytest.approx(
+        alone.get_column("cost_per_request_usd")[0], rel=1e-12)
 
 def _write_tenants(store, tenants: int) -> None:
     """Requests of `tenants` tenants, tenant i+1 with about twice the requests of tenant i

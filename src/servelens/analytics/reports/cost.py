@@ -25,7 +25,7 @@ from typing import Any, Sequence
 
 import polars as pl
 
-from servelens.analytics import gpu_cost
+from servelens.analytics import gpu_cost, memo
 from servelens.analytics.pricing import SOURCE_CONFIG, SOURCE_GENAI, Catalog, epoch_ns, from_epoch_ns
 from servelens.analytics.query import ReportQuery
 from servelens.analytics.sources import requests as loader
@@ -158,7 +158,18 @@ def costed_groups(store: StoreLike, settings: Settings, q: ReportQuery, per_mode
     (loader.cost_groups' `entries`), for callers that add cost up by key only: it takes a
     query for the window's models first, so it pays where a key's groups span many models
     and few keys (the spend series: a bucket is a key), not per tenant or for one total
-    (BENCHMARKS.md "Dashboard cardinality"). flags=False, keep: see loader.cost_groups."""
+    (BENCHMARKS.md "Dashboard cardinality"). flags=False, keep: see loader.cost_groups.
+
+    Within one run (analytics.memo) the groups of one query are read once: a page's
+    readings ask for the same ones (the overview's headline and its spend by tenant, the
+    Cost page's spend and what changed, its cache and context panels by service)."""
+    key = memo.key("cost.costed_groups", store, settings, repr(q), per_model, bucket_s, flags,
+                   None if keep is None else tuple(keep))
+    return memo.cached(key, lambda: _costed(store, settings, q, per_model, bucket_s, flags, keep).collect()).lazy()
+
+
+def _costed(store: StoreLike, settings: Settings, q: ReportQuery, per_model: bool, bucket_s: int | None,
+            flags: bool, keep: Sequence[str] | None) -> pl.LazyFrame:
     catalog = Catalog.of(settings.pricing.models, settings.pricing.catalog)
     cuts = catalog.cuts(q.since, q.until)
     entries = None if per_model else priced_pairs(catalog, loader.cost_models(store, settings, q, cuts))

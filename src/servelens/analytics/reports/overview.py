@@ -6,7 +6,7 @@ import polars as pl
 
 from servelens.analytics.query import ReportQuery
 from servelens.analytics.reports import cost, stages
-from servelens.analytics.sources import gpus
+from servelens.analytics.sources import gpus, rollups
 from servelens.analytics.sources import requests as loader
 from servelens.core.config import Settings
 from servelens.core.store import StoreLike
@@ -27,7 +27,11 @@ def headline(store: StoreLike, settings: Settings, q: ReportQuery) -> pl.DataFra
     q = q.with_by(None)
     totals = loader.overview_totals(store, settings, q).row(0, named=True)
     requests = int(totals["requests"])
-    costed = cost.rollup(cost.costed_groups(store, settings, q), "all").collect()
+    # The groups of the spend by tenant (cost.DEFAULT_BY) added up, where the rollups hold
+    # them as they hold the total: a page that shows both reads them once (cost.costed_groups).
+    by = cost.DEFAULT_BY if rollups.answerable(q, settings, rollups.COST_DIMS, cost.DEFAULT_BY) else None
+    groups = cost.costed_groups(store, settings, q.with_by(by)).with_columns(key=pl.lit(""))
+    costed = cost.rollup(groups, "all").collect()
     cost_per_request = costed.get_column("cost_per_request_usd")[0] if costed.height else None
 
     def ms(seconds: float | None) -> float | None:
