@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 import yaml
 
+from servelens.analytics import rollup_tiers
 from servelens.app.cli import main
 from servelens.core import cluster_ddl
 from servelens.core.config import ConfigError, load
@@ -305,6 +306,10 @@ def test_the_schema_runs_and_fills_through_the_distributed_tables(tmp_path):
     execute += [SPAN, local_span, GAUGE, "INSERT INTO servelens_migrations (version, name) VALUES (1, 'x')",
                 {"check": "evaluations", "sql": "SELECT count() FROM evaluations"}]
     execute += rebuild  # a rebuild cut short and run again copies the new table onto itself
+    # the rollups' six hours and days, filled as analytics.rollup_tiers fills a period: read
+    # through the Distributed finer rollups, written through the Distributed tiers
+    execute += [t.insert_sql().replace("{lo_s:Int64}", "0").replace("{hi_s:Int64}", "4102444800")
+                for t in rollup_tiers.TIERS]
     expected = {t: 2 for t in ("otel_traces", "otel_traces_local", "llm_requests", "llm_requests_local",
                                "trace_outcomes", "stage_spans", "otel_traces_trace_id_ts")}
     expected |= {"gpu_samples": 1, "gpu_util_minutes": 1, "servelens_migrations": 1}

@@ -15,11 +15,13 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
+from servelens.analytics import rollup_tiers
 from servelens.analytics.query import ReportQuery
 from servelens.analytics import sql
 from servelens.analytics.reports.registry import run
 from servelens.analytics.sources import requests as loader
 from servelens.analytics.sources import rollups
+from servelens.core.config import Settings
 from servelens.core.migrate import migrate
 from servelens.core.store import Store
 
@@ -65,6 +67,17 @@ def _write_spans(store, models=MODELS, n=N, first=0) -> None:
         FROM numbers({first}, {n})""")
 
 
+# Every tier read wherever its grain fits, as once every period is filled (rollups.tier_spans).
+EVERY_TIER = {table: (0, 2**62) for table in rollups.TIER_GRAINS}
+
+
+def fill_tiers(store) -> None:
+    """The rollups' six hours and days over every period of the data (analytics.rollup_tiers),
+    as the analytics runner fills them once the periods have settled."""
+    while rollup_tiers.fill(store, Settings(), now=END + timedelta(days=1), limit=10**4)["hours"]:
+        pass
+
+
 @pytest.fixture(scope="module")
 def loaded(databases, engine_dir):
     """One database of the spans for the module's tests that only read them (a worker
@@ -72,12 +85,14 @@ def loaded(databases, engine_dir):
     store = Store(f"chdb://{engine_dir}", databases.fresh())
     migrate(store.client())
     _write_spans(store)
+    fill_tiers(store)
     yield store
     store.client().command(f"DROP DATABASE IF EXISTS `{store.database}`")
 
 
 @pytest.fixture
 def own_loaded(store):
+    """Its tiers are filled by the test, once it has written what it adds."""
     _write_spans(store)
     return store
 
@@ -114,6 +129,19 @@ def test_rollups_fill_from_exporter_written_spans(loaded) -> None:
 def test_pieces_cover_the_window_once() -> None:
     ns = rollups.NS
     since, until = 7 * 3600 * ns + 13 * 60 * ns + 5, 30 * 3600 * ns + 2 * 60 * ns + 17
+    # a tier is read only over what is filled of it: not at all, then its six hours from 12:00
+    assert "rollup_requests_6h" not in [p.table for p in rollups.pieces(since, until, rollups.REQUEST_GRAINS)]
+    with rollups.tier_spans({"rollup_requests_6h": (12 * 3600 * ns, 10**6 * ns)}):
+        parts = rollups.pieces(since, until, rollups.REQUEST_GRAINS)
+    assert [(p.table, p.lo_ns // ns // 3600) for p in parts] == [
+        ("", 7), ("rollup_requests_1m", 7), ("rollup_requests_1h", 8), ("rollup_requests_6h", 12),
+        ("rollup_requests_1m", 30), ("", 30)]
+    with rollups.tier_spans(EVERY_TIER):
+        _pieces_cover_the_window_once(since, until)
+
+
+def _pieces_cover_the_window_once(since: int, until: int) -> None:
+    ns = rollups.NS
     parts = rollups.pieces(since, until, rollups.REQUEST_GRAINS)
     assert [p.table for p in parts] == ["", "rollup_requests_1m", "rollup_requests_1h", "rollup_requests_6h",
                                         "rollup_requests_1m", ""]
@@ -148,7 +176,8 @@ def test_cost_report_equal_with_and_without_rollups(loaded, make_settings, windo
 
 
 def _cost_tables(settings, q, bucket_s=None) -> set[str]:
-    sql = rollups.cost_source_sql(q, settings, {}, _cuts(settings, q), bucket_s)
+    with rollups.tier_spans(EVERY_TIER):
+        sql = rollups.cost_source_sql(q, settings, {}, _cuts(settings, q), bucket_s)
     return {t for t in ("rollup_costs_1d", "rollup_costs_6h", "rollup_costs_models_1h", "rollup_costs_15m")
             if f"FROM {t}" in sql}
 
@@ -225,6 +254,7 @@ def test_time_of_day_prices_read_from_the_quarter_hours(own_loaded, make_setting
     """Models the catalog prices by time of day (off-peak hours) come from the quarter
     hours, the rest from day and six-hour rows, in one answer equal to the raw rows'."""
     _write_spans(loaded, models=(("deepseek-chat", "deepseek"), ("gpt-4o", "openai")), n=6_000, first=N)
+    fill_tiers(loaded)
     on, off = make_settings(), make_settings(analytics={"use_rollups": False})
     q = ReportQuery.from_params(_window(*WINDOWS[0], by="model"))
     fine = rollups.off_grid_models(_cuts(on, q), 21600)
@@ -605,8 +635,9 @@ def test_context_windows_take_days_then_six_hours_then_hours() -> None:
     def ns(text: str) -> int:
         return int(datetime.fromisoformat(text).replace(tzinfo=timezone.utc).timestamp()) * 10**9
 
-    got = [(p.table, p.lo_ns, p.hi_ns) for p in rollups.pieces(ns("2026-01-01T03:30:00"), ns("2026-01-03T20:10:00"),
-                                                                context._CONTEXT_GRAINS)]
+    with rollups.tier_spans(EVERY_TIER):
+        got = [(p.table, p.lo_ns, p.hi_ns) for p in rollups.pieces(ns("2026-01-01T03:30:00"), ns("2026-01-03T20:10:00"),
+                                                                    context._CONTEXT_GRAINS)]
     assert got == [("", ns("2026-01-01T03:30:00"), ns("2026-01-01T04:00:00")),
                    ("rollup_context_1h", ns("2026-01-01T04:00:00"), ns("2026-01-01T06:00:00")),
                    ("rollup_context_6h", ns("2026-01-01T06:00:00"), ns("2026-01-02T00:00:00")),
@@ -615,8 +646,9 @@ def test_context_windows_take_days_then_six_hours_then_hours() -> None:
                    ("rollup_context_1h", ns("2026-01-03T18:00:00"), ns("2026-01-03T20:00:00")),
                    ("", ns("2026-01-03T20:00:00"), ns("2026-01-03T20:10:00"))]
     # every service: the days merged over the services (migration 0044), the edges as above
-    every = [(p.table, p.lo_ns, p.hi_ns) for p in rollups.pieces(ns("2026-01-01T03:30:00"), ns("2026-01-03T20:10:00"),
-                                                                  context._ALL_SERVICES_GRAINS)]
+    with rollups.tier_spans(EVERY_TIER):
+        every = [(p.table, p.lo_ns, p.hi_ns) for p in rollups.pieces(
+            ns("2026-01-01T03:30:00"), ns("2026-01-03T20:10:00"), context._ALL_SERVICES_GRAINS)]
     assert every == [("rollup_context_all_1d" if t == "rollup_context_1d" else t, lo, hi) for t, lo, hi in got]
 
 
@@ -627,7 +659,8 @@ def test_context_days_of_every_service_come_from_the_days_merged_over_services(m
 
     def tables(by=None, **filters) -> set[str]:
         q = ReportQuery.from_params(_window(*WINDOWS[0], **({"by": by} if by else {}), **filters))
-        sql = context._pieces(settings, q, by, "count() AS Requests", "Requests", {})
+        with rollups.tier_spans(EVERY_TIER):
+            sql = context._pieces(settings, q, by, "count() AS Requests", "Requests", {})
         return {t for t in ("rollup_context_all_1d", "rollup_context_1d") if f"FROM {t} " in sql}
 
     assert tables() == {"rollup_context_all_1d"}
@@ -649,6 +682,7 @@ def test_context_sizes_equal_with_and_without_rollups(own_loaded, make_settings,
 
     loaded = own_loaded
     _write_edge_spans(loaded)
+    fill_tiers(loaded)
     sketch = make_settings(context={"size_bounds": bounds}, analytics={"exact_quantiles_up_to": 0})
     exact = make_settings(context={"size_bounds": bounds}, analytics={"use_rollups": False})
     eps = rollups.SKETCH_ERROR

@@ -120,7 +120,7 @@ def test_the_newest_settled_hours_are_stored_first(stored, make_settings) -> Non
     settings = make_settings(deployments=DEPLOYMENTS)
     now = datetime.now(timezone.utc)
     end = int(span_hours.settled(settings, now).timestamp()) * 10**9
-    due = span_hours.due(stored, settings, now, span_hours.STAGES)
+    due = span_hours.due(stored, settings, now, span_hours.STAGES.name)
     assert len(due) >= 3 and due == sorted(due, reverse=True)  # nothing stored yet: newest first
     assert span_hours.fill(stored, settings, now, limit=1, job=span_hours.STAGES)["hours"] == 1
     assert traces.hours_stored(stored) == (end - traces.HOUR_NS, end)
@@ -128,7 +128,7 @@ def test_the_newest_settled_hours_are_stored_first(stored, make_settings) -> Non
     assert traces.hours_stored(stored) == (end - 2 * traces.HOUR_NS, end)
     # an hour settles: it is stored before the older ones, next to the run
     later = now + timedelta(hours=1)
-    assert span_hours.due(stored, settings, later, span_hours.STAGES)[0] == span_hours.settled(settings, now)
+    assert span_hours.due(stored, settings, later, span_hours.STAGES.name)[0] == span_hours.settled(settings, now)
     span_hours.fill(stored, settings, later, limit=1, job=span_hours.STAGES)
     assert traces.hours_stored(stored) == (end - 2 * traces.HOUR_NS, end + traces.HOUR_NS)
 
@@ -152,11 +152,11 @@ def test_a_run_stores_every_due_hour_while_time_allows(stored, make_settings, mo
 
     settings = make_settings(deployments=DEPLOYMENTS)
     now = datetime.now(timezone.utc)
-    due = len(span_hours.due(stored, settings, now, span_hours.STAGES))
+    due = len(span_hours.due(stored, settings, now, span_hours.STAGES.name))
     assert due > 2
     monkeypatch.setattr(span_hours, "fill", functools.partial(span_hours.fill, limit=2))  # several calls
     assert scheduler.run_all(stored, settings, now=now)["jobs"]["stage_hours"]["rows"] == due
-    assert span_hours.due(stored, settings, now, span_hours.STAGES) == []
+    assert span_hours.due(stored, settings, now, span_hours.STAGES.name) == []
 
 
 def test_six_hour_rows_answer_as_their_hours(store, make_settings, monkeypatch) -> None:

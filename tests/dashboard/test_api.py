@@ -158,7 +158,8 @@ def test_analytics_run(dashboard, traffic):
     status, _, body = http("POST", f"{dashboard.url}/api/v1/analytics/run")
     assert status == 200
     # the trigger windows due are evaluated too, and the settled hours' stage sketches stored
-    assert set(body["jobs"]) == {*REPORTS, "triggers", "stage_hours", "stage_slots", "span_keys_hours", "quality_hours"}
+    assert set(body["jobs"]) == {*REPORTS, "triggers", "stage_hours", "stage_slots", "span_keys_hours", "quality_hours",
+                                 "rollup_tiers"}
     for job in body["jobs"].values():
         assert isinstance(job["rows"], int) and job["seconds"] >= 0
     assert body["jobs"]["overview"]["rows"] == 1

@@ -26,7 +26,7 @@ import time
 from datetime import datetime, timezone
 from typing import Any
 
-from servelens.analytics import memo, quality_hours, span_hours
+from servelens.analytics import memo, quality_hours, rollup_tiers, span_hours
 from servelens.analytics.leases import Leases, aligned, heartbeat, runner_alive, runner_id
 from servelens.analytics.query import DEFAULT_WINDOW, ReportQuery, iso
 from servelens.analytics.reports import registry as reports
@@ -43,7 +43,8 @@ def run_all(store: StoreLike, settings: Settings, now: datetime | None = None, s
     """{"jobs": {name: {"rows": n, "seconds": s}}} as SPEC 5's analytics/run returns it
     ("stage_hours", "stage_slots", "span_keys_hours", "quality_hours": the settled hours
     stored for the stage, ingest and quality readers, analytics.span_hours and
-    analytics.quality_hours).
+    analytics.quality_hours; "rollup_tiers": the settled six hours of the rollups' coarser
+    tiers, analytics.rollup_tiers).
 
     Scheduled runs skip the reports another runner holds the window of ("skipped": true).
     Once `stop` is set no further report starts (the process is stopping).
@@ -55,7 +56,7 @@ def run_all(store: StoreLike, settings: Settings, now: datetime | None = None, s
     jobs: dict[str, Any] = {}
     # The settled hours first: the reports below read them.
     fills = [*((job.name, functools.partial(span_hours.fill, job=job)) for job in span_hours.JOBS),
-             (quality_hours.JOB, quality_hours.fill)]
+             (quality_hours.JOB, quality_hours.fill), (rollup_tiers.JOB, rollup_tiers.fill)]
     for job, fill in fills:
         if stop is not None and stop.is_set():
             break

@@ -26,8 +26,8 @@ from datetime import datetime, timedelta, timezone
 from typing import Any, Callable
 
 from servelens.analytics.leases import Leases, aligned, runner_id
-from servelens.analytics.sources import frame, span_keys, traces
-from servelens.analytics.sources.traces import HOUR_NS, SLACK_NS, hours_stored
+from servelens.analytics.sources import frame, span_keys, stored_run, traces
+from servelens.analytics.sources.traces import HOUR_NS, SLACK_NS
 from servelens.core.config import Settings
 from servelens.core.store import StoreLike
 
@@ -52,34 +52,35 @@ SPAN_KEYS = HourJob(span_keys.JOB, span_keys.ROLLUP, ("ServiceName", "Key", "Spa
 JOBS = (STAGES, STAGE_SLOTS, SPAN_KEYS)
 
 
-def settled(settings: Settings, now: datetime) -> datetime:
-    """The end of the last hour whose traces are complete at `now`."""
-    return aligned(now - timedelta(microseconds=SLACK_NS // 1000) - settings.triggers.settle, HOUR)
+def settled(settings: Settings, now: datetime, period: timedelta = HOUR) -> datetime:
+    """The end of the last `period` (of the UTC grid) whose traces are complete at `now`."""
+    return aligned(now - timedelta(microseconds=SLACK_NS // 1000) - settings.triggers.settle, period)
 
 
-def _first_hour(store: StoreLike) -> datetime | None:
+def _first_period(store: StoreLike, period: timedelta) -> datetime | None:
     row = frame(store, "SELECT toUnixTimestamp64Nano(min(Timestamp)) AS t, count() AS n FROM llm_requests", {})
     if not row.height or not row.item(0, "n"):
         return None
-    return datetime.fromtimestamp(row.item(0, "t") // HOUR_NS * 3600, tz=timezone.utc)
+    step = int(period.total_seconds())
+    return datetime.fromtimestamp(row.item(0, "t") // (step * 10**9) * step, tz=timezone.utc)
 
 
-def due(store: StoreLike, settings: Settings, now: datetime, job: HourJob) -> list[datetime]:
-    """Starts of the hours to fill, newest first: the settled hours after the stored run, in
-    order, then the hours before it back to the first stored request, latest first. The
-    windows read most (the last day, the last week) are stored first, and every hour
-    stored is next to the run, so the run stays unbroken. Filled oldest first, a month of
-    history took several runs to reach last week, read from raw rows meanwhile
-    (BENCHMARKS.md, "The settled hours newest first")."""
-    first = _first_hour(store)
+def due(store: StoreLike, settings: Settings, now: datetime, name: str, period: timedelta = HOUR) -> list[datetime]:
+    """Starts of the periods (hours) job `name` is to fill, newest first: the settled ones
+    after the stored run, in order, then those before it back to the first stored request,
+    latest first. The windows read most (the last day, the last week) are stored first,
+    and every period stored is next to the run, so the run stays unbroken. Filled oldest
+    first, a month of history took several runs to reach last week, read from raw rows
+    meanwhile (BENCHMARKS.md, "The settled hours newest first")."""
+    first = _first_period(store, period)
     if first is None:
         return []
-    end = settled(settings, now)
-    stored = hours_stored(store, job.name)
+    end = settled(settings, now, period)
+    stored = stored_run(store, name, int(period.total_seconds()) * 10**9)
     bottom, top = ((datetime.fromtimestamp(b / 1e9, tz=timezone.utc) for b in stored) if stored is not None
                    else (end, end))
-    after = [top + i * HOUR for i in range(max(0, int((end - top) / HOUR)))]
-    before = [bottom - (i + 1) * HOUR for i in range(max(0, int((bottom - first) / HOUR)))]
+    after = [top + i * period for i in range(max(0, int((end - top) / period)))]
+    before = [bottom - (i + 1) * period for i in range(max(0, int((bottom - first) / period)))]
     return after + before
 
 
@@ -92,7 +93,7 @@ def fill(store: StoreLike, settings: Settings, now: datetime | None = None, *, j
     owner = owner or runner_id()
     leases = Leases(store, owner)
     hours = 0
-    for hour in due(store, settings, now, job)[:limit]:
+    for hour in due(store, settings, now, job.name)[:limit]:
         if stop is not None and stop.is_set():
             break
         until = hour + HOUR

@@ -287,7 +287,8 @@ class DataSource:
         tenant viewer only the functions that filter by tenant: _TENANT_VALUES)."""
         if self.restricted and fn not in _TENANT_VALUES:
             raise Forbidden("this number is fleet-wide: not open to tenant viewers")
-        return fn(self._store, self.settings, ReportQuery.from_params(self._params(filters, extra)))
+        with rollups.tiers_of(self._store):
+            return fn(self._store, self.settings, ReportQuery.from_params(self._params(filters, extra)))
 
     def series(self, metric: str, params: Mapping[str, Any], also: Sequence[str] = ()) -> dict[str, Any]:
         """analytics.reports.series.run, narrowed to the reader's tenant (`also`: the other
@@ -368,8 +369,9 @@ class DataSource:
         until = now or datetime.now(timezone.utc)
         since = until - RANGES.get(range_key, RANGES["30d"] if range_key == CUSTOM else RANGES[DEFAULT_RANGE])
         scope = {"tenant": access.tenant_scope(self.principal, None)} if self.restricted else {}
-        sql, params = rollups.key_values_sql(ReportQuery(since, until, filters=scope), self.settings, FILTER_KEYS,
-                                             OPTION_LIMIT)
+        with rollups.tiers_of(self._store):
+            sql, params = rollups.key_values_sql(ReportQuery(since, until, filters=scope), self.settings, FILTER_KEYS,
+                                                 OPTION_LIMIT)
         row = self._store.client().query(sql, parameters=params).first_row
         options = {key: list(values) for key, values in zip(FILTER_KEYS, row)}
         if self.restricted:  # every tenant of theirs, active in the window or not

@@ -12,6 +12,7 @@ from servelens.analytics import memo
 from servelens.analytics.query import QueryError, ReportQuery, iso
 from servelens.analytics.reports import (cache, context, cost, cost_change, ingest, latency, overview, quality, reliability, slo,
                                          stages, utilization, workload)
+from servelens.analytics.sources import rollups
 from servelens.core.config import Settings
 from servelens.core.store import StoreLike
 
@@ -38,7 +39,8 @@ def compute(name: str, store: StoreLike, settings: Settings, q: ReportQuery) -> 
     if name not in REPORTS:
         raise QueryError(f"unknown report {name!r}; available: {sorted(REPORTS)}")
     job, default_by = REPORTS[name]
-    return job(store, settings, q if q.by or not default_by else q.with_by(default_by))
+    with rollups.tiers_of(store):
+        return job(store, settings, q if q.by or not default_by else q.with_by(default_by))
 
 
 def run(name: str, store: StoreLike, settings: Settings, params: Mapping[str, Any]) -> dict[str, Any]:

@@ -79,6 +79,12 @@ def series(store: StoreLike, settings: Settings, metric: str, q: ReportQuery, bu
     """`also`: the other metrics this run reads for the same window, grouping and bucket (a
     page's charts): the request metrics among them share one reading of the request stats,
     every sketch they need merged in it."""
+    with rollups.tiers_of(store):
+        return _series(store, settings, metric, q, bucket, also)
+
+
+def _series(store: StoreLike, settings: Settings, metric: str, q: ReportQuery, bucket: str | None,
+            also: Iterable[str]) -> dict[str, Any]:
     if metric not in METRICS:
         raise QueryError(f"unknown metric {metric!r}; available: {sorted(METRICS)}")
     seconds = bucket_seconds(bucket, q)

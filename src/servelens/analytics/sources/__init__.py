@@ -28,6 +28,19 @@ import pyarrow as pa
 from servelens.core.store import StoreLike
 
 
+def stored_run(store: StoreLike, job: str, period_ns: int) -> tuple[int, int] | None:
+    """[first, last) ns of the periods (of `period_ns`) that `job` has recorded in
+    analytics_results, None when it holds none or they are not one unbroken run (then
+    nothing is read from them)."""
+    row = store.client().query(
+        "SELECT toUnixTimestamp64Nano(min(since)), toUnixTimestamp64Nano(max(until)), uniqExact(since) "
+        "FROM analytics_results WHERE report = {job:String}", parameters={"job": job}).first_row
+    if not row or not row[2]:
+        return None
+    lo, hi, count = int(row[0]), int(row[1]), int(row[2])
+    return (lo, hi) if (hi - lo) // period_ns == count else None
+
+
 class DeadlineExceeded(TimeoutError):
     """The caller's deadline passed before the next query could start."""
 

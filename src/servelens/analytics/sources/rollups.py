@@ -24,14 +24,16 @@ exactly from raw rows instead, where that is cheap.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from servelens.analytics import memo
 from servelens.analytics.model_names import served_model_sql
 from servelens.analytics.pricing import epoch_ns
 from servelens.analytics.query import COLUMN_KEYS, UNIT_KEYS, ReportQuery, key_expr
-from servelens.analytics.sources import frame
+from servelens.analytics.sources import frame, stored_run
 from servelens.analytics.sql import name_contains, window
 from servelens.core.config import Settings
 from servelens.core.keys import UNIT_COLUMNS
@@ -81,16 +83,61 @@ class Piece:
 RAW_EDGE_ROWS = 20_000
 
 
+# The tiers filled once their periods have settled (analytics.rollup_tiers, migration 0049),
+# not by views: a tier is read only over the periods recorded as filled.
+TIER_JOB = "rollup_tiers"  # in analytics_results
+TIER_PERIOD_NS = 6 * 3600 * NS  # a period the job fills at a time
+TIER_GRAINS = {"rollup_requests_6h": 21600, "rollup_costs_6h": 21600, "rollup_costs_1d": 86400,
+               "rollup_context_6h": 21600, "rollup_context_1d": 86400, "rollup_context_all_1d": 86400,
+               "rollup_workload_1d": 86400}
+_TIERS: ContextVar[Mapping[str, tuple[int, int]]] = ContextVar("rollup_tiers_filled", default={})
+
+
+def filled_tiers(store: StoreLike) -> dict[str, tuple[int, int]]:
+    """Per tier table, the [first, last) ns it is filled over (whole periods of its grain;
+    a day is filled with its last six hours), none where nothing is."""
+    run = stored_run(store, TIER_JOB, TIER_PERIOD_NS)
+    out = {}
+    for table, seconds in TIER_GRAINS.items() if run else ():
+        step = seconds * NS
+        lo, hi = -(-run[0] // step) * step, run[1] // step * step
+        if lo < hi:
+            out[table] = (lo, hi)
+    return out
+
+
+@contextmanager
+def tier_spans(spans: Mapping[str, tuple[int, int]]) -> Iterator[None]:
+    """`pieces` reads each tier table only over its span here (none: not at all)."""
+    token = _TIERS.set(spans)
+    try:
+        yield
+    finally:
+        _TIERS.reset(token)
+
+
+@contextmanager
+def tiers_of(store: StoreLike) -> Iterator[None]:
+    """Read `store`'s tiers over the periods filled in this block (once per memo run).
+    Outside such a block no tier is read: the answers are the same from the finer grains."""
+    with tier_spans(memo.cached(memo.key("rollups.filled_tiers", store, None), lambda: filled_tiers(store))):
+        yield
+
+
 def pieces(since_ns: int, until_ns: int, grains: tuple[tuple[str, int], ...], raw_edges: bool = False) -> list[Piece]:
     """Cover [since, until) with the coarsest grains first; what no grain covers is raw.
     `raw_edges`: the partial hours at the edges are raw too, not read from a grain finer
-    than an hour (where no such grain fits at all, the coarsest that fits, raw around it)."""
+    than an hour (where no such grain fits at all, the coarsest that fits, raw around it).
+    A tier (TIER_GRAINS) covers only what is filled of it (`tiers_of`)."""
     if not grains:
         return [Piece("", since_ns, until_ns)] if since_ns < until_ns else []
     (table, seconds), finer = grains[0], grains[1:]
     step = seconds * NS
     lo = -(-since_ns // step) * step  # ceil
     hi = until_ns // step * step
+    if table in TIER_GRAINS:
+        span = _TIERS.get().get(table)
+        lo, hi = (max(lo, span[0]), min(hi, span[1])) if span else (hi, hi)
     if lo >= hi:
         return pieces(since_ns, until_ns, finer, raw_edges)
     edges = tuple(g for g in finer if g[1] >= EDGE_GRAIN_S) if raw_edges else finer

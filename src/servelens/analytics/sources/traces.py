@@ -44,7 +44,7 @@ import polars as pl
 
 from servelens.analytics import memo
 from servelens.analytics.query import ReportQuery
-from servelens.analytics.sources import frame, rollups
+from servelens.analytics.sources import frame, rollups, stored_run
 from servelens.analytics.sql import window
 from servelens.core.config import Settings
 from servelens.core.store import StoreLike
@@ -179,13 +179,7 @@ def slot_states_sql(lo: str = "since_ns", hi: str = "until_ns") -> str:
 def hours_stored(store: StoreLike, job: str = JOB) -> tuple[int, int] | None:
     """[first, last) hour (ns) that `job` (analytics.span_hours) has stored whole, None when
     it holds none or its hours are not one unbroken run (then nothing is read from it)."""
-    row = store.client().query(
-        "SELECT toUnixTimestamp64Nano(min(since)), toUnixTimestamp64Nano(max(until)), uniqExact(since) "
-        "FROM analytics_results WHERE report = {job:String}", parameters={"job": job}).first_row
-    if not row or not row[2]:
-        return None
-    lo, hi, count = int(row[0]), int(row[1]), int(row[2])
-    return (lo, hi) if (hi - lo) // HOUR_NS == count else None
+    return stored_run(store, job, HOUR_NS)
 
 
 def hour_pieces(since_ns: int, until_ns: int, stored: tuple[int, int],

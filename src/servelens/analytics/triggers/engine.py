@@ -25,6 +25,7 @@ from typing import Any, Iterable, Mapping
 from servelens.analytics import memo
 from servelens.analytics.leases import Leases, aligned, runner_id
 from servelens.analytics.query import QueryError, iso
+from servelens.analytics.sources import rollups
 from servelens.analytics.triggers import detectors, episodes  # noqa: F401 - detectors registers every kind
 from servelens.analytics.triggers.base import DETECTORS, Evaluation, Finding
 from servelens.core.config import Settings
@@ -53,7 +54,7 @@ def run_detectors(store: StoreLike, settings: Settings, at: Evaluation,
     seconds: dict[str, float] = {}
     # One memo per window: counts several detectors read (the pooling counts, the
     # reliability counts behind retry_storm and error_rate_spike) are queried once.
-    with memo.run():
+    with memo.run(), rollups.tiers_of(store):
         for kind in kinds or DETECTORS:
             started = time.perf_counter()
             try:
