@@ -38,6 +38,21 @@ def _same(store, tier: rollup_tiers.Tier) -> bool:
     return _close(_sums(store, tier), _sums(store, tier, tier.source))
 
 
+def _write_late(store, at: datetime, n: int) -> None:
+    """`n` requests, one a second from `at`."""
+    store.client().command(f"""
+        INSERT INTO otel_traces (Timestamp, TraceId, SpanId, ParentSpanId, SpanName, SpanKind, ServiceName,
+                                 SpanAttributes, Duration, StatusCode)
+        SELECT fromUnixTimestamp64Nano(toInt64({int(at.timestamp())} * 1e9 + number * 1e9)),
+               lower(hex(cityHash64(number, 31))), lower(hex(cityHash64(number, 32))), '', 'chat',
+               'SPAN_KIND_CLIENT', 'chat-api',
+               map('gen_ai.operation.name', 'chat', 'gen_ai.request.model', 'gpt-4o',
+                   'gen_ai.provider.name', 'openai', 'app.tenant', 'late-tenant',
+                   'gen_ai.usage.input_tokens', '1000', 'gen_ai.usage.output_tokens', '10'),
+               1000000000, 'STATUS_CODE_OK'
+        FROM numbers({n})""")
+
+
 def _fill(store, settings, now=LATER) -> int:
     filled = 0
     while got := rollup_tiers.fill(store, settings, now=now, limit=10**4)["hours"]:
@@ -59,6 +74,12 @@ def test_each_tier_holds_what_its_finer_rollup_holds_on_its_grid(store, settings
     # filled again: nothing is due, nothing is written twice
     assert _fill(store, settings) == 0
     assert all(_same(store, tier) for tier in rollup_tiers.TIERS)
+    # requests that arrive after their six hours were filled: written again, once
+    _write_late(store, START + timedelta(days=1), 250)
+    assert not _same(store, rollup_tiers.TIERS[0])
+    assert _fill(store, settings) == 1
+    assert all(_same(store, tier) for tier in rollup_tiers.TIERS)
+    assert _fill(store, settings) == 0
     assert rollups.TIER_GRAINS == {tier.table: tier.seconds for tier in rollup_tiers.TIERS}
 
 
@@ -112,18 +133,8 @@ def test_an_upgraded_store_keeps_what_the_views_wrote_and_writes_again_the_perio
             "SELECT min(applied_at) FROM servelens_migrations WHERE version = 49").first_row[0]
         migrated_at = migrated_at.replace(tzinfo=timezone.utc)
         # more requests in the six hours (and the day) the migration cut in two, after it
-        cut = migrated_at.replace(hour=migrated_at.hour // 6 * 6, minute=0, second=0, microsecond=0)
-        store.client().command(f"""
-            INSERT INTO otel_traces (Timestamp, TraceId, SpanId, ParentSpanId, SpanName, SpanKind, ServiceName,
-                                     SpanAttributes, Duration, StatusCode)
-            SELECT fromUnixTimestamp64Nano(toInt64({int(cut.timestamp())} * 1e9 + number * 1e9)),
-                   lower(hex(cityHash64(number, 31))), lower(hex(cityHash64(number, 32))), '', 'chat',
-                   'SPAN_KIND_CLIENT', 'chat-api',
-                   map('gen_ai.operation.name', 'chat', 'gen_ai.request.model', 'gpt-4o',
-                       'gen_ai.provider.name', 'openai', 'app.tenant', 'late-tenant',
-                       'gen_ai.usage.input_tokens', '1000', 'gen_ai.usage.output_tokens', '10'),
-                   1000000000, 'STATUS_CODE_OK'
-            FROM numbers(300)""")
+        _write_late(store, migrated_at.replace(hour=migrated_at.hour // 6 * 6, minute=0, second=0, microsecond=0),
+                    300)
         assert all(_close(_sums(store, tier), before[tier.table]) for tier in rollup_tiers.TIERS)  # no view now
         _fill(store, settings, now=migrated_at + timedelta(days=2))
         for tier in rollup_tiers.TIERS:  # neither lost nor counted twice

@@ -11,10 +11,11 @@ day tiers with a day's last period. Periods go newest first, each next to those 
 so the filled periods are one unbroken run, recorded in analytics_results; readers take
 a tier only over what it is filled over (`rollups.tiers_of`), the finer grains elsewhere.
 
-A row that arrives after its period was filled is in the finer grains, not in the tier
-(as for the stage hours). Periods the views had written before migration 0049 are kept as
-they are: a period that ended before it and holds rows counts as filled; the one it cut
-in two is written again.
+A request that arrives after its period was filled is in the finer grains at once, and in
+the tiers once the next call writes that period again (its hours' count no longer matches
+the tier's). Periods the views had written before migration 0049 are kept as they are: a
+period that ended before it and holds rows counts as filled; the one it cut in two is
+written again.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from typing import Any
 
 from servelens.analytics import span_hours
 from servelens.analytics.leases import Leases, runner_id
-from servelens.analytics.sources import rollups
+from servelens.analytics.sources import rollups, stored_run
 from servelens.core.config import Settings
 from servelens.core.store import StoreLike
 
@@ -108,29 +109,80 @@ def _delete(store: StoreLike, settings: Settings, tier: Tier, params: dict[str, 
                            settings={"mutations_sync": 2})
 
 
+def _span(tier: Tier, start: datetime) -> tuple[datetime, datetime] | None:
+    """What of `tier` the six hours from `start` write: themselves, or for a day tier the
+    whole day with its last six hours (None with the others)."""
+    end = start + PERIOD
+    if tier.seconds == _SIX:
+        return start, end
+    return (end - timedelta(days=1), end) if end.timestamp() % _DAY == 0 else None
+
+
+def _write(store: StoreLike, tier: Tier, params: dict[str, int], token: str | None) -> None:
+    """The tier's rows of a span; `token` deduplicates a write repeated after a runner died
+    before recording it (none: a span written again on purpose must not be taken for one)."""
+    store.client().command(tier.insert_sql(), parameters=params,
+                           settings={"insert_deduplication_token": token, "insert_deduplicate": 1} if token
+                           else {"insert_deduplicate": 0})
+
+
 def _fill_period(store: StoreLike, settings: Settings, start: datetime, migrated_at: datetime | None) -> None:
     """Write every tier's rows of the six hours from `start` (the day tiers with the day's
     last period)."""
     for tier in TIERS:
-        end = start + PERIOD
-        if tier.seconds == _DAY:
-            if end.timestamp() % _DAY:
-                continue
-            start_of = end - timedelta(days=1)
-        else:
-            start_of = start
-        params = {"lo_s": int(start_of.timestamp()), "hi_s": int(end.timestamp())}
-        if migrated_at is not None and end <= migrated_at and _holds_rows(store, tier, params):
+        span = _span(tier, start)
+        if span is None:
+            continue
+        lo, hi = span
+        params = {"lo_s": int(lo.timestamp()), "hi_s": int(hi.timestamp())}
+        if migrated_at is not None and hi <= migrated_at and _holds_rows(store, tier, params):
             continue  # written by the views before migration 0049
-        if migrated_at is not None and start_of < migrated_at < end:
+        if migrated_at is not None and lo < migrated_at < hi:
             _delete(store, settings, tier, params)  # the views wrote part of it
-        store.client().command(tier.insert_sql(), parameters=params, settings={
-            "insert_deduplication_token": f"{JOB}:{tier.table}:{start_of.isoformat()}", "insert_deduplicate": 1})
+        _write(store, tier, params, f"{JOB}:{tier.table}:{lo.isoformat()}")
+
+
+# Six hours filled whose requests have changed since: a request that arrived after its
+# period was filled (a log replayed after a long outage, history sent late). The hour
+# rollup is written by a view in every insert, so its count per six hours is the truth.
+_STALE = """
+    SELECT toUnixTimestamp(p) FROM (
+        SELECT toDateTime(intDiv(toUInt32(Minute), 21600) * 21600) AS p, sum(Requests) AS n FROM rollup_requests_1h
+        WHERE Minute >= toDateTime({lo_s:Int64}) AND Minute < toDateTime({hi_s:Int64}) GROUP BY p) AS fine
+    LEFT JOIN (
+        SELECT Minute AS p, sum(Requests) AS n FROM rollup_requests_6h
+        WHERE Minute >= toDateTime({lo_s:Int64}) AND Minute < toDateTime({hi_s:Int64}) GROUP BY p) AS tier USING (p)
+    WHERE fine.n != tier.n ORDER BY p DESC"""
+
+
+def _stale(store: StoreLike) -> tuple[list[datetime], int]:
+    """(the filled six hours whose requests changed since, newest first; the end of the filled run, s)."""
+    run = stored_run(store, JOB, rollups.TIER_PERIOD_NS)
+    if run is None:
+        return [], 0
+    lo_s, hi_s = run[0] // rollups.NS, run[1] // rollups.NS
+    rows = store.client().query(_STALE, parameters={"lo_s": lo_s, "hi_s": hi_s}).result_rows
+    return [datetime.fromtimestamp(t, tz=timezone.utc) for (t,) in rows], hi_s
+
+
+def _refill(store: StoreLike, settings: Settings, start: datetime, top_s: int) -> None:
+    """Write the six hours from `start` again in every tier, and their day where it was
+    written (its last six hours filled, at most `top_s`)."""
+    for tier in TIERS:
+        span = _span(tier, start) if tier.seconds == _SIX else (
+            start.replace(hour=0), start.replace(hour=0) + timedelta(days=1))
+        lo, hi = span
+        if hi.timestamp() > top_s:
+            continue
+        params = {"lo_s": int(lo.timestamp()), "hi_s": int(hi.timestamp())}
+        _delete(store, settings, tier, params)
+        _write(store, tier, params, None)
 
 
 def fill(store: StoreLike, settings: Settings, now: datetime | None = None, *, owner: str | None = None,
          limit: int = LIMIT, stop: threading.Event | None = None) -> dict[str, Any]:
-    """Fill up to `limit` due periods, newest first. {"hours": periods filled, "seconds": s};
+    """Fill up to `limit` due periods, newest first, then write again those filled whose
+    requests have changed since (`_STALE`). {"hours": periods written, "seconds": s};
     stops at a period another runner holds (the run must stay unbroken)."""
     started = time.perf_counter()
     now = now or datetime.now(timezone.utc)
@@ -147,5 +199,11 @@ def fill(store: StoreLike, settings: Settings, now: datetime | None = None, *, o
         _fill_period(store, settings, start, migrated_at)
         store.client().insert("analytics_results", [[JOB, start, until, datetime.now(timezone.utc), owner, "{}"]],
                               column_names=["report", "since", "until", "computed_at", "owner", "rows"])
+        periods += 1
+    stale, top_s = _stale(store)
+    for start in stale[:max(0, limit - periods)]:
+        if stop is not None and stop.is_set():
+            break
+        _refill(store, settings, start, top_s)
         periods += 1
     return {"hours": periods, "seconds": round(time.perf_counter() - started, 4)}
