@@ -13,7 +13,7 @@ a tier only over what it is filled over (`rollups.tiers_of`), the finer grains e
 
 A request that arrives after its period was filled is in the finer grains at once, and in
 the tiers once the next call writes that period again (its hours' count no longer matches
-the tier's). Periods the views had written before migration 0049 are kept as they are: a
+the tier's; a reading in the moment between the delete and the write misses the period). Periods the views had written before migration 0049 are kept as they are: a
 period that ended before it and holds rows counts as filled; the one it cut in two is
 written again.
 """
