@@ -67,7 +67,7 @@ def span_views(store: Store) -> list[dialects.SpanView]:
     rows = store.client().query(
         "SELECT SpanAttributes, ResourceAttributes, toUnixTimestamp64Nano(Timestamp), StatusCode, Events.Name, "
         "arrayMap(t -> toUnixTimestamp64Nano(t), Events.Timestamp), ScopeName, TraceId, SpanId, ParentSpanId, "
-        "ServiceName, Events.Attributes, StatusMessage FROM otel_traces").result_rows
+        "ServiceName, Events.Attributes, StatusMessage, SpanName FROM otel_traces").result_rows
     return [dialects.SpanView(dict(a), dict(r), start, status, list(names), list(times), scope, trace, span, parent,
-                              service, [dict(e) for e in events], message)
-            for a, r, start, status, names, times, scope, trace, span, parent, service, events, message in rows]
+                              service, [dict(e) for e in events], message, name)
+            for a, r, start, status, names, times, scope, trace, span, parent, service, events, message, name in rows]

@@ -34,7 +34,8 @@ def _keys_sql(where: str) -> str:
     needles = ", ".join(f"'{n}'" for n in GENAI_LOOKING)
     return f"""
         SELECT ServiceName, key AS Key, count() AS Spans, any(TraceId) AS Example
-        FROM (SELECT ServiceName, TraceId, SpanName, SpanAttributes AS a FROM otel_traces WHERE {where})
+        FROM (SELECT ServiceName, TraceId, SpanName, StatusCode, ScopeName, SpanAttributes AS a FROM otel_traces
+              WHERE {where})
         ARRAY JOIN arrayFilter(k -> multiSearchAnyCaseInsensitive(k, [{needles}]), mapKeys(a)) AS key
         WHERE NOT ({sql_is_read()})
         GROUP BY ServiceName, Key"""

@@ -41,7 +41,8 @@ class Carrier:
     TTFT on every call: on a non-streamed one it is the whole call). `when` (key, value): read
     only on a span whose attribute `key` is `value` (a dialect that gives a shared key its
     own unit). "status": the HTTP status an error span's status message quotes
-    (STATUS_IN_MESSAGE).
+    (STATUS_IN_MESSAGE). "name": the part `key` ("operation" or "model") of the span's name
+    on a failed call that carries no attribute (NAMED_CALL).
     """
 
     dialect: str
@@ -57,7 +58,7 @@ class Carrier:
     def source(self) -> str:
         """How a row says where a value came from (e.g. llm_requests.TtftSource)."""
         where = {"attr": "attribute", "json": "attribute", "event": "event", "start": "timestamp",
-                 "exception": "event", "status": "status"}[self.kind]
+                 "exception": "event", "status": "status", "name": "name"}[self.kind]
         return f"{where}:{self.key}"
 
 
@@ -84,7 +85,7 @@ STRING_FIELDS: dict[str, tuple[Carrier, ...]] = {
         *_a(OPENINFERENCE, "llm.model_name", "embedding.model_name"), *_a(LANGFUSE, "langfuse.observation.model.name"),
         *_a(OPENLLMETRY, "llm.response.model"), *_a(VERCEL, "ai.response.model"),
         Carrier(OPENINFERENCE, "llm.invocation_parameters", "json", ("model",)),
-        *_a(OPENLLMETRY, "llm.request.model"), *_a(VERCEL, "ai.model.id"),
+        *_a(OPENLLMETRY, "llm.request.model"), *_a(VERCEL, "ai.model.id"), Carrier(OPENLIT, "model", "name"),
     ),
     # the model asked for, '' when the dialect does not say (Langfuse names one model only).
     # A request refused before a model answered (a 429) carries only this one, so its
@@ -94,14 +95,14 @@ STRING_FIELDS: dict[str, tuple[Carrier, ...]] = {
         *_a(SEMCONV, "gen_ai.request.model"), *_a(OPENLLMETRY, "llm.request.model"),
         Carrier(OPENINFERENCE, "llm.invocation_parameters", "json", ("model",)),
         Carrier(OPENINFERENCE, "embedding.invocation_parameters", "json", ("model",)),
-        *_a(VERCEL, "ai.model.id"),
+        *_a(VERCEL, "ai.model.id"), Carrier(OPENLIT, "model", "name"),
     ),
     "provider": (
         *_a(SEMCONV, "gen_ai.provider.name", "gen_ai.system"), *_a(OPENINFERENCE, "llm.provider", "llm.system"),
         *_a(VERCEL, "ai.model.provider"),
     ),
     "operation": (
-        *_a(SEMCONV, "gen_ai.operation.name"), *_a(OPENLLMETRY, "llm.request.type"),
+        *_a(SEMCONV, "gen_ai.operation.name"), *_a(OPENLLMETRY, "llm.request.type"), Carrier(OPENLIT, "operation", "name"),
     ),
     # the conventions' error.type, else the exception the span recorded (OpenInference,
     # Pydantic AI and the Vercel AI SDK set no error.type)
@@ -210,6 +211,13 @@ ERROR_LEVEL = (LANGFUSE, "langfuse.observation.level", "ERROR")
 HTTP_STATUS = (*_a(SEMCONV, "http.response.status_code"), *_a(LITELLM, "error.code"),
                Carrier(SEMCONV, "StatusMessage", "status"))
 STATUS_IN_MESSAGE = r"(?i)(?:error code|status_code):? ([1-5][0-9][0-9])\b"
+# A failed call whose span carries no attribute: OpenLIT's Anthropic instrumentation ends
+# the span of a refused or failed call before it sets any, but names the span as the GenAI
+# conventions do, "{gen_ai.operation.name} {gen_ai.request.model}". Such a span of these
+# scopes, with an error status, is a request of that operation and model (its status and
+# error type read from its status message and exception as any failed call's are).
+NAMED_CALL_SCOPES = ("openlit.instrumentation.",)
+NAMED_CALL = r"^(chat|text_completion|embeddings|generate_content) (\S+)$"
 
 # Business units, span before resource: the semantic keys, declared once (core.keys).
 UNIT_KEYS = keys.UNIT_KEYS
@@ -249,6 +257,7 @@ class SpanView:
     service_name: str = ""
     event_attributes: Sequence[Mapping[str, str]] = ()
     status_message: str = ""
+    name: str = ""
 
     @property
     def trace(self) -> tuple[str, str]:
@@ -262,7 +271,7 @@ def is_request(span: SpanView) -> bool:
     a = span.attributes
     marked = (any(k in a for k in REQUEST_MARKERS)
               or any(a.get(key) in values for _, key, values in KIND_MARKERS)
-              or a.get("ai.operationId") in VERCEL_CALLS)
+              or a.get("ai.operationId") in VERCEL_CALLS or _named_call(span) is not None)
     return marked and a.get("gen_ai.operation.name", "") not in PIPELINE_OPERATIONS
 
 
@@ -425,6 +434,9 @@ def _read(span: SpanView, c: Carrier) -> str:
     if c.kind == "status":
         found = re.search(STATUS_IN_MESSAGE, span.status_message) if span.status_code == "STATUS_CODE_ERROR" else None
         return found.group(1) if found else ""
+    if c.kind == "name":
+        named = _named_call(span)
+        return "" if named is None else named.group(1 if c.key == "operation" else 2)
     if c.kind == "exception":
         if span.status_code != "STATUS_CODE_ERROR" or "exception" not in span.event_names:
             return ""
@@ -432,6 +444,13 @@ def _read(span: SpanView, c: Carrier) -> str:
     if c.kind == "json":
         return _json_string(attrs.get(c.key, ""), c.path)
     return attrs.get(c.key, "")
+
+
+def _named_call(span: SpanView) -> re.Match[str] | None:
+    """NAMED_CALL's match of a failed call's span name (its scope one of NAMED_CALL_SCOPES)."""
+    if span.status_code != "STATUS_CODE_ERROR" or not span.scope_name.startswith(NAMED_CALL_SCOPES):
+        return None
+    return re.search(NAMED_CALL, span.name)
 
 
 def _json_string(text: str, path: Sequence[str]) -> str:
@@ -541,6 +560,9 @@ def _sql_read(c: Carrier) -> str:
     m = f"{'r' if c.resource else 'a'}[{_q(c.key)}]"
     if c.kind == "status":
         return f"if(StatusCode = 'STATUS_CODE_ERROR', extract(StatusMessage, {_q(STATUS_IN_MESSAGE)}), '')"
+    if c.kind == "name":  # extract() gives the first group: the model's is the only one in its pattern
+        pattern = NAMED_CALL if c.key == "operation" else NAMED_CALL.replace("^(", "^(?:", 1)
+        return f"if({_SQL_NAMED_SCOPE}, extract(SpanName, {_q(pattern)}), '')"
     if c.kind == "exception":  # index 0 (no such event) reads an empty map
         return (f"if(StatusCode = 'STATUS_CODE_ERROR', "
                 f"Events.Attributes[indexOf(Events.Name, 'exception')][{_q(c.key)}], '')")
@@ -549,6 +571,10 @@ def _sql_read(c: Carrier) -> str:
     if c.kind == "json":
         return f"if({m} = '', '', JSONExtractString({m}, {', '.join(map(_q, c.path))}))"
     return m
+
+
+_SQL_NAMED_SCOPE = ("StatusCode = 'STATUS_CODE_ERROR' AND ("
+                    + " OR ".join(f"startsWith(ScopeName, {_q(p)})" for p in NAMED_CALL_SCOPES) + ")")
 
 
 def _sql_first(carriers: Sequence[Carrier]) -> str:
@@ -614,7 +640,8 @@ def sql_trace_context() -> str:
             f"    FROM (SELECT TraceId, ServiceName, SpanAttributes AS a,\n               {values}\n"
             f"          FROM otel_traces\n"
             f"          WHERE (TraceId, ServiceName) IN (\n"
-            f"                SELECT TraceId, ServiceName FROM (SELECT TraceId, ServiceName, SpanAttributes AS a FROM otel_traces)\n"
+            f"                SELECT TraceId, ServiceName FROM (SELECT TraceId, ServiceName, SpanAttributes AS a, StatusCode, "
+            f"ScopeName, SpanName FROM otel_traces)\n"
             f"                WHERE NOT hasAny(mapKeys(a), {_sql_array(map(_q, TENANT_KEY_NAMES))})\n"
             f"                  AND {sql_is_request()})\n"
             f"            AND hasAny(mapKeys(SpanAttributes), {every_key}))\n"
@@ -691,8 +718,10 @@ def sql_is_request() -> str:
     markers = " OR ".join(f"mapContains(a, {_q(k)})" for k in REQUEST_MARKERS)
     kinds = " OR ".join(f"a[{_q(key)}] IN ({', '.join(map(_q, values))})" for _, key, values in KIND_MARKERS)
     calls = f"a['ai.operationId'] IN ({', '.join(map(_q, VERCEL_CALLS))})"
+    named = f"({_SQL_NAMED_SCOPE} AND match(SpanName, {_q(NAMED_CALL)}))"
     pipeline = ", ".join(map(_q, PIPELINE_OPERATIONS))
-    return f"({markers}\n       OR {kinds}\n       OR {calls})\n  AND a['gen_ai.operation.name'] NOT IN ({pipeline})"
+    return (f"({markers}\n       OR {kinds}\n       OR {calls}\n       OR {named})\n"
+            f"  AND a['gen_ai.operation.name'] NOT IN ({pipeline})")
 
 
 # Spans a dialect reads that are not requests: an operation the GenAI conventions or the
@@ -810,7 +839,7 @@ COLUMN_ORDER = (
 # The migration holding the current rendering of the view; a change to the table above
 # goes into a new migration (ADD COLUMN, DROP VIEW, the view) named here, rendered by
 # `python -m servelens.collector.mapping.dialects`.
-VIEW_MIGRATION = "0047_llm_requests_agents_and_anthropic.sql"
+VIEW_MIGRATION = "0050_llm_requests_named_failed_calls.sql"
 
 
 def llm_requests_view_sql() -> str:
