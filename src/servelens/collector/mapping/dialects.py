@@ -562,7 +562,7 @@ def _sql_read(c: Carrier) -> str:
         return f"if(StatusCode = 'STATUS_CODE_ERROR', extract(StatusMessage, {_q(STATUS_IN_MESSAGE)}), '')"
     if c.kind == "name":  # extract() gives the first group: the model's is the only one in its pattern
         pattern = NAMED_CALL if c.key == "operation" else NAMED_CALL.replace("^(", "^(?:", 1)
-        return f"if({_SQL_NAMED_SCOPE}, extract(SpanName, {_q(pattern)}), '')"
+        return f"extract({_SQL_NAMED}, {_q(pattern)})"
     if c.kind == "exception":  # index 0 (no such event) reads an empty map
         return (f"if(StatusCode = 'STATUS_CODE_ERROR', "
                 f"Events.Attributes[indexOf(Events.Name, 'exception')][{_q(c.key)}], '')")
@@ -573,8 +573,10 @@ def _sql_read(c: Carrier) -> str:
     return m
 
 
-_SQL_NAMED_SCOPE = ("StatusCode = 'STATUS_CODE_ERROR' AND ("
-                    + " OR ".join(f"startsWith(ScopeName, {_q(p)})" for p in NAMED_CALL_SCOPES) + ")")
+# The span's name where NAMED_CALL may read it, else '': the patterns then run on empty
+# strings for almost every span (an insert's view is read for every span it writes).
+_SQL_NAMED = ("if(StatusCode = 'STATUS_CODE_ERROR' AND ("
+              + " OR ".join(f"startsWith(ScopeName, {_q(p)})" for p in NAMED_CALL_SCOPES) + "), SpanName, '')")
 
 
 def _sql_first(carriers: Sequence[Carrier]) -> str:
@@ -718,7 +720,7 @@ def sql_is_request() -> str:
     markers = " OR ".join(f"mapContains(a, {_q(k)})" for k in REQUEST_MARKERS)
     kinds = " OR ".join(f"a[{_q(key)}] IN ({', '.join(map(_q, values))})" for _, key, values in KIND_MARKERS)
     calls = f"a['ai.operationId'] IN ({', '.join(map(_q, VERCEL_CALLS))})"
-    named = f"({_SQL_NAMED_SCOPE} AND match(SpanName, {_q(NAMED_CALL)}))"
+    named = f"match({_SQL_NAMED}, {_q(NAMED_CALL)})"
     pipeline = ", ".join(map(_q, PIPELINE_OPERATIONS))
     return (f"({markers}\n       OR {kinds}\n       OR {calls}\n       OR {named})\n"
             f"  AND a['gen_ai.operation.name'] NOT IN ({pipeline})")
