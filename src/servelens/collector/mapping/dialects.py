@@ -450,7 +450,7 @@ def _named_call(span: SpanView) -> re.Match[str] | None:
     """NAMED_CALL's match of a failed call's span name (its scope one of NAMED_CALL_SCOPES)."""
     if span.status_code != "STATUS_CODE_ERROR" or not span.scope_name.startswith(NAMED_CALL_SCOPES):
         return None
-    return re.search(NAMED_CALL, span.name)
+    return re.search(NAMED_CALL, span.name, re.ASCII)  # \S as the engine (RE2) reads it
 
 
 def _json_string(text: str, path: Sequence[str]) -> str:
