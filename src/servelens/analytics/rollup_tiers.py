@@ -37,7 +37,8 @@ PERIOD = timedelta(hours=6)
 MIGRATION = 49  # the migration that dropped the tiers' views
 LIMIT = 120  # periods per call: a month of them in a few calls
 
-_DD = "quantilesDDMergeState(0.0025, 0.5, 0.95, 0.99)"
+_DD = rollups.SKETCH.replace("(", "MergeState(", 1)  # the request and context rollups' states
+_TOKENS_DD = f"quantilesDDMergeState({rollups.DD_ACCURACY}, 0.5, 0.99)"  # the workload's (0039)
 _REQUEST_SUMS = ("Requests", "Errors", "Retries", "Fallbacks", "RateLimited", "WithTtft", "InputTokens",
                  "OutputTokens", "CachedInputTokens", "LatencySum")
 _COST_DIMS = ("ServiceName", "Deployment", "Model", "Provider", "Tenant", "Feature", "Team", "Retry", "Error",
@@ -87,7 +88,7 @@ TIERS = (
          (("Latency", _DD), ("Ttft", _DD))),
     Tier("rollup_workload_1d", "rollup_workload_1h", _DAY, "Hour", ("ServiceName",),
          ("Requests", "Batch", "InputSum", "OutputSum"),
-         tuple((c, "quantilesDDMergeState(0.0025, 0.5, 0.99)") for c in ("Input", "Output"))),
+         tuple((c, _TOKENS_DD) for c in ("Input", "Output"))),
 )
 
 
