@@ -160,9 +160,8 @@ def costed_groups(store: StoreLike, settings: Settings, q: ReportQuery, per_mode
     and few keys (the spend series: a bucket is a key), not per tenant or for one total
     (BENCHMARKS.md "Dashboard cardinality"). flags=False, keep: see loader.cost_groups.
 
-    Within one run (analytics.memo) the groups of one query are read once: a page's
-    readings ask for the same ones (the overview's headline and its spend by tenant, the
-    Cost page's spend and what changed, its cache and context panels by service)."""
+    Within one run (analytics.memo) the groups of one query are read once: the readings of
+    one page that ask for the same ones (the Overview's headline and its spend by tenant)."""
     key = memo.key("cost.costed_groups", store, settings, repr(q), per_model, bucket_s, flags,
                    None if keep is None else tuple(keep))
     return memo.cached(key, lambda: _costed(store, settings, q, per_model, bucket_s, flags, keep).collect()).lazy()
