@@ -27,7 +27,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from servelens.analytics import span_hours
-from servelens.analytics.leases import Leases, runner_id
+from servelens.analytics.leases import runner_id
 from servelens.analytics.sources import rollups, stored_run
 from servelens.core.config import Settings
 from servelens.core.store import StoreLike
@@ -110,13 +110,10 @@ def _delete(store: StoreLike, settings: Settings, tier: Tier, params: dict[str, 
                            settings={"mutations_sync": 2})
 
 
-def _span(tier: Tier, start: datetime) -> tuple[datetime, datetime] | None:
-    """What of `tier` the six hours from `start` write: themselves, or for a day tier the
-    whole day with its last six hours (None with the others)."""
-    end = start + PERIOD
-    if tier.seconds == _SIX:
-        return start, end
-    return (end - timedelta(days=1), end) if end.timestamp() % _DAY == 0 else None
+def _span(tier: Tier, start: datetime) -> tuple[datetime, datetime]:
+    """The period of `tier` the six hours from `start` are in: themselves, or their day."""
+    lo = start if tier.seconds == _SIX else start.replace(hour=0)
+    return lo, lo + timedelta(seconds=tier.seconds)
 
 
 def _write(store: StoreLike, tier: Tier, params: dict[str, int], token: str | None) -> None:
@@ -131,10 +128,9 @@ def _fill_period(store: StoreLike, settings: Settings, start: datetime, migrated
     """Write every tier's rows of the six hours from `start` (the day tiers with the day's
     last period)."""
     for tier in TIERS:
-        span = _span(tier, start)
-        if span is None:
-            continue
-        lo, hi = span
+        lo, hi = _span(tier, start)
+        if hi != start + PERIOD:
+            continue  # a day tier, before the day's last six hours
         params = {"lo_s": int(lo.timestamp()), "hi_s": int(hi.timestamp())}
         if migrated_at is not None and hi <= migrated_at and _holds_rows(store, tier, params):
             continue  # written by the views before migration 0049
@@ -170,9 +166,7 @@ def _refill(store: StoreLike, settings: Settings, start: datetime, top_s: int) -
     """Write the six hours from `start` again in every tier, and their day where it was
     written (its last six hours filled, at most `top_s`)."""
     for tier in TIERS:
-        span = _span(tier, start) if tier.seconds == _SIX else (
-            start.replace(hour=0), start.replace(hour=0) + timedelta(days=1))
-        lo, hi = span
+        lo, hi = _span(tier, start)
         if hi.timestamp() > top_s:
             continue
         params = {"lo_s": int(lo.timestamp()), "hi_s": int(hi.timestamp())}
@@ -186,21 +180,10 @@ def fill(store: StoreLike, settings: Settings, now: datetime | None = None, *, o
     requests have changed since (`_STALE`). {"hours": periods written, "seconds": s};
     stops at a period another runner holds (the run must stay unbroken)."""
     started = time.perf_counter()
-    now = now or datetime.now(timezone.utc)
-    owner = owner or runner_id()
-    leases = Leases(store, owner)
     migrated_at = _migrated_at(store)
-    periods = 0
-    for start in span_hours.due(store, settings, now, JOB, PERIOD)[:limit]:
-        if stop is not None and stop.is_set():
-            break
-        until = start + PERIOD
-        if not leases.acquire(JOB, until, now):
-            break
-        _fill_period(store, settings, start, migrated_at)
-        store.client().insert("analytics_results", [[JOB, start, until, datetime.now(timezone.utc), owner, "{}"]],
-                              column_names=["report", "since", "until", "computed_at", "owner", "rows"])
-        periods += 1
+    periods = span_hours.store_due(store, settings, now or datetime.now(timezone.utc), JOB, PERIOD,
+                                   lambda start: _fill_period(store, settings, start, migrated_at),
+                                   owner or runner_id(), limit, stop)
     stale, top_s = _stale(store)
     for start in stale[:max(0, limit - periods)]:
         if stop is not None and stop.is_set():

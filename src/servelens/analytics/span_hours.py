@@ -84,29 +84,41 @@ def due(store: StoreLike, settings: Settings, now: datetime, name: str, period: 
     return after + before
 
 
+def store_due(store: StoreLike, settings: Settings, now: datetime, name: str, period: timedelta,
+              write: Callable[[datetime], None], owner: str, limit: int, stop: threading.Event | None) -> int:
+    """write(start) for up to `limit` of job `name`'s due periods (`due`), each under its
+    lease and recorded in analytics_results once written; the periods written. Stops at a
+    period another runner holds (the run must stay unbroken)."""
+    leases = Leases(store, owner)
+    written = 0
+    for start in due(store, settings, now, name, period)[:limit]:
+        if stop is not None and stop.is_set():
+            break
+        until = start + period
+        if not leases.acquire(name, until, now):
+            break
+        write(start)
+        store.client().insert("analytics_results", [[name, start, until, datetime.now(timezone.utc), owner, "{}"]],
+                              column_names=["report", "since", "until", "computed_at", "owner", "rows"])
+        written += 1
+    return written
+
+
 def fill(store: StoreLike, settings: Settings, now: datetime | None = None, *, job: HourJob,
          owner: str | None = None, limit: int = LIMIT, stop: threading.Event | None = None) -> dict[str, Any]:
     """Store up to `limit` due hours of `job`. {"hours": n, "seconds": s};
     stops at an hour another runner holds (the run must stay unbroken)."""
     started = time.perf_counter()
-    now = now or datetime.now(timezone.utc)
-    owner = owner or runner_id()
-    leases = Leases(store, owner)
-    hours = 0
-    for hour in due(store, settings, now, job.name)[:limit]:
-        if stop is not None and stop.is_set():
-            break
-        until = hour + HOUR
-        if not leases.acquire(job.name, until, now):
-            break
+    columns, start = ((job.columns, "") if "Hour" in job.columns
+                      else ((*job.columns, "Hour"), ", toDateTime(intDiv({since_ns:Int64}, 1000000000))"))
+
+    def write(hour: datetime) -> None:
         lo = int(hour.timestamp()) * 10**9
-        columns, start = ((job.columns, "") if "Hour" in job.columns
-                          else ((*job.columns, "Hour"), ", toDateTime(intDiv({since_ns:Int64}, 1000000000))"))
         store.client().command(
             f"INSERT INTO {job.table} ({', '.join(columns)}) SELECT *{start} FROM ({job.rows()})",
             parameters={"since_ns": lo, "until_ns": lo + HOUR_NS, "slack_ns": SLACK_NS},
             settings={"insert_deduplication_token": f"{job.name}:{hour.isoformat()}", "insert_deduplicate": 1})
-        store.client().insert("analytics_results", [[job.name, hour, until, datetime.now(timezone.utc), owner, "{}"]],
-                              column_names=["report", "since", "until", "computed_at", "owner", "rows"])
-        hours += 1
+
+    hours = store_due(store, settings, now or datetime.now(timezone.utc), job.name, HOUR, write,
+                      owner or runner_id(), limit, stop)
     return {"hours": hours, "seconds": round(time.perf_counter() - started, 4)}
