@@ -18,8 +18,8 @@ import pytest
 from bench.history import HOUR, Traffic, insert
 from servelens.analytics.query import iso
 from servelens.analytics.triggers import engine
-from servelens.analytics.triggers.detect_quality_load import (QualityUnderLoad, latency_check, load_sides,
-                                                              quality_under_load, span)
+from servelens.analytics.triggers.detect_quality_load import (QualityUnderLoad, above_since, latency_check,
+                                                              load_sides, quality_under_load, span)
 from tests.analytics.test_triggers import T0, Recorder, assert_one_episode
 
 DAY0 = T0.replace(hour=0)  # the swing follows the time of day: histories start at midnight
@@ -51,6 +51,30 @@ def test_latency_check() -> None:
     assert latency_check({**rows, "high": {"p99_s": 1.3, "requests": 900}}, 0.2)["holds"] is False
     missing = latency_check({"high": rows["high"]}, 0.2)
     assert missing["holds"] is None and missing["rise"] is None and missing["reason"]
+
+
+def test_the_read_above_the_mean_reaches_back_to_the_busy_hours_that_hold_enough_results() -> None:
+    # Hourly buckets over a day: busy (above the mean) from 07:00 to 12:00, quiet after. At
+    # 15:00 the last two windows are quiet; the read starts at 10:00, the fewest windows
+    # back whose busy buckets hold 200 results (60 + 70 + 80 from 10:00, 11:00, 12:00).
+    day = datetime(2026, 3, 2, tzinfo=timezone.utc)
+    busy = {7: 90, 8: 90, 9: 90, 10: 60, 11: 70, 12: 80}
+    hours = [day + timedelta(hours=h) for h in range(24)]
+    arrivals = [100 if h in busy else 40 for h in range(24)]
+    ns = [int(t.timestamp()) * 10**9 for t in hours]
+    sides = load_sides(pl.DataFrame({"deployment": ["d"] * 24, "bucket_ns": ns, "arrivals": arrivals}))
+    results = pl.DataFrame({"deployment": ["d"] * 24, "bucket": hours,
+                            "evaluations": [busy.get(h, 30) for h in range(24)]})
+    until = day + timedelta(hours=16)
+    def start(windows: int, most: int, minimum: int) -> datetime:
+        return datetime.fromtimestamp(above_since(results, sides, until, HOUR, windows, most, minimum)["d"] / 1e9,
+                                      tz=timezone.utc)
+    assert start(2, 6, 200) == day + timedelta(hours=10)
+    assert start(2, 6, 60) == day + timedelta(hours=12)  # the fewest: 12:00 alone holds 80
+    assert start(4, 6, 60) == day + timedelta(hours=12)  # never fewer than `windows`
+    assert start(2, 6, 10_000) == day + timedelta(hours=10)  # none holds it: the widest span
+    assert start(2, 5, 200) == day + timedelta(hours=11)  # no further back than `most`
+    assert above_since(results, sides, until, HOUR, 2, 3, 200) == {}  # nothing above the mean since 13:00
 
 
 def test_the_lookback_ends_on_a_bucket_boundary() -> None:

@@ -115,3 +115,24 @@ def test_a_sparse_pair_is_measured_over_the_wider_span() -> None:
     rows = regressions(narrow, base, CFG, (wide, base), 6)
     assert firing(rows) == [pair]
     assert next(r for r in rows if r["slice"] == pair)["pooled_windows"] == 6
+
+
+def test_a_slice_over_its_minimum_is_read_over_the_wider_span_too() -> None:
+    # German summaries hold 120 results in the last two windows (over min_evaluations, under
+    # it a window: thin), 84 % passing against 90 %: short of significance there. The same 6
+    # points over six windows (480 results) are: read there too, each reading at half the
+    # level, the stronger kept.
+    base = table({("summarize", "en"): (8000, 0.90), ("summarize", "de"): (8000, 0.90), ("qa", "en"): (8000, 0.92)})
+    narrow = table({("summarize", "en"): (600, 0.90), ("summarize", "de"): (120, 0.84), ("qa", "en"): (600, 0.92)})
+    wide = table({("summarize", "en"): (1800, 0.90), ("summarize", "de"): (480, 0.84), ("qa", "en"): (1800, 0.92)})
+    german = {"language": "de"}
+    assert firing(regressions(narrow, base, CFG, (wide, base), 6)) == []  # the wider span only where short
+    rows = regressions(narrow, base, CFG, (wide, base), 6, both=True)
+    assert firing(rows) == [german]
+    row = next(r for r in rows if r["slice"] == german)
+    assert row["pooled_windows"] == 6 and row["n"] == 480
+    assert row["test"].details["readings"] == 2
+    assert row["test"].p_value == pytest.approx(2 * row["test"].details["p_value_one_reading"])
+    # A slice with min_evaluations a window is read in the window only, at the full level.
+    qa = next(r for r in rows if r["slice"] == {"task_type": "qa"})
+    assert qa["pooled_windows"] is None and qa["n"] == 600 and "readings" not in qa["test"].details

@@ -36,6 +36,7 @@ so a small language slice is tested rather than left to its parent.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from itertools import combinations
 from typing import Any, Literal
 
@@ -127,11 +128,16 @@ def distinct(rows: list[dict[str, Any]], keys: list[str]) -> list[dict[str, Any]
 
 def _test(cfg: Any, m: dict[str, Any] | None) -> tuple[stats.StatResult, float] | None:
     """(one-sided test of a drop against the mix-standardized baseline, the drop in points)
-    on enough results each side, else None."""
+    on enough results each side, else None. A slice read twice (`readings`) is judged at
+    half the level: its p-value doubled, Bonferroni over the two readings."""
     if m is None or m["n"] < cfg.min_evaluations or m["base_n"] < cfg.min_baseline:
         return None
     expected_passed = round(m["expected_rate"] * m["base_n"])
     test = stats.proportion_test(m["passed"], m["n"], expected_passed, m["base_n"], cfg.fdr, "less")
+    if m.get("readings", 1) > 1 and test.p_value is not None:
+        p = min(1.0, test.p_value * m["readings"])
+        test = replace(test, p_value=p, detected=p < cfg.fdr,
+                       details={**test.details, "readings": m["readings"], "p_value_one_reading": test.p_value})
     return test, m["expected_rate"] - m["passed"] / m["n"]
 
 
@@ -226,30 +232,44 @@ def _dedupe(slices: list[dict[str, str]]) -> list[dict[str, str]]:
 
 
 def regressions(current: pl.DataFrame, baseline: pl.DataFrame, cfg: Any,
-                wider: Frames | None = None, wider_windows: int | None = None) -> list[dict[str, Any]]:
+                wider: Frames | None = None, wider_windows: int | None = None,
+                both: bool = False) -> list[dict[str, Any]]:
     """Every slice tested, each with its test, drop, BH-adjusted p-value and `firing`.
 
     `wider`: the slice tables of a longer span (`wider_windows` windows), where a slice short
-    of `min_evaluations` in (current, baseline) is measured instead."""
+    of `min_evaluations` in (current, baseline) is measured instead. With `both`, a thin
+    slice that holds them (fewer than `min_evaluations` a window on average) is read over
+    the longer span too, each reading at half the level and the stronger kept (`_test`): a
+    drop that stays shows in all the results the longer span holds, while a slice barely
+    over the minimum shows only a large one. A slice with more is read once: halving its
+    level would cost it a window where it needs no pooling (BENCHMARKS.md, "Detection: a
+    thin quality slice read over six windows too")."""
     keys = list(cfg.keys)
     sets = key_sets(keys, cfg.pairs)
     near = measure_all(current, baseline, keys, sets)
     far = measure_all(*wider, keys, sets) if wider is not None else {}
     measured = []
     for s in slices(wider[0] if wider is not None else current, keys, cfg.pairs):
-        frames, windows = (current, baseline), None
-        m = near.get(tuple(s.items()))
-        if wider is not None and (m is None or m["n"] < cfg.min_evaluations):
-            frames, windows = wider, wider_windows
-            m = far.get(tuple(s.items()))
-        if m is not None:
-            measured.append({"slice": s, **m, "frames": frames, "pooled_windows": windows})
-    tested = []
+        m, w = near.get(tuple(s.items())), far.get(tuple(s.items()))
+        if wider is None or w is None:
+            readings = [(m, (current, baseline), None)]
+        elif m is None or m["n"] < cfg.min_evaluations:
+            readings = [(w, wider, wider_windows)]
+        else:  # a thin slice (under min_evaluations a window) is read wider too, with `both`
+            thin = both and m["n"] < cfg.min_evaluations * cfg.windows
+            readings = [(m, (current, baseline), None)] + ([(w, wider, wider_windows)] if thin else [])
+        measured.extend({"slice": s, **m, "frames": frames, "pooled_windows": windows, "readings": len(readings)}
+                        for m, frames, windows in readings if m is not None)
+    tested: dict[tuple[tuple[str, str], ...], dict[str, Any]] = {}
     for r in distinct(measured, keys):
         result = _test(cfg, r)
-        if result is not None:
-            r["test"], r["drop"] = result
-            tested.append(r)
+        if result is None:
+            continue
+        r["test"], r["drop"] = result
+        same = tested.get(key := tuple(r["slice"].items()))
+        if same is None or r["test"].p_value < same["test"].p_value:
+            tested[key] = r  # a slice's stronger reading
+    tested = list(tested.values())
     fdr = stats.benjamini_hochberg([r["test"].p_value for r in tested], cfg.fdr)
     for r, adjusted, rejected in zip(tested, fdr.adjusted, fdr.rejected):
         r["adjusted"], r["candidate"] = adjusted, rejected and r["drop"] >= cfg.min_drop
@@ -294,7 +314,7 @@ def quality_regression(store: StoreLike, settings: Settings, at: Evaluation) -> 
     # The baseline stays the shorter span's: the few windows it then shares with the wider
     # span's (of 7 days) can only hide a drop, never make one, and it saves a second scan.
     wider = (wide[0], baseline) if wide else None
-    tested = regressions(current, baseline, cfg, wider, most)
+    tested = regressions(current, baseline, cfg, wider, most, both=True)
     findings = []
     for r in tested:
         name = ", ".join(f"{k}={v}" for k, v in r["slice"].items())

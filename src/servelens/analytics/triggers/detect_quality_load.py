@@ -26,9 +26,14 @@ Above the mean, too. A path can give way as soon as the load passes its mean, ho
 the day's peak: between two daily peaks the busy afternoon is the middle third, which the
 read above leaves out until the peak itself. So the recent buckets above the deployment's
 mean arrivals are read as well, where their mean load is `min_load_ratio` times the low
-side's; a slice fires when either read shows the drop. Each read is tested at `fdr` (the
-two together at up to twice it): at half of it each, the busiest read fired a window later
-on a thin drop (BENCHMARKS.md, "Detection: quality under load above the mean"). Read
+side's; a slice fires when either read shows the drop. Recent here is the last `windows`
+windows, or where their buckets above the mean hold fewer than `min_evaluations` results
+(a small deployment, or a busy spell that has just ended), the fewest trailing windows up
+to `triggers.pool_windows` that hold them (`above_since`): a path that gave way during the
+morning peak is read over that peak's hours, where the last two windows, already quiet,
+hold too few and the lookback's busiest buckets, mostly from before the change, dilute it.
+Each read is tested at `fdr` (the two together at up to twice it): at half of it each, the
+busiest read fired a window later on a thin drop (BENCHMARKS.md, "Detection: quality under load above the mean"). Read
 alone, this wider side would hide an earlier degradation: recent buckets above the mean
 that hold would stop the fall-back to the lookback's busiest buckets that failed
 (evidence `high_side.read`: recent, lookback or recent_above_mean).
@@ -130,23 +135,49 @@ def latency_by_side(store: StoreLike, since: datetime, until: datetime, bucket: 
                               "side_keys": keys or [""], "side_values": keyed.get_column("side").to_list() or [""]})
 
 
-def _recent_above(recent_ns: int) -> pl.Expr:
+def _at(ns: int) -> datetime:
+    return datetime.fromtimestamp(ns / 1e9, tz=timezone.utc)
+
+
+def _recent_above(recent_ns: int | pl.Expr) -> pl.Expr:
     """Buckets from `recent_ns` on above the deployment's mean arrivals (module doc: Above the mean, too)."""
     return pl.col("above") & (pl.col("side") != LOW) & (pl.col("bucket_ns") >= recent_ns)
 
 
+def above_since(results: pl.DataFrame, sides: pl.DataFrame, until: datetime, width: timedelta,
+                windows: int, most: int, minimum: int) -> dict[str, int]:
+    """Per deployment, where its read above the mean starts (ns): the last `windows` windows,
+    or where their buckets above the mean hold fewer than `minimum` results, the fewest
+    trailing windows up to `most` that hold them (else all `most`). A path that gives way
+    only at the morning peak is then read over its busy hours, not over the quiet hours
+    after them (module doc: Above the mean, too)."""
+    starts = [_ns(until - k * width) for k in range(windows, max(windows, most) + 1)]
+    held = (_joined(results, sides).filter(_recent_above(starts[-1])).group_by("deployment")
+            .agg([pl.col("evaluations").filter(pl.col("bucket_ns") >= s).sum().alias(str(i))
+                  for i, s in enumerate(starts)]))
+    out = {}
+    for row in held.iter_rows(named=True):
+        out[row["deployment"]] = next((s for i, s in enumerate(starts) if row[str(i)] >= minimum), starts[-1])
+    return out
+
+
+def _joined(results: pl.DataFrame, sides: pl.DataFrame) -> pl.DataFrame:
+    """Each bucket's results with its load (`side`, `above`)."""
+    bucket_ns = pl.col("bucket").dt.epoch("ns")
+    return results.with_columns(bucket_ns.alias("bucket_ns")).join(
+        sides.select("deployment", "bucket_ns", "side", "above"), on=["deployment", "bucket_ns"], how="inner")
+
+
 def side_tables(results: pl.DataFrame, sides: pl.DataFrame, keys: list[str],
-                recent_ns: int | None = None) -> dict[str, pl.DataFrame]:
+                recent_ns: int | None = None, above_ns: int | None = None) -> dict[str, pl.DataFrame]:
     """Slice tables (keys, evaluations, passed) of the high-load and the low-load buckets,
     and (with `recent_ns`) of the buckets starting at or after it: the high-load ones
-    (RECENT) and those above the mean arrivals (RECENT_ABOVE)."""
-    bucket_ns = pl.col("bucket").dt.epoch("ns")
-    joined = results.with_columns(bucket_ns.alias("bucket_ns")).join(
-        sides.select("deployment", "bucket_ns", "side", "above"), on=["deployment", "bucket_ns"], how="inner")
+    (RECENT) and those above the mean arrivals (RECENT_ABOVE, from `above_ns` where given)."""
+    joined = _joined(results, sides)
     picks = {HIGH: pl.col("side") == HIGH, LOW: pl.col("side") == LOW}
     if recent_ns is not None:
         picks[RECENT] = (pl.col("side") == HIGH) & (pl.col("bucket_ns") >= recent_ns)
-        picks[RECENT_ABOVE] = _recent_above(recent_ns)
+        picks[RECENT_ABOVE] = _recent_above(recent_ns if above_ns is None else above_ns)
     return {side: joined.filter(pick).group_by(keys).agg(
         pl.col("evaluations").sum(), pl.col("passed").sum()).sort(keys) for side, pick in picks.items()}
 
@@ -236,8 +267,12 @@ def quality_under_load(store: StoreLike, settings: Settings, at: Evaluation) -> 
     load = (sides.filter(pl.col("side") != MID).group_by("deployment", "side")
             .agg(pl.len().alias("buckets"), pl.col("arrivals").mean().alias("mean_arrivals")))
     loads = {(d, s): (b, m) for d, s, b, m in load.iter_rows()}
-    # The mean arrivals of each deployment's recent buckets above its mean.
-    above_means = dict(sides.filter(_recent_above(_ns(recent))).group_by("deployment")
+    # Where each deployment's read above the mean starts, and the mean arrivals of its buckets there.
+    width = at.until - at.since
+    above_from = above_since(results, sides, until, width, cfg.windows,
+                             min(settings.triggers.pool_windows, int(cfg.lookback / width)), cfg.min_evaluations)
+    above_means = dict(sides.filter(_recent_above(pl.col("deployment").replace_strict(
+        above_from, default=_ns(recent), return_dtype=pl.Int64))).group_by("deployment")
                        .agg(pl.col("arrivals").mean()).iter_rows())
     latency: dict[str, dict[str, dict[str, Any]]] = {}
     for row in latency_by_side(store, since, until, cfg.bucket, sides).iter_rows(named=True):
@@ -248,7 +283,8 @@ def quality_under_load(store: StoreLike, settings: Settings, at: Evaluation) -> 
                                                               for s in (HIGH, LOW))
         if not high_mean or not low_mean or high_mean < cfg.min_load_ratio * low_mean:
             continue  # no high load to compare with
-        tables = side_tables(results.filter(pl.col("deployment") == deployment), sides, keys, _ns(recent))
+        tables = side_tables(results.filter(pl.col("deployment") == deployment), sides, keys, _ns(recent),
+                             above_from.get(deployment))
         if tables[HIGH].is_empty() or tables[LOW].is_empty():
             continue
         lat = latency_check(latency.get(deployment, {}), cfg.p99_tolerance)
@@ -265,8 +301,8 @@ def quality_under_load(store: StoreLike, settings: Settings, at: Evaluation) -> 
                          "load_ratio": high_mean / low_mean, "recent_above_mean_arrivals": above_mean}
         tested = tested_slices(tables, settings, above_mean is not None and above_mean >= cfg.min_load_ratio * low_mean)
         for r in tested:
-            high_side = {"since": iso(since if r["read"] == "lookback" else recent), "until": iso(until),
-                         "read": r["read"]}
+            read_since = {"lookback": since, RECENT_ABOVE: _at(above_from.get(deployment, _ns(recent)))}.get(r["read"], recent)
+            high_side = {"since": iso(read_since), "until": iso(until), "read": r["read"]}
             firing = r["firing"] and lat["holds"] is True
             name = ", ".join(f"{k}={v}" for k, v in r["slice"].items())
             rate = r["passed"] / r["n"]
