@@ -19,7 +19,7 @@ from bench.history import HOUR, Traffic, insert
 from servelens.analytics.query import iso
 from servelens.analytics.triggers import engine
 from servelens.analytics.triggers.detect_quality_load import (QualityUnderLoad, above_since, latency_check,
-                                                              load_sides, quality_under_load, span)
+                                                              load_sides, quality_under_load, quiet_before, span)
 from tests.analytics.test_triggers import T0, Recorder, assert_one_episode
 
 DAY0 = T0.replace(hour=0)  # the swing follows the time of day: histories start at midnight
@@ -77,6 +77,19 @@ def test_the_read_above_the_mean_reaches_back_to_the_busy_hours_that_hold_enough
     assert above_since(results, sides, until, HOUR, 2, 3, 200) == {}  # nothing above the mean since 13:00
 
 
+def test_earlier_buckets_as_quiet_as_the_lookbacks_low_third_join_the_low_side() -> None:
+    day = [("a", 100 + i, n) for i, n in enumerate([10, 20, 30, 40, 50, 60])] + [("b", 100, 5), ("b", 101, 50),
+                                                                                 ("b", 102, 90)]
+    sides = load_sides(pl.DataFrame(day, schema=["deployment", "bucket_ns", "arrivals"], orient="row"))
+    earlier = pl.DataFrame([("a", 1, 15), ("a", 2, 25), ("a", 3, 5), ("b", 1, 5), ("b", 2, 6), ("c", 1, 1),
+                            ("a", 100, 10)], schema=["deployment", "bucket_ns", "arrivals"], orient="row")
+    quiet = quiet_before(earlier, sides, since_ns=100)
+    # a's low third is 10 and 20 arrivals: 15 and 5 are as quiet, 25 is not; b's is 5; c has no lookback.
+    assert sorted(quiet.select("deployment", "bucket_ns").iter_rows()) == [("a", 1), ("a", 3), ("b", 1)]
+    assert quiet.schema == sides.schema and set(quiet.get_column("side")) == {"low"}
+    assert not quiet.get_column("above").any()
+
+
 def test_the_lookback_ends_on_a_bucket_boundary() -> None:
     cfg = QualityUnderLoad(lookback="6h", bucket="30m")
     since, until = span(datetime(2026, 3, 2, 10, 40, tzinfo=timezone.utc), cfg)
@@ -129,6 +142,28 @@ def test_summaries_failing_in_busy_hours_are_one_episode(store, settings) -> Non
     whole = next(f for f in findings if f.subject == {"deployment": "chat-api"})
     assert not whole.firing and whole.evidence["explained_by"] == [{"task_type": "summarize"}]
     assert _fired(findings) == [subject]
+
+
+@pytest.mark.integration
+def test_the_weeks_quiet_hours_join_the_low_side_and_a_drop_of_every_hour_does_not_fire(store, settings) -> None:
+    """Summaries pass 0.85 for two days, then 0.65 at every hour from day 2 (a prompt change,
+    no load effect). On day 3 the busy hours pass less than the first days' quiet ones, but
+    not less than the last day's: quality_regression's drop, not this kind's."""
+    change = DAY0 + timedelta(days=2)
+    for seed, (traffic, rate) in enumerate([(QA, 0.9), (SUMMARIES, 0.85)]):
+        insert(store, DAY0, change, traffic, seed=seed, pass_rate=rate)
+        insert(store, change, DAY0 + timedelta(days=4), traffic, seed=10 + seed,
+               pass_rate=0.65 if traffic is SUMMARIES else rate)
+    subject = {"deployment": "chat-api", "task_type": "summarize"}
+    at = engine.window_at(settings, DAY0 + timedelta(days=3, hours=18))
+    summaries = next(f for f in quality_under_load(store, settings, at) if f.subject == subject)
+    ev = summaries.evidence
+    assert ev["regressed"] is True and ev["delta"] < -0.05  # against the week's quiet hours ...
+    assert ev["quiet_day"]["holds"] is False and "not a load effect" in ev["quiet_day"]["reason"]  # ... not the day's
+    assert not summaries.firing
+    # The week's quiet buckets are in the low side: more than the day's third alone.
+    assert ev["low_load_evaluations"] > 2 * ev["quiet_day"]["evaluations"]
+    assert ev["quiet_since"] == iso(DAY0 + timedelta(days=3, hours=18) - timedelta(days=7))
 
 
 @pytest.mark.integration

@@ -20,7 +20,21 @@ evaluation windows: a path that degrades under load shows from its first busy ho
 the whole day's busy buckets would dilute it with the hours before the change. A slice
 short of `min_evaluations` there (a quiet hour, a thin slice) is read over every high-load
 bucket of the lookback instead, so a change seen yesterday afternoon still shows tonight
-(evidence `high_side`). The low side is always the lookback's.
+(evidence `high_side`). The low side is the lookback's, and more (below).
+
+Quiet hours of the week. At a hundred requests an hour a day's quiet third holds about 600
+results, against which a ten-point drop in a morning peak's 250 is short of significance.
+So the low side also takes every bucket of the `quiet_lookback` (a week) before the lookback
+that was as quiet: no more arrivals than the lookback's quietest third holds at most. The
+split into thirds, the mean, the high side and the latency check stay the lookback's; only
+the quiet results grow, up to seven times (BENCHMARKS.md, "Detection: quality under load
+against the week's quiet hours"). A drop that hit every request (a prompt or model change)
+also leaves the recent busy hours below the week's quiet ones: that is quality_regression's,
+not a load effect. So a slice fires only where its high side is also lower than the
+lookback's own quiet third (one-sided test at `quiet_alpha`, a drop of `min_drop`), where
+that holds `min_evaluations` results (evidence `quiet_day`): once a night has passed since
+such a change, the day's quiet hours hold it too, and the slice no longer fires, as when the
+low side was the day's alone.
 
 Above the mean, too. A path can give way as soon as the load passes its mean, hours before
 the day's peak: between two daily peaks the busy afternoon is the middle third, which the
@@ -69,13 +83,15 @@ from servelens.analytics.sources import frame, rollups
 from servelens.analytics.sql import window
 from servelens.analytics.triggers.base import Evaluation, Finding, detector
 from servelens.analytics.triggers.common import clean, ms, severity
-from servelens.analytics.triggers.detect_quality import regressions
+from servelens.analytics.triggers import stats
+from servelens.analytics.triggers.detect_quality import _matches, measure, regressions
 from servelens.core.config import Settings, TriggerKindConfig, parse_duration
 from servelens.core.store import StoreLike
 
 HIGH, LOW, MID = "high", "low", "mid"
 RECENT = "recent"  # the high-load buckets of the last `windows` windows
 RECENT_ABOVE = "recent_above_mean"  # the buckets above the mean arrivals in the last `windows` windows
+QUIET_DAY = "quiet_day"  # the lookback's own low-load buckets
 _BUCKET = "intDiv(toUnixTimestamp64Nano(Timestamp), {bucket_ns:Int64}) * {bucket_ns:Int64}"
 
 
@@ -96,6 +112,17 @@ def arrivals(store: StoreLike, settings: Settings, since: datetime, until: datet
         GROUP BY deployment, bucket_ns
         ORDER BY deployment, bucket_ns"""
     return frame(store, sql, {**p, "bucket_ns": bucket_ns})
+
+
+def quiet_before(buckets: pl.DataFrame, sides: pl.DataFrame, since_ns: int) -> pl.DataFrame:
+    """The buckets of `buckets` before `since_ns` with no more arrivals than the busiest of
+    their deployment's low side in `sides` holds, as low-side rows (module doc: Quiet hours of
+    the week)."""
+    most = sides.filter(pl.col("side") == LOW).group_by("deployment").agg(pl.col("arrivals").max().alias("most"))
+    quiet = (buckets.filter(pl.col("bucket_ns") < since_ns).join(most, on="deployment", how="inner")
+             .filter(pl.col("arrivals") <= pl.col("most"))
+             .with_columns(pl.lit(LOW).alias("side"), pl.lit(False).alias("above"), pl.lit(None).alias("buckets")))
+    return quiet.select([pl.col(c).cast(t) for c, t in sides.schema.items()])
 
 
 def load_sides(buckets: pl.DataFrame) -> pl.DataFrame:
@@ -169,17 +196,42 @@ def _joined(results: pl.DataFrame, sides: pl.DataFrame) -> pl.DataFrame:
 
 
 def side_tables(results: pl.DataFrame, sides: pl.DataFrame, keys: list[str],
-                recent_ns: int | None = None, above_ns: int | None = None) -> dict[str, pl.DataFrame]:
-    """Slice tables (keys, evaluations, passed) of the high-load and the low-load buckets,
-    and (with `recent_ns`) of the buckets starting at or after it: the high-load ones
-    (RECENT) and those above the mean arrivals (RECENT_ABOVE, from `above_ns` where given)."""
+                recent_ns: int | None = None, above_ns: int | None = None,
+                day_ns: int | None = None) -> dict[str, pl.DataFrame]:
+    """Slice tables (keys, evaluations, passed) of the high-load and the low-load buckets
+    (LOW with the week's as quiet, QUIET_DAY the lookback's alone, from `recent_ns`'s day:
+    `day_ns`), and (with `recent_ns`) of the buckets starting at or after it: the high-load
+    ones (RECENT) and those above the mean arrivals (RECENT_ABOVE, from `above_ns` where
+    given)."""
     joined = _joined(results, sides)
     picks = {HIGH: pl.col("side") == HIGH, LOW: pl.col("side") == LOW}
+    if day_ns is not None:
+        picks[QUIET_DAY] = (pl.col("side") == LOW) & (pl.col("bucket_ns") >= day_ns)
     if recent_ns is not None:
         picks[RECENT] = (pl.col("side") == HIGH) & (pl.col("bucket_ns") >= recent_ns)
         picks[RECENT_ABOVE] = _recent_above(recent_ns if above_ns is None else above_ns)
     return {side: joined.filter(pick).group_by(keys).agg(
         pl.col("evaluations").sum(), pl.col("passed").sum()).sort(keys) for side, pick in picks.items()}
+
+
+def quiet_check(r: dict[str, Any], tables: dict[str, pl.DataFrame], keys: list[str], cfg: Any) -> dict[str, Any]:
+    """Whether slice `r`'s high side (the rows of its read) is also lower than the lookback's
+    own quiet third (module doc: Quiet hours of the week): `holds` True or False, None where
+    that holds fewer than `min_evaluations` results (not judged)."""
+    high = {RECENT: tables[RECENT], RECENT_ABOVE: tables[RECENT_ABOVE]}.get(r["read"], tables[HIGH])
+    m = measure(high, tables[QUIET_DAY], keys, _matches(r["slice"]))
+    if m is None or m["base_n"] < cfg.min_evaluations:
+        return {"holds": None, "evaluations": m["base_n"] if m else 0,
+                "reason": f"fewer than {cfg.min_evaluations} results in the lookback's quiet third (not judged)"}
+    drop = m["expected_rate"] - m["passed"] / m["n"]
+    test = stats.proportion_test(m["passed"], m["n"], round(m["expected_rate"] * m["base_n"]), m["base_n"],
+                                 cfg.quiet_alpha, "less")
+    out = {"holds": bool(test.detected and drop >= cfg.min_drop), "evaluations": m["base_n"],
+           "pass_rate": m["base_passed"] / m["base_n"], "drop": drop, "test": test.evidence()}
+    if not out["holds"]:
+        out["reason"] = ("not lower than the lookback's own quiet hours: a drop of every request "
+                         "(quality_regression), not a load effect")
+    return out
 
 
 def latency_check(rows: dict[str, dict[str, Any]], tolerance: float) -> dict[str, Any]:
@@ -227,6 +279,9 @@ def tested_slices(tables: dict[str, pl.DataFrame], settings: Settings, above_mea
 
 class QualityUnderLoad(TriggerKindConfig):
     lookback: timedelta = timedelta(hours=24)  # a whole day: its load swing gives both sides
+    # Earlier buckets as quiet as the lookback's quietest third join the low side (module doc).
+    quiet_lookback: timedelta = timedelta(days=7)
+    quiet_alpha: float = Field(0.05, gt=0, lt=1, description="one-sided test against the lookback's quiet third")
     windows: int = Field(2, ge=1, description="the high side is first read in the last windows' busy buckets")
     bucket: timedelta = timedelta(minutes=15)  # load is arrivals per bucket
     keys: list[Literal["task_type", "language", "length_class", "model", "deployment", "tenant"]] = [
@@ -238,15 +293,18 @@ class QualityUnderLoad(TriggerKindConfig):
     min_evaluations: int = Field(200, ge=1, description="per side (high load, low load)")
     min_load_ratio: float = Field(1.5, gt=1, description="mean arrivals per bucket, high / low")
     p99_tolerance: float = Field(0.2, ge=0, description="high-load p99 may exceed low-load's by this")
-    _dur = field_validator("lookback", "bucket", mode="before")(parse_duration)
+    _dur = field_validator("lookback", "bucket", "quiet_lookback", mode="before")(parse_duration)
 
     @model_validator(mode="after")
     def _buckets(self) -> QualityUnderLoad:
         # Buckets start on multiples of their length since midnight UTC (as the
         # evaluation tables bucket results), and the lookback holds whole buckets.
         b = int(self.bucket.total_seconds())
-        if b <= 0 or self.bucket.total_seconds() != b or 86400 % b or self.lookback.total_seconds() % b:
-            raise ValueError("bucket: whole seconds dividing a day, and the lookback a whole number of them")
+        if (b <= 0 or self.bucket.total_seconds() != b or 86400 % b or self.lookback.total_seconds() % b
+                or self.quiet_lookback.total_seconds() % b):
+            raise ValueError("bucket: whole seconds dividing a day, and the lookbacks a whole number of them")
+        if self.quiet_lookback < self.lookback:
+            raise ValueError("quiet_lookback: at least the lookback")
         if self.lookback < 6 * self.bucket:
             raise ValueError("lookback: at least six buckets (two per load tercile)")
         return self
@@ -257,13 +315,15 @@ def quality_under_load(store: StoreLike, settings: Settings, at: Evaluation) -> 
     """Per deployment with a load swing, per slice of its results: see the module doc."""
     cfg = settings.triggers.quality_under_load
     since, until = span(at.until, cfg)
+    week = until - cfg.quiet_lookback  # where the low side's quiet buckets may start
     recent = max(since, until - cfg.windows * (at.until - at.since))
     keys = list(cfg.keys)
-    results = quality.slice_table(store, settings, since, until, list(dict.fromkeys([*keys, "deployment"])),
+    results = quality.slice_table(store, settings, week, until, list(dict.fromkeys([*keys, "deployment"])),
                                   bucket_s=int(cfg.bucket.total_seconds()))
     if results.is_empty():
         return []
-    sides = load_sides(arrivals(store, settings, since, until, cfg.bucket))
+    buckets = arrivals(store, settings, week, until, cfg.bucket)
+    sides = load_sides(buckets.filter(pl.col("bucket_ns") >= _ns(since)))
     load = (sides.filter(pl.col("side") != MID).group_by("deployment", "side")
             .agg(pl.len().alias("buckets"), pl.col("arrivals").mean().alias("mean_arrivals")))
     loads = {(d, s): (b, m) for d, s, b, m in load.iter_rows()}
@@ -274,8 +334,10 @@ def quality_under_load(store: StoreLike, settings: Settings, at: Evaluation) -> 
     above_means = dict(sides.filter(_recent_above(pl.col("deployment").replace_strict(
         above_from, default=_ns(recent), return_dtype=pl.Int64))).group_by("deployment")
                        .agg(pl.col("arrivals").mean()).iter_rows())
+    # The week's buckets as quiet as the lookback's low side join it (module doc).
+    day_sides, sides = sides, pl.concat([sides, quiet_before(buckets, sides, _ns(since))])
     latency: dict[str, dict[str, dict[str, Any]]] = {}
-    for row in latency_by_side(store, since, until, cfg.bucket, sides).iter_rows(named=True):
+    for row in latency_by_side(store, since, until, cfg.bucket, day_sides).iter_rows(named=True):
         latency.setdefault(row["deployment"], {})[row["side"]] = row
     findings = []
     for deployment in sorted(set(results.get_column("deployment")) - {""}):
@@ -284,7 +346,7 @@ def quality_under_load(store: StoreLike, settings: Settings, at: Evaluation) -> 
         if not high_mean or not low_mean or high_mean < cfg.min_load_ratio * low_mean:
             continue  # no high load to compare with
         tables = side_tables(results.filter(pl.col("deployment") == deployment), sides, keys, _ns(recent),
-                             above_from.get(deployment))
+                             above_from.get(deployment), _ns(since))
         if tables[HIGH].is_empty() or tables[LOW].is_empty():
             continue
         lat = latency_check(latency.get(deployment, {}), cfg.p99_tolerance)
@@ -303,7 +365,8 @@ def quality_under_load(store: StoreLike, settings: Settings, at: Evaluation) -> 
         for r in tested:
             read_since = {"lookback": since, RECENT_ABOVE: _at(above_from.get(deployment, _ns(recent)))}.get(r["read"], recent)
             high_side = {"since": iso(read_since), "until": iso(until), "read": r["read"]}
-            firing = r["firing"] and lat["holds"] is True
+            quiet = quiet_check(r, tables, keys, cfg)
+            firing = r["firing"] and lat["holds"] is True and quiet["holds"] is not False
             name = ", ".join(f"{k}={v}" for k, v in r["slice"].items())
             rate = r["passed"] / r["n"]
             findings.append(Finding(
@@ -319,7 +382,7 @@ def quality_under_load(store: StoreLike, settings: Settings, at: Evaluation) -> 
                        "fdr": cfg.fdr, "slices_tested": len(tested), "aliases": r["aliases"],
                        "explained_by": r.get("explained_by"), "parent": r.get("parent"),
                        "children": r.get("children"), "regressed": r["firing"], "load": load_evidence,
-                       "high_side": high_side,
-                       "latency": lat, "since": iso(since), "until": iso(until)}),
+                       "high_side": high_side, "quiet_day": quiet,
+                       "latency": lat, "since": iso(since), "quiet_since": iso(week), "until": iso(until)}),
             ))
     return findings
