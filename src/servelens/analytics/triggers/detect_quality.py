@@ -53,7 +53,7 @@ from servelens.core.store import StoreLike
 SHRINK = 20.0  # pseudo-results pulling a cell's baseline rate toward its slice's
 
 
-def _matches(slice_: dict[str, str]) -> pl.Expr:
+def slice_mask(slice_: dict[str, str]) -> pl.Expr:
     return pl.all_horizontal([pl.col(k) == v for k, v in slice_.items()])
 
 
@@ -147,17 +147,17 @@ Frames = tuple[pl.DataFrame, pl.DataFrame]  # (window, baseline) slice tables
 def _regresses(cfg: Any, r: dict[str, Any], keys: list[str], mask: pl.Expr) -> bool:
     """Whether the rows of `r`'s slice under `mask` still regress on their own."""
     current, baseline = r["frames"]
-    residual = _test(cfg, measure(current, baseline, keys, _matches(r["slice"]) & mask))
+    residual = _test(cfg, measure(current, baseline, keys, slice_mask(r["slice"]) & mask))
     return residual is not None and residual[0].detected and residual[1] >= cfg.min_drop
 
 
 def _outside(kept: list[dict[str, Any]]) -> pl.Expr:
-    return ~pl.any_horizontal([_matches(k["slice"]) for k in kept]) if kept else pl.lit(True)
+    return ~pl.any_horizontal([slice_mask(k["slice"]) for k in kept]) if kept else pl.lit(True)
 
 
 def _overlaps(a: dict[str, Any], b: dict[str, Any]) -> bool:
     current = a["frames"][0]
-    return current.filter(_matches(a["slice"]) & _matches(b["slice"])).height > 0
+    return current.filter(slice_mask(a["slice"]) & slice_mask(b["slice"])).height > 0
 
 
 def _greedy(order: list[dict[str, Any]], keys: list[str], cfg: Any) -> list[dict[str, Any]]:
@@ -258,8 +258,8 @@ def regressions(current: pl.DataFrame, baseline: pl.DataFrame, cfg: Any,
         else:  # a thin slice (under min_evaluations a window) is read wider too, with `both`
             thin = both and m["n"] < cfg.min_evaluations * cfg.windows
             readings = [(m, (current, baseline), None)] + ([(w, wider, wider_windows)] if thin else [])
-        measured.extend({"slice": s, **m, "frames": frames, "pooled_windows": windows, "readings": len(readings)}
-                        for m, frames, windows in readings if m is not None)
+        measured.extend({"slice": s, **reading, "frames": frames, "pooled_windows": windows,
+                         "readings": len(readings)} for reading, frames, windows in readings if reading is not None)
     tested: dict[tuple[tuple[str, str], ...], dict[str, Any]] = {}
     for r in distinct(measured, keys):
         result = _test(cfg, r)

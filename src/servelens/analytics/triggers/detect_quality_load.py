@@ -47,10 +47,10 @@ to `triggers.pool_windows` that hold them (`above_since`): a path that gave way 
 morning peak is read over that peak's hours, where the last two windows, already quiet,
 hold too few and the lookback's busiest buckets, mostly from before the change, dilute it.
 Each read is tested at `fdr` (the two together at up to twice it): at half of it each, the
-busiest read fired a window later on a thin drop (BENCHMARKS.md, "Detection: quality under load above the mean"). Read
-alone, this wider side would hide an earlier degradation: recent buckets above the mean
-that hold would stop the fall-back to the lookback's busiest buckets that failed
-(evidence `high_side.read`: recent, lookback or recent_above_mean).
+busiest read fired a window later on a thin drop (BENCHMARKS.md, "Detection: quality under
+load above the mean"). Read alone, this wider side would hide an earlier degradation:
+recent buckets above the mean that hold would stop the fall-back to the lookback's busiest
+buckets that failed (evidence `high_side.read`: recent, lookback or recent_above_mean).
 
 Quality. Per slice of the deployment's results (each value of each key, and pairs),
 the pass rate in high-load buckets is tested against the low-load buckets' exactly as
@@ -81,10 +81,10 @@ from servelens.analytics.query import _ns, iso
 from servelens.analytics.reports import quality
 from servelens.analytics.sources import frame, rollups
 from servelens.analytics.sql import window
+from servelens.analytics.triggers import stats
 from servelens.analytics.triggers.base import Evaluation, Finding, detector
 from servelens.analytics.triggers.common import clean, ms, severity
-from servelens.analytics.triggers import stats
-from servelens.analytics.triggers.detect_quality import _matches, measure, regressions
+from servelens.analytics.triggers.detect_quality import measure, regressions, slice_mask
 from servelens.core.config import Settings, TriggerKindConfig, parse_duration
 from servelens.core.store import StoreLike
 
@@ -199,10 +199,10 @@ def side_tables(results: pl.DataFrame, sides: pl.DataFrame, keys: list[str],
                 recent_ns: int | None = None, above_ns: int | None = None,
                 day_ns: int | None = None) -> dict[str, pl.DataFrame]:
     """Slice tables (keys, evaluations, passed) of the high-load and the low-load buckets
-    (LOW with the week's as quiet, QUIET_DAY the lookback's alone, from `recent_ns`'s day:
-    `day_ns`), and (with `recent_ns`) of the buckets starting at or after it: the high-load
-    ones (RECENT) and those above the mean arrivals (RECENT_ABOVE, from `above_ns` where
-    given)."""
+    (the week's as quiet among them); with `day_ns` (the lookback's start), of the low-load
+    buckets from it on (QUIET_DAY); with `recent_ns`, of the buckets starting at or after
+    it: the high-load ones (RECENT) and those above the mean arrivals (RECENT_ABOVE, from
+    `above_ns` where given)."""
     joined = _joined(results, sides)
     picks = {HIGH: pl.col("side") == HIGH, LOW: pl.col("side") == LOW}
     if day_ns is not None:
@@ -219,7 +219,7 @@ def quiet_check(r: dict[str, Any], tables: dict[str, pl.DataFrame], keys: list[s
     own quiet third (module doc: Quiet hours of the week): `holds` True or False, None where
     that holds fewer than `min_evaluations` results (not judged)."""
     high = {RECENT: tables[RECENT], RECENT_ABOVE: tables[RECENT_ABOVE]}.get(r["read"], tables[HIGH])
-    m = measure(high, tables[QUIET_DAY], keys, _matches(r["slice"]))
+    m = measure(high, tables[QUIET_DAY], keys, slice_mask(r["slice"]))
     if m is None or m["base_n"] < cfg.min_evaluations:
         return {"holds": None, "evaluations": m["base_n"] if m else 0,
                 "reason": f"fewer than {cfg.min_evaluations} results in the lookback's quiet third (not judged)"}
@@ -363,7 +363,8 @@ def quality_under_load(store: StoreLike, settings: Settings, at: Evaluation) -> 
                          "load_ratio": high_mean / low_mean, "recent_above_mean_arrivals": above_mean}
         tested = tested_slices(tables, settings, above_mean is not None and above_mean >= cfg.min_load_ratio * low_mean)
         for r in tested:
-            read_since = {"lookback": since, RECENT_ABOVE: _at(above_from.get(deployment, _ns(recent)))}.get(r["read"], recent)
+            read_since = {"lookback": since,
+                          RECENT_ABOVE: _at(above_from.get(deployment, _ns(recent)))}.get(r["read"], recent)
             high_side = {"since": iso(read_since), "until": iso(until), "read": r["read"]}
             quiet = quiet_check(r, tables, keys, cfg)
             firing = r["firing"] and lat["holds"] is True and quiet["holds"] is not False
