@@ -19,7 +19,8 @@ from servelens.core.config import TRIGGER_KINDS, ConfigError, Settings
 pytestmark = pytest.mark.integration
 
 # Read from core/config.py's TriggersConfig before the kinds' models moved to their modules.
-# Keys added since are added here on purpose (queue_wait_growth.resolution).
+# Keys added since are added here on purpose (queue_wait_growth.resolution,
+# quality_under_load.quiet_lookback and quiet_alpha).
 FIELDS_BEFORE = {
     "queue_wait_growth": ["alpha", "critical_growth", "min_growth", "min_increase", "min_requests", "min_windows",
                           "points", "resolution", "windows"],
@@ -40,7 +41,7 @@ FIELDS_BEFORE = {
     "slo_burn": ["alpha", "min_requests", "rules"],
     "model_inconsistency": ["alpha", "critical_share", "min_requests", "min_share", "routes"],
     "quality_under_load": ["bucket", "critical_drop", "fdr", "keys", "lookback", "min_drop", "min_evaluations",
-                           "min_load_ratio", "p99_tolerance", "pairs", "windows"],
+                           "min_load_ratio", "p99_tolerance", "pairs", "quiet_alpha", "quiet_lookback", "windows"],
 }
 KINDS_BEFORE = {*FIELDS_BEFORE, "low_utilization"}  # low_utilization's keys are flat: triggers.low_utilization*
 
