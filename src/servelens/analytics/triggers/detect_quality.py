@@ -126,19 +126,26 @@ def distinct(rows: list[dict[str, Any]], keys: list[str]) -> list[dict[str, Any]
     return out
 
 
+def drop_test(m: dict[str, Any], alpha: float) -> tuple[stats.StatResult, float]:
+    """(one-sided test at `alpha` of a drop against the mix-standardized baseline, the drop
+    in points) of one `measure`."""
+    expected_passed = round(m["expected_rate"] * m["base_n"])
+    test = stats.proportion_test(m["passed"], m["n"], expected_passed, m["base_n"], alpha, "less")
+    return test, m["expected_rate"] - m["passed"] / m["n"]
+
+
 def _test(cfg: Any, m: dict[str, Any] | None) -> tuple[stats.StatResult, float] | None:
-    """(one-sided test of a drop against the mix-standardized baseline, the drop in points)
-    on enough results each side, else None. A slice read twice (`readings`) is judged at
-    half the level: its p-value doubled, Bonferroni over the two readings."""
+    """`drop_test` at `fdr` on enough results each side, else None. A slice read twice
+    (`readings`) is judged at half the level: its p-value doubled, Bonferroni over the two
+    readings."""
     if m is None or m["n"] < cfg.min_evaluations or m["base_n"] < cfg.min_baseline:
         return None
-    expected_passed = round(m["expected_rate"] * m["base_n"])
-    test = stats.proportion_test(m["passed"], m["n"], expected_passed, m["base_n"], cfg.fdr, "less")
+    test, drop = drop_test(m, cfg.fdr)
     if m.get("readings", 1) > 1 and test.p_value is not None:
         p = min(1.0, test.p_value * m["readings"])
         test = replace(test, p_value=p, detected=p < cfg.fdr,
                        details={**test.details, "readings": m["readings"], "p_value_one_reading": test.p_value})
-    return test, m["expected_rate"] - m["passed"] / m["n"]
+    return test, drop
 
 
 Frames = tuple[pl.DataFrame, pl.DataFrame]  # (window, baseline) slice tables

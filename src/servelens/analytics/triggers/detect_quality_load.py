@@ -81,10 +81,9 @@ from servelens.analytics.query import _ns, iso
 from servelens.analytics.reports import quality
 from servelens.analytics.sources import frame, rollups
 from servelens.analytics.sql import window
-from servelens.analytics.triggers import stats
 from servelens.analytics.triggers.base import Evaluation, Finding, detector
 from servelens.analytics.triggers.common import clean, ms, severity
-from servelens.analytics.triggers.detect_quality import measure, regressions, slice_mask
+from servelens.analytics.triggers.detect_quality import drop_test, measure, regressions, slice_mask
 from servelens.core.config import Settings, TriggerKindConfig, parse_duration
 from servelens.core.store import StoreLike
 
@@ -179,7 +178,8 @@ def above_since(results: pl.DataFrame, sides: pl.DataFrame, until: datetime, wid
     only at the morning peak is then read over its busy hours, not over the quiet hours
     after them (module doc: Above the mean, too)."""
     starts = [_ns(until - k * width) for k in range(windows, max(windows, most) + 1)]
-    held = (_joined(results, sides).filter(_recent_above(starts[-1])).group_by("deployment")
+    recent = results.filter(pl.col("bucket").dt.epoch("ns") >= starts[-1])  # not the whole week's
+    held = (_joined(recent, sides).filter(_recent_above(starts[-1])).group_by("deployment")
             .agg([pl.col("evaluations").filter(pl.col("bucket_ns") >= s).sum().alias(str(i))
                   for i, s in enumerate(starts)]))
     out = {}
@@ -223,9 +223,7 @@ def quiet_check(r: dict[str, Any], tables: dict[str, pl.DataFrame], keys: list[s
     if m is None or m["base_n"] < cfg.min_evaluations:
         return {"holds": None, "evaluations": m["base_n"] if m else 0,
                 "reason": f"fewer than {cfg.min_evaluations} results in the lookback's quiet third (not judged)"}
-    drop = m["expected_rate"] - m["passed"] / m["n"]
-    test = stats.proportion_test(m["passed"], m["n"], round(m["expected_rate"] * m["base_n"]), m["base_n"],
-                                 cfg.quiet_alpha, "less")
+    test, drop = drop_test(m, cfg.quiet_alpha)
     out = {"holds": bool(test.detected and drop >= cfg.min_drop), "evaluations": m["base_n"],
            "pass_rate": m["base_passed"] / m["base_n"], "drop": drop, "test": test.evidence()}
     if not out["holds"]:
