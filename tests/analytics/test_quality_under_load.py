@@ -18,8 +18,9 @@ import pytest
 from bench.history import HOUR, Traffic, insert
 from servelens.analytics.query import iso
 from servelens.analytics.triggers import engine
-from servelens.analytics.triggers.detect_quality_load import (QualityUnderLoad, above_since, latency_check,
-                                                              load_sides, quality_under_load, quiet_before, span)
+from servelens.analytics.triggers.detect_quality_load import (RECENT, QUIET_DAY, QualityUnderLoad, above_since,
+                                                              latency_check, load_sides, quality_under_load,
+                                                              quiet_before, quiet_check, span)
 from tests.analytics.test_triggers import T0, Recorder, assert_one_episode
 
 DAY0 = T0.replace(hour=0)  # the swing follows the time of day: histories start at midnight
@@ -42,6 +43,34 @@ def test_load_sides_are_each_deployments_terciles() -> None:
     # Ties at a boundary are split by time, the same way every run.
     tied = load_sides(pl.DataFrame({"deployment": ["c"] * 3, "bucket_ns": [2, 1, 3], "arrivals": [4, 4, 4]}))
     assert tied.sort("bucket_ns").get_column("side").to_list() == ["low", "mid", "high"]
+
+
+def test_above_the_mean_is_above_the_weeks_mean_too_after_a_quiet_day() -> None:
+    # A Monday morning read over a lookback that is mostly a quiet Sunday: the day's mean (40)
+    # puts 50 above it, the week's (70) does not; on a busy day the day's mean decides.
+    day = pl.DataFrame({"deployment": ["d"] * 6, "bucket_ns": range(100, 106), "arrivals": [20, 20, 30, 50, 60, 60]})
+    week = pl.concat([day, pl.DataFrame({"deployment": ["d"] * 6, "bucket_ns": range(6),
+                                         "arrivals": [100, 100, 100, 100, 40, 40]})])
+    above = lambda sides: sorted(sides.filter(pl.col("above")).get_column("arrivals").to_list())
+    assert above(load_sides(day)) == [50, 60, 60]
+    assert above(load_sides(day, week)) == []  # the week's mean: 1,040 / 12 = 86.7
+    busy = day.with_columns(pl.col("arrivals") * 4)  # 80 ... 240 arrivals; the day's mean 160
+    assert above(load_sides(busy, pl.concat([busy, week]))) == [200, 240, 240]
+    assert "week_mean" not in load_sides(day, week).columns
+
+
+def test_the_check_against_the_days_quiet_hours_asks_significance_not_the_whole_drop() -> None:
+    # 600 busy results pass 80 %, the day's 1,200 quiet ones 84 %: a 4-point drop, under
+    # min_drop (5) but significant at quiet_alpha, holds; 200 quiet results are too few to
+    # tell 80 % from 84 % (p ~ 0.1), so it does not hold; under min_evaluations it is not judged.
+    cfg = QualityUnderLoad()
+    def check(quiet_n: int, quiet_rate: float) -> dict:
+        table = lambda n, rate: pl.DataFrame({"task_type": ["qa"], "evaluations": [n], "passed": [round(n * rate)]})
+        tables = {RECENT: table(600, 0.80), QUIET_DAY: table(quiet_n, quiet_rate)}
+        return quiet_check({"read": RECENT, "slice": {"task_type": "qa"}}, tables, ["task_type"], cfg)
+    assert check(1200, 0.84)["holds"] is True
+    assert check(200, 0.84)["holds"] is False
+    assert check(100, 0.84)["holds"] is None
 
 
 def test_latency_check() -> None:
