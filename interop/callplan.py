@@ -13,6 +13,7 @@ Environment (set by interop/capture_all.py):
   INTEROP_OPENAI_BASE  e.g. http://127.0.0.1:PORT/v1   (the fake server)
   INTEROP_OTLP         e.g. http://127.0.0.1:PORT      (the capture receiver)
   INTEROP_CALLS_OUT    where to write the script-side call log
+  INTEROP_API          "responses": the chat calls through the Responses API (default "chat")
 """
 
 from __future__ import annotations
@@ -27,6 +28,10 @@ from dataclasses import asdict, dataclass, field
 OPENAI_BASE = os.environ.get("INTEROP_OPENAI_BASE", "http://127.0.0.1:8765/v1")
 OTLP = os.environ.get("INTEROP_OTLP", "http://127.0.0.1:4318").rstrip("/")
 CALLS_OUT = os.environ.get("INTEROP_CALLS_OUT")
+# Which of OpenAI's APIs a script's chat calls go through: "chat" (Chat Completions) or
+# "responses" (the Responses API: the *_responses captures, responses_plan).
+API = os.environ.get("INTEROP_API", "chat")
+SERVICE_SUFFIX = "-responses" if API == "responses" else ""  # a capture's service name apart
 FAKE_API_KEY = "sk-interop-fake-key"
 
 # Anthropic's SDK takes the server's root and adds /v1/messages itself.
@@ -110,6 +115,34 @@ def anthropic_plan() -> list[Call]:
             for c in plan() if c.kind != "embedding"]
 
 
+def responses_plan() -> list[Call]:
+    """The plan's calls through OpenAI's Responses API (the *_responses captures): the same
+    labels, tenants, models and prompts; the Responses API has no embeddings."""
+    return [c for c in plan() if c.kind != "embedding"]
+
+
+def responses_call(client, call: Call) -> dict:
+    """One plan call through the Responses API (`client`: openai.OpenAI): the system prompt
+    as `instructions`, the user's as `input`; a stream with `create(stream=True)`."""
+    system, user = (m["content"] for m in call.messages())
+    kw = {"model": call.model, "instructions": system, "input": user, "max_output_tokens": 64}
+    if not call.stream:
+        r = client.responses.create(**kw)
+        return {"response_model": r.model, "usage": r.usage.model_dump()}
+    t0 = _call_t0 or time.perf_counter()
+    first, n, text, usage = None, 0, [], None
+    for event in client.responses.create(stream=True, **kw):
+        if first is None:
+            first = time.perf_counter() - t0
+        n += 1
+        if event.type == "response.output_text.delta":
+            text.append(event.delta)
+        elif event.type == "response.completed":
+            usage = event.response.usage.model_dump()
+    return {"client_first_chunk_ms": round((first or 0) * 1000, 1), "chunks": n, "text": "".join(text),
+            "usage": usage}
+
+
 def rag_plan() -> list[Call]:
     """One retrieval-augmented call with a conversation behind it (the context report's
     capture): passages retrieved first, then the chat call that inlines them."""
@@ -132,7 +165,7 @@ def run_plan(lib: str, do_call, scope=None, calls: list[Call] | None = None) -> 
     (for streams: {"first_chunk_s": ..., "chunks": n}); scope(call) returns a context
     manager that sets tenant/user/session the library's way."""
     global _call_t0
-    calls = calls if calls is not None else plan()
+    calls = calls if calls is not None else responses_plan() if API == "responses" else plan()
     for call in calls:
         ctx = scope(call) if scope else contextlib.nullcontext()
         t0 = _call_t0 = time.perf_counter()

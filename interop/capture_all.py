@@ -144,6 +144,14 @@ LIBS.update({
 VENV_OF = {"openinference_rag": "openinference", "traceloop_rag": "traceloop", "anthropic_openlit": "openlit"}
 LIBS.update({rag: LIBS[lib] for rag, lib in VENV_OF.items() if rag not in LIBS})
 
+# The Responses API captures (callplan.responses_plan): a library's own script and venv, its
+# chat calls through the Responses API (INTEROP_API=responses). OpenTelemetry's openai-v2
+# instrumentation (2.4b0) does not trace the Responses API.
+RESPONSES = {f"{lib}_responses": lib for lib in ("traceloop", "openinference", "openlit", "openai_agents",
+                                                  "pydantic_ai", "vercel_ai_v7")}
+VENV_OF.update(RESPONSES)
+LIBS.update({capture: LIBS[lib] for capture, lib in RESPONSES.items()})
+
 # Node libraries: interop/libs/<lib>/ holds package.json, package-lock.json and
 # capture.mjs; lib -> extra files copied next to the script (shared helpers).
 NODE_LIBS = {
@@ -282,9 +290,10 @@ def freeze(lib: str, keys: list[str]) -> dict:
 
 def capture(lib: str, install: bool) -> dict:
     keys, tenant_how = LIBS[lib]
-    node = lib in NODE_LIBS
+    base = RESPONSES.get(lib, lib)  # whose script (and Node packages) it runs
+    node = base in NODE_LIBS
     if node:
-        ensure_node(lib, install)
+        ensure_node(base, install)
     else:
         ensure_venv(lib, install)
     run_dir = os.path.join(VENVS, VENV_OF.get(lib, lib), f"run-{lib}" if lib in VENV_OF else "run")
@@ -312,15 +321,16 @@ def capture(lib: str, install: bool) -> dict:
                INTEROP_OTLP=f"http://127.0.0.1:{recv_port}",
                INTEROP_CALLS_OUT=script_calls,
                # the plan as data, for the scripts that cannot import callplan.py (Node)
-               INTEROP_PLAN=json.dumps({"system": callplan.SYSTEM,
-                                        "calls": [asdict(c) for c in callplan.plan()]}),
+               INTEROP_PLAN=json.dumps({"system": callplan.SYSTEM, "calls": [
+                   asdict(c) for c in (callplan.responses_plan() if lib in RESPONSES else callplan.plan())]}),
+               INTEROP_API="responses" if lib in RESPONSES else "chat",
                PYTHONUNBUFFERED="1", PYTHONHASHSEED="0",
                PATH=os.path.join(VENVS, VENV_OF.get(lib, lib), "bin") + os.pathsep + env.get("PATH", ""))
     if node:
-        script = os.path.join(INTEROP, "libs", lib, "capture.mjs")
-        cmd = ["node", os.path.join(node_dir(lib), "capture.mjs")]
+        script = os.path.join(INTEROP, "libs", base, "capture.mjs")
+        cmd = ["node", os.path.join(node_dir(base), "capture.mjs")]
     else:
-        script = os.path.join(INTEROP, "libs", f"{lib}.py")
+        script = os.path.join(INTEROP, "libs", f"{base}.py")
         cmd = [venv_python(lib), script]
     log(f"{lib}: running {os.path.relpath(script, ROOT)} (fake :{fake_port}, otlp :{recv_port})")
     t0 = time.time()
@@ -365,8 +375,8 @@ def capture(lib: str, install: bool) -> dict:
                 + (("transfer_encoding",) if e.get("transfer_encoding") else ())}
                for e in read_jsonl(receiver_log)]
     if node:
-        runtime = {"requirements": f"interop/libs/{lib}/package-lock.json",
-                   "versions": npm_versions(lib, keys),
+        runtime = {"requirements": f"interop/libs/{base}/package-lock.json",
+                   "versions": npm_versions(base, keys),
                    "node": subprocess.run(["node", "--version"], capture_output=True,
                                           text=True).stdout.strip()}
     else:

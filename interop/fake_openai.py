@@ -4,6 +4,9 @@ libraries emit without reaching the real service.
 Endpoints (all under /v1, like api.openai.com):
   POST /v1/chat/completions   non-streaming JSON, or `"stream": true` as SSE
   POST /v1/embeddings         float or base64 (the openai client asks for base64)
+  POST /v1/responses          the Responses API: a response object as JSON, or `"stream": true`
+                              as its typed SSE events (response.created ... response.completed,
+                              the usage on the last)
   GET  /v1/models             a tiny list (some clients probe it)
   POST /v1/messages           Anthropic's Messages API (its SDK's base URL is the server's
                               root): JSON, or `"stream": true` as Anthropic's SSE events;
@@ -98,8 +101,12 @@ def _prompt_text(body: dict) -> str:
     if "messages" in body:
         return "\n".join(_text_of(m.get("content")) for m in body["messages"])
     inp = body.get("input", "")
-    if isinstance(inp, list):
-        return "\n".join(x if isinstance(x, str) else json.dumps(x) for x in inp)
+    if isinstance(inp, list):  # embeddings' strings, or the Responses API's input items
+        parts = [x if isinstance(x, str) else _text_of(x.get("content")) if isinstance(x, dict) and "content" in x
+                 else json.dumps(x) for x in inp]
+        return "\n".join([_text_of(body.get("instructions")), *parts] if body.get("instructions") else parts)
+    if body.get("instructions"):
+        return f"{_text_of(body['instructions'])}\n{inp}"
     return str(inp)
 
 
@@ -223,6 +230,8 @@ def make_handler(state: State):
                 self._chat(body, seq, t0)
             elif path.endswith("/embeddings"):
                 self._embeddings(body, seq)
+            elif path.endswith("/v1/responses"):
+                self._responses(body, seq, t0)
             elif path.endswith("/v1/messages"):
                 self._messages(body, seq, t0)
             else:
@@ -312,6 +321,66 @@ def make_handler(state: State):
                                 + [b"data: [DONE]\n\n"])
             entry.update(time_to_first_chunk_ms=ttfc, sse_events=len(events),
                          content_chunks=len(chunks),
+                         stream_duration_ms=round((time.perf_counter() - t0) * 1000, 1))
+            state.record(entry)
+
+        def _responses(self, body: dict, seq: int, t0: float) -> None:
+            """The Responses API: usage as it counts it (input_tokens with their cached part in
+            input_tokens_details, output_tokens with their reasoning part)."""
+            model = str(body.get("model", ""))
+            stream = bool(body.get("stream"))
+            text = _prompt_text(body)
+            entry = {"seq": seq, "path": self.path, "endpoint": "responses",
+                     "label": _label(text), "request_model": model, "stream": stream}
+            if self._error(model, seq, entry):
+                return
+            resp_model = RESPONSE_MODELS.get(model, model)
+            chunks = _reply_chunks(text)
+            counted = _usage(state, text, len(chunks))
+            usage = {"input_tokens": counted["prompt_tokens"],
+                     "input_tokens_details": {"cached_tokens": counted["prompt_tokens_details"]["cached_tokens"]},
+                     "output_tokens": counted["completion_tokens"],
+                     "output_tokens_details": {
+                         "reasoning_tokens": counted["completion_tokens_details"]["reasoning_tokens"]},
+                     "total_tokens": counted["total_tokens"]}
+            rid, mid = f"resp_fake{seq:08d}", f"msg_fake{seq:08d}"
+            entry.update(response_model=resp_model, response_id=rid, status=200,
+                         input_tokens=usage["input_tokens"], output_tokens=usage["output_tokens"],
+                         cached_tokens=usage["input_tokens_details"]["cached_tokens"],
+                         reasoning_tokens=usage["output_tokens_details"]["reasoning_tokens"],
+                         finish_reason="completed")
+            part = {"type": "output_text", "text": "".join(chunks), "annotations": [], "logprobs": []}
+            item = {"type": "message", "id": mid, "status": "completed", "role": "assistant", "content": [part]}
+            response = {"id": rid, "object": "response", "created_at": CREATED, "status": "completed",
+                        "background": False, "error": None, "incomplete_details": None,
+                        "instructions": body.get("instructions"),
+                        "max_output_tokens": body.get("max_output_tokens"), "model": resp_model,
+                        "output": [item], "parallel_tool_calls": True, "previous_response_id": None,
+                        "reasoning": {"effort": None, "summary": None}, "service_tier": "default",
+                        "store": True, "temperature": body.get("temperature", 1.0),
+                        "text": {"format": {"type": "text"}, "verbosity": "medium"},
+                        "tool_choice": "auto", "tools": [], "top_p": body.get("top_p", 1.0),
+                        "truncation": "disabled", "usage": usage, "user": None, "metadata": {}}
+            if not stream:
+                entry["time_to_first_chunk_ms"] = None
+                state.record(entry)
+                self._send_json(200, response, seq)
+                return
+            started = {**response, "status": "in_progress", "output": [], "usage": None}
+            open_item = {**item, "status": "in_progress", "content": []}
+            at = {"item_id": mid, "output_index": 0, "content_index": 0}
+            events = [{"type": "response.created", "response": started},
+                      {"type": "response.in_progress", "response": started},
+                      {"type": "response.output_item.added", "output_index": 0, "item": open_item},
+                      {"type": "response.content_part.added", **at, "part": {**part, "text": ""}}]
+            events += [{"type": "response.output_text.delta", **at, "delta": w, "logprobs": []} for w in chunks]
+            events += [{"type": "response.output_text.done", **at, "text": part["text"], "logprobs": []},
+                       {"type": "response.content_part.done", **at, "part": part},
+                       {"type": "response.output_item.done", "output_index": 0, "item": item},
+                       {"type": "response.completed", "response": response}]
+            ttfc = self._stream(seq, t0, [f"event: {ev['type']}\ndata: {json.dumps({**ev, 'sequence_number': i})}\n\n"
+                                          .encode() for i, ev in enumerate(events)])
+            entry.update(time_to_first_chunk_ms=ttfc, sse_events=len(events), content_chunks=len(chunks),
                          stream_duration_ms=round((time.perf_counter() - t0) * 1000, 1))
             state.record(entry)
 

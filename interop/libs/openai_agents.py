@@ -2,8 +2,9 @@
 (openinference-instrumentation-openai-agents: its processor of the SDK's own traces, which
 it makes the SDK's only one, so nothing is sent to OpenAI's trace backend), the plain OTel
 SDK and its OTLP/HTTP protobuf exporter. An agent per call over
-`OpenAIChatCompletionsModel` (the Chat Completions API, which the fake server speaks;
-the SDK's default is the Responses API), `Runner.run` and `Runner.run_streamed`.
+`OpenAIChatCompletionsModel` (the Chat Completions API), or with INTEROP_API=responses the
+SDK's default `OpenAIResponsesModel` (the Responses API), `Runner.run` and
+`Runner.run_streamed`.
 
 The Agents SDK has no embeddings API: the plan's embedding call is not made (five calls).
 
@@ -23,7 +24,7 @@ import contextlib  # noqa: E402
 import callplan  # noqa: E402
 import otelsetup  # noqa: E402
 
-shutdown = otelsetup.setup("interop-openai-agents", logs=False, metrics=False)
+shutdown = otelsetup.setup(f"interop-openai-agents{callplan.SERVICE_SUFFIX}", logs=False, metrics=False)
 
 from openinference.instrumentation import using_metadata, using_session, using_user  # noqa: E402
 from openinference.instrumentation.openai_agents import OpenAIAgentsInstrumentor  # noqa: E402
@@ -31,9 +32,11 @@ from openinference.instrumentation.openai_agents import OpenAIAgentsInstrumentor
 OpenAIAgentsInstrumentor().instrument()
 
 import openai  # noqa: E402
-from agents import Agent, ModelSettings, OpenAIChatCompletionsModel, Runner  # noqa: E402
+from agents import Agent, ModelSettings, OpenAIChatCompletionsModel, OpenAIResponsesModel, Runner  # noqa: E402
 
 client = openai.AsyncOpenAI(base_url=callplan.OPENAI_BASE, api_key=callplan.FAKE_API_KEY, max_retries=0)
+# The SDK's default model is the Responses API's (the openai_agents_responses capture).
+MODEL = OpenAIResponsesModel if callplan.API == "responses" else OpenAIChatCompletionsModel
 loop = asyncio.new_event_loop()  # one loop for every call: the client's connections belong to it
 
 
@@ -46,7 +49,7 @@ def scope(call):
 async def _call(call):
     system, user = (m["content"] for m in call.messages())
     agent = Agent(name="support-agent", instructions=system,
-                  model=OpenAIChatCompletionsModel(model=call.model, openai_client=client),
+                  model=MODEL(model=call.model, openai_client=client),
                   model_settings=ModelSettings(temperature=0.2, max_tokens=64, include_usage=True))
     if call.stream:
         result = Runner.run_streamed(agent, user)

@@ -22,7 +22,7 @@ import contextlib  # noqa: E402
 import callplan  # noqa: E402
 import otelsetup  # noqa: E402
 
-shutdown = otelsetup.setup("interop-openinference", logs=False, metrics=False)
+shutdown = otelsetup.setup(f"interop-openinference{callplan.SERVICE_SUFFIX}", logs=False, metrics=False)
 
 from openinference.instrumentation import using_metadata, using_session, using_user  # noqa: E402
 from openinference.instrumentation.openai import OpenAIInstrumentor  # noqa: E402
@@ -41,6 +41,8 @@ def scope(call):
 
 
 def do_call(call):
+    if callplan.API == "responses":
+        return callplan.responses_call(client, call)
     if call.kind == "embedding":
         r = client.embeddings.create(model=call.model, input=call.prompt)
         return {"dims": len(r.data[0].embedding), "usage": r.usage.model_dump()}

@@ -30,7 +30,7 @@ import openlit  # noqa: E402
 
 openlit.init(
     otlp_endpoint=callplan.OTLP,
-    application_name="interop-openlit",
+    application_name=f"interop-openlit{callplan.SERVICE_SUFFIX}",
     environment="interop",
     pricing_json=os.path.join(os.path.dirname(HERE), "data", "openlit-pricing.json"),
 )
@@ -46,6 +46,8 @@ def scope(call):
 
 
 def do_call(call):
+    if callplan.API == "responses":
+        return callplan.responses_call(client, call)
     if call.kind == "embedding":
         r = client.embeddings.create(model=call.model, input=call.prompt)
         return {"dims": len(r.data[0].embedding), "usage": r.usage.model_dump()}

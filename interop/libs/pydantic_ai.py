@@ -25,14 +25,14 @@ import asyncio  # noqa: E402
 import callplan  # noqa: E402
 import otelsetup  # noqa: E402
 
-shutdown = otelsetup.setup("interop-pydantic-ai")
+shutdown = otelsetup.setup(f"interop-pydantic-ai{callplan.SERVICE_SUFFIX}")
 
 import openai  # noqa: E402
 from opentelemetry import trace  # noqa: E402
 from pydantic_ai import Agent  # noqa: E402
 from pydantic_ai.embeddings import Embedder  # noqa: E402
 from pydantic_ai.embeddings.openai import OpenAIEmbeddingModel  # noqa: E402
-from pydantic_ai.models.openai import OpenAIChatModel  # noqa: E402
+from pydantic_ai.models.openai import OpenAIChatModel, OpenAIResponsesModel  # noqa: E402
 from pydantic_ai.providers.openai import OpenAIProvider  # noqa: E402
 
 Agent.instrument_all()
@@ -40,6 +40,8 @@ tracer = trace.get_tracer("interop-app")
 
 client = openai.AsyncOpenAI(base_url=callplan.OPENAI_BASE, api_key=callplan.FAKE_API_KEY, max_retries=0)
 provider = OpenAIProvider(openai_client=client)
+# The pydantic_ai_responses capture: the Responses API's model.
+MODEL = OpenAIResponsesModel if callplan.API == "responses" else OpenAIChatModel
 
 
 def metadata(call):
@@ -54,7 +56,7 @@ async def _call(call):
                 "tenant": call.tenant, "user.id": call.user, "session.id": call.session}):
             r = await embedder.embed_query(user)
         return {"dims": len(r.embeddings[0]), "usage": {"input_tokens": r.usage.input_tokens}}
-    agent = Agent(OpenAIChatModel(call.model, provider=provider), system_prompt=system, name="support-agent",
+    agent = Agent(MODEL(call.model, provider=provider), system_prompt=system, name="support-agent",
                   model_settings={"temperature": 0.2, "max_tokens": 64})
     if call.stream:
         async with agent.run_stream(user, metadata=metadata(call), conversation_id=call.session) as result:

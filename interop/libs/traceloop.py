@@ -24,7 +24,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 import callplan  # noqa: E402
 from traceloop.sdk import Traceloop  # noqa: E402
 
-Traceloop.init(app_name="interop-traceloop", api_endpoint=callplan.OTLP, disable_batch=True,
+Traceloop.init(app_name=f"interop-traceloop{callplan.SERVICE_SUFFIX}", api_endpoint=callplan.OTLP, disable_batch=True,
                resource_attributes={"deployment.environment": "interop"})
 
 import openai  # noqa: E402
@@ -35,6 +35,8 @@ client = openai.OpenAI(base_url=callplan.OPENAI_BASE, api_key=callplan.FAKE_API_
 def do_call(call):
     Traceloop.set_association_properties({"tenant": call.tenant, "user_id": call.user,
                                           "session_id": call.session})
+    if callplan.API == "responses":
+        return callplan.responses_call(client, call)
     if call.kind == "embedding":
         r = client.embeddings.create(model=call.model, input=call.prompt)
         return {"dims": len(r.data[0].embedding), "usage": r.usage.model_dump()}

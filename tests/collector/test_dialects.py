@@ -29,19 +29,27 @@ LIBRARIES = sorted(p.name for p in CAPTURES.iterdir() if (p / "manifest.json").i
 # What each library carries (interop/README.md): a missing carrier is no failure of ours.
 # (<lib>_rag: the same library's retrieval-augmented capture, callplan.rag_plan.)
 ANTHROPIC = {lib for lib in LIBRARIES if lib.startswith("anthropic_")}
+# (<lib>_responses: the same library's calls through OpenAI's Responses API, callplan.responses_plan.)
+RESPONSES = {lib for lib in LIBRARIES if lib.endswith("_responses")}
 SENDS_CACHED = {"traceloop", "openlit", "openinference", "langfuse", "vercel_ai", "vercel_ai_v7", "traceloop_rag",
-                "openinference_rag", "pydantic_ai", "strands", *ANTHROPIC}
-SENDS_REASONING = {"openinference", "langfuse", "vercel_ai", "openinference_rag", "pydantic_ai"}  # traceloop: non-streamed only
+                "openinference_rag", "pydantic_ai", "strands", *ANTHROPIC, *RESPONSES}
+SENDS_REASONING = {"openinference", "langfuse", "vercel_ai", "openinference_rag", "pydantic_ai",  # traceloop: non-streamed only
+                   *(RESPONSES - {"vercel_ai_v7_responses"})}
 SENDS_TTFT = {"traceloop", "openlit", "openinference", "langfuse", "vercel_ai", "vercel_ai_v7", "pydantic_ai",
-              "strands", "anthropic_openinference", "anthropic_openlit"}
-# Langfuse names one model, not both; the Agents SDK's generation span the model configured
-SENDS_REQUEST_MODEL = set(LIBRARIES) - {"langfuse", "openai_agents"}
+              "strands", "anthropic_openinference", "anthropic_openlit", "openinference_responses",
+              "openlit_responses", "vercel_ai_v7_responses", "pydantic_ai_responses"}
+# Langfuse names one model, not both; the Agents SDK's generation span the model configured,
+# its response span the model answered
+SENDS_REQUEST_MODEL = set(LIBRARIES) - {"langfuse", "openai_agents", "openai_agents_responses"}
+# The Agents SDK's response span of a failed call names no model (only its status message
+# says what failed): its attempts are told apart by their HTTP status.
+SENDS_FAILED_MODEL = set(LIBRARIES) - {"openai_agents_responses"}
 # The refusal's HTTP status or an error type that names it (AI SDK 6: AI_APICallError for any
 # status; Langfuse records no exception)
 SENDS_RATE_LIMIT = set(LIBRARIES) - {"langfuse", "vercel_ai"}
 # The Agents SDK's generation span records neither an exception nor an error type (its status
 # message quotes the status, which is read).
-SENDS_ERROR_TYPE = set(LIBRARIES) - {"openai_agents"}
+SENDS_ERROR_TYPE = set(LIBRARIES) - {"openai_agents", "openai_agents_responses"}
 # What a library itself gets wrong, which no reading can restore (interop/README.md): the
 # counts its spans hold, from the server's.
 MISREPORTED = {
@@ -123,12 +131,17 @@ def _the_view_and_the_python_reading_agree_on_every_span(store: Store, library: 
 
 def _a_refused_call_is_read_as_rate_limited(store: Store, library: str) -> None:
     """The 429 as the reports count it (analytics.sql.RATE_LIMITED), whatever says so."""
-    rows = store.client().query(f"SELECT Model, {RATE_LIMITED.sql}, ErrorType FROM llm_requests WHERE IsError")
+    rows = store.client().query(f"SELECT Model, {RATE_LIMITED.sql}, ErrorType, HttpStatusCode "
+                                "FROM llm_requests WHERE IsError")
     # every attempt at the refused call (Strands retries it), none at the failed one
-    assert sorted({(model, bool(limited)) for model, limited, _ in rows.result_rows}) == [
-        ("fail-429", True), ("fail-500", False)], rows.result_rows
+    if library in SENDS_FAILED_MODEL:
+        assert sorted({(model, bool(limited)) for model, limited, _, _ in rows.result_rows}) == [
+            ("fail-429", True), ("fail-500", False)], rows.result_rows
+    else:
+        assert sorted({(status, bool(limited)) for _, limited, _, status in rows.result_rows}) == [
+            (429, True), (500, False)], rows.result_rows
     if library in SENDS_ERROR_TYPE:
-        assert all(error_type for _, _, error_type in rows.result_rows), "each failure has its type"
+        assert all(error_type for _, _, error_type, _ in rows.result_rows), "each failure has its type"
 
 
 def _every_call_is_one_row_with_what_the_server_returned(store: Store, library: str) -> None:
@@ -141,7 +154,8 @@ def _every_call_is_one_row_with_what_the_server_returned(store: Store, library: 
     for call in calls:
         call = {**call, **MISREPORTED.get((library, call["label"]), dict)(call)}
         if call["kind"].startswith("error"):
-            attempts = [r for r in rows if r["Model"] == call["request_model"]]
+            attempts = ([r for r in rows if r["Model"] == call["request_model"]] if library in SENDS_FAILED_MODEL
+                        else [r for r in rows if r["IsError"] and r["HttpStatusCode"] == call["http_status"]])
             assert len(attempts) == call["http_requests"], (library, call["label"])
             for row in attempts:
                 assert row["IsError"] and row["Tenant"] == call["tenant"], (library, call["label"])
@@ -166,7 +180,7 @@ def _every_call_is_one_row_with_what_the_server_returned(store: Store, library: 
             assert call["server_time_to_first_chunk_ms"] / 1000 * 0.9 <= row["TtftSeconds"], what
             assert row["TtftSeconds"] <= call["client_outcome"]["client_duration_ms"] / 1000, what
             assert row["TtftSource"], what
-        elif call["kind"] != "stream" and library == "openlit":
+        elif call["kind"] != "stream" and library in ("openlit", "openlit_responses"):
             assert row["TtftSeconds"] is None, "OpenLIT's TTFT on a non-streamed call is the whole call"
 
 

@@ -36,7 +36,7 @@ import { FAKE_API_KEY, OPENAI_BASE, OTLP, SYSTEM, runPlan, textCall, usageOf } f
 const LIB = 'vercel_ai_v7';
 
 const resource = resourceFromAttributes({
-  'service.name': `interop-${LIB}`,
+  'service.name': `interop-${LIB}${process.env.INTEROP_API === 'responses' ? '-responses' : ''}`,
   'deployment.environment': 'interop',
 });
 const tracerProvider = new NodeTracerProvider({
@@ -80,10 +80,10 @@ async function doCall(call) {
     });
     return { dims: r.embedding.length, usage: usageOf(r.usage) };
   }
-  // The OpenAI provider's default model is the Responses API; the fake server (like
-  // the other scripts' openai client) speaks Chat Completions: .chat(model).
+  // The OpenAI provider's default model is the Responses API (INTEROP_API=responses:
+  // the vercel_ai_v7_responses capture); else Chat Completions, as the other scripts'.
   const common = {
-    model: openai.chat(call.model),
+    model: process.env.INTEROP_API === 'responses' ? openai(call.model) : openai.chat(call.model),
     instructions: SYSTEM, // AI SDK 7's name for `system` (still accepted, deprecated)
     prompt: call.prompt,
     temperature: 0.2,
