@@ -274,3 +274,20 @@ def test_a_change_under_load_shows_from_the_first_window_whose_load_passes_the_m
     assert busiest(first) > 1 >= busiest(first - HOUR)
     assert change.lag(t, datetime(2025, 6, 10, 9, tzinfo=timezone.utc)) == 0
     assert fleets.changes()["p99_drift"][0].lag(t, saturday) == 0
+
+
+def test_the_targets_are_judged_from_100_requests_an_hour_on() -> None:
+    from bench.detection import BandTrial, fleet_verdicts
+
+    change = fleets.changes()["quality_under_load"][0]
+
+    def trial(band: int, delay: int | None) -> BandTrial:
+        return BandTrial("two-peaks", "quality_under_load", band, f"peaks-{band}", change, TUESDAY, delay, False, [])
+
+    # 30/h: late or missed is shown, not judged; 100/h: within the pooled span; 1,000/h: two windows
+    verdict = fleet_verdicts([trial(30, 13), trial(30, None), trial(100, 6), trial(1000, 2)], [])
+    assert verdict == {"recall": [], "delay": [], "false": []}
+    verdict = fleet_verdicts([trial(100, 7), trial(1000, 3), trial(10000, None)], [])
+    assert verdict["delay"] == ["two-peaks `quality_under_load` 100/h (max 7)",
+                                "two-peaks `quality_under_load` 1,000/h (max 3)"]
+    assert verdict["recall"] == ["two-peaks `quality_under_load` 10,000+/h (0/1)"]
