@@ -29,6 +29,8 @@ os.environ["LANGFUSE_PUBLIC_KEY"] = "pk-lf-interop"
 os.environ["LANGFUSE_SECRET_KEY"] = "sk-lf-interop"
 os.environ["LANGFUSE_TRACING_ENVIRONMENT"] = "interop"
 os.environ["LANGFUSE_MEDIA_UPLOAD_ENABLED"] = "false"  # no side calls to the media API
+if callplan.API == "responses":  # a service of its own (the Chat Completions capture keeps the default)
+    os.environ["OTEL_SERVICE_NAME"] = "interop-langfuse-responses"
 
 from langfuse import get_client, propagate_attributes  # noqa: E402
 from langfuse.openai import openai  # noqa: E402
@@ -43,6 +45,8 @@ def scope(call):
 
 
 def do_call(call):
+    if callplan.API == "responses":
+        return callplan.responses_call(client, call)
     if call.kind == "embedding":
         r = client.embeddings.create(model=call.model, input=call.prompt)
         return {"dims": len(r.data[0].embedding), "usage": r.usage.model_dump()}

@@ -37,10 +37,12 @@ SENDS_REASONING = {"openinference", "langfuse", "vercel_ai", "openinference_rag"
                    *(RESPONSES - {"vercel_ai_v7_responses"})}
 SENDS_TTFT = {"traceloop", "openlit", "openinference", "langfuse", "vercel_ai", "vercel_ai_v7", "pydantic_ai",
               "strands", "anthropic_openinference", "anthropic_openlit", "openinference_responses",
-              "openlit_responses", "vercel_ai_v7_responses", "pydantic_ai_responses"}
+              "openlit_responses", "vercel_ai_v7_responses", "pydantic_ai_responses",
+              "langfuse_responses"}
 # Langfuse names one model, not both; the Agents SDK's generation span the model configured,
 # its response span the model answered
-SENDS_REQUEST_MODEL = set(LIBRARIES) - {"langfuse", "openai_agents", "openai_agents_responses"}
+SENDS_REQUEST_MODEL = set(LIBRARIES) - {"langfuse", "langfuse_responses", "openai_agents",
+                                        "openai_agents_responses"}
 # The Agents SDK's response span of a failed call names no model (only its status message
 # says what failed): its attempts are told apart by their HTTP status.
 SENDS_FAILED_MODEL = set(LIBRARIES) - {"openai_agents_responses"}
@@ -48,8 +50,9 @@ SENDS_FAILED_MODEL = set(LIBRARIES) - {"openai_agents_responses"}
 # status; Langfuse records no exception)
 SENDS_RATE_LIMIT = set(LIBRARIES) - {"langfuse", "vercel_ai"}
 # The Agents SDK's generation span records neither an exception nor an error type (its status
-# message quotes the status, which is read).
-SENDS_ERROR_TYPE = set(LIBRARIES) - {"openai_agents", "openai_agents_responses"}
+# message quotes the status, which is read); nor does Langfuse's (its status message too, on
+# the Responses API).
+SENDS_ERROR_TYPE = set(LIBRARIES) - {"openai_agents", "openai_agents_responses", "langfuse_responses"}
 # What a library itself gets wrong, which no reading can restore (interop/README.md): the
 # counts its spans hold, from the server's.
 MISREPORTED = {

@@ -142,7 +142,9 @@ TOKEN_FIELDS: dict[str, tuple[Carrier, ...]] = {
     "cache_read_tokens": (
         *_a(SEMCONV, "gen_ai.usage.cache_read.input_tokens", "gen_ai.usage.cache_read_input_tokens"),
         *_a(VLLM, "gen_ai.usage.cached_tokens"), *_a(OPENINFERENCE, "llm.token_count.prompt_details.cache_read"),
-        *_usage("prompt_tokens_details.cached_tokens", "cache_read_input_tokens", "input_cache_read", "cached_tokens"),
+        # Langfuse: Chat Completions' usage object, Anthropic's, its own keys, the Responses API's
+        *_usage("prompt_tokens_details.cached_tokens", "cache_read_input_tokens", "input_cache_read", "cached_tokens",
+                "input_tokens_details.cached_tokens"),
         *_a(VERCEL, "ai.usage.cachedInputTokens"),
     ),
     "cache_write_tokens": (
@@ -154,7 +156,8 @@ TOKEN_FIELDS: dict[str, tuple[Carrier, ...]] = {
     "reasoning_tokens": (
         *_a(SEMCONV, "gen_ai.usage.reasoning.output_tokens", "gen_ai.usage.reasoning_tokens"),
         *_a(OPENINFERENCE, "llm.token_count.completion_details.reasoning"),
-        *_usage("completion_tokens_details.reasoning_tokens", "output_reasoning"), *_a(VERCEL, "ai.usage.reasoningTokens"),
+        *_usage("completion_tokens_details.reasoning_tokens", "output_reasoning", "output_tokens_details.reasoning_tokens"),
+        *_a(VERCEL, "ai.usage.reasoningTokens"),
         # Pydantic AI: the provider's own usage details, as the provider names them (OpenAI's)
         *_a(PYDANTIC_AI, "gen_ai.usage.details.reasoning_tokens"),
     ),
@@ -841,7 +844,7 @@ COLUMN_ORDER = (
 # The migration holding the current rendering of the view; a change to the table above
 # goes into a new migration (ADD COLUMN, DROP VIEW, the view) named here, rendered by
 # `python -m servelens.collector.mapping.dialects`.
-VIEW_MIGRATION = "0050_llm_requests_named_failed_calls.sql"
+VIEW_MIGRATION = "0051_llm_requests_responses_usage.sql"
 
 
 def llm_requests_view_sql() -> str:
