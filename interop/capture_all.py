@@ -148,7 +148,7 @@ LIBS.update({rag: LIBS[lib] for rag, lib in VENV_OF.items() if rag not in LIBS})
 # chat calls through the Responses API (INTEROP_API=responses). OpenTelemetry's openai-v2
 # instrumentation (2.4b0) does not trace the Responses API.
 RESPONSES = {f"{lib}_responses": lib for lib in ("traceloop", "openinference", "openlit", "openai_agents",
-                                                  "pydantic_ai", "vercel_ai_v7", "langfuse")}
+                                                  "pydantic_ai", "vercel_ai_v7", "langfuse", "litellm")}
 VENV_OF.update(RESPONSES)
 LIBS.update({capture: LIBS[lib] for capture, lib in RESPONSES.items()})
 

@@ -32,7 +32,7 @@ import callplan  # noqa: E402
 os.environ["LITELLM_LOCAL_MODEL_COST_MAP"] = "True"
 os.environ["OTEL_EXPORTER"] = "otlp_http"
 os.environ["OTEL_ENDPOINT"] = f"{callplan.OTLP}/v1/traces"
-os.environ["OTEL_SERVICE_NAME"] = "interop-litellm"
+os.environ["OTEL_SERVICE_NAME"] = f"interop-litellm{callplan.SERVICE_SUFFIX}"
 os.environ["OTEL_ENVIRONMENT_NAME"] = "interop"
 os.environ["LITELLM_OTEL_INTEGRATION_ENABLE_METRICS"] = "true"
 os.environ["LITELLM_OTEL_BAGGAGE_METADATA_KEYS"] = "requester_metadata.tenant"
@@ -54,6 +54,8 @@ def do_call(call):
     if call.kind == "embedding":
         r = litellm.embedding(model=model, input=[call.prompt], metadata=meta, user=call.user, **COMMON)
         return {"dims": len(r.data[0]["embedding"]), "usage": dict(r.usage)}
+    if callplan.API == "responses":  # litellm.responses: OpenAI's Responses API, its own response types
+        return _responses(call, model, meta)
     if call.stream:
         s = litellm.completion(model=model, messages=call.messages(), stream=True,
                                stream_options={"include_usage": True}, temperature=0.2,
@@ -62,6 +64,18 @@ def do_call(call):
     r = litellm.completion(model=model, messages=call.messages(), temperature=0.2, max_tokens=64,
                            metadata=meta, user=call.user, **COMMON)
     return {"response_model": r.model, "usage": r.usage.model_dump()}
+
+
+def _responses(call, model, meta):
+    system, user = (m["content"] for m in call.messages())
+    kw = {"model": model, "instructions": system, "input": user, "max_output_tokens": 64, "metadata": meta,
+          "user": call.user, **COMMON}
+    if not call.stream:
+        r = litellm.responses(**kw)
+        return {"response_model": r.model, "usage": r.usage.model_dump()}
+    events = list(litellm.responses(stream=True, **kw))
+    done = [e for e in events if getattr(e, "type", "") == "response.completed"]
+    return {"chunks": len(events), "usage": done[-1].response.usage.model_dump() if done else None}
 
 
 callplan.run_plan("litellm", do_call)

@@ -32,9 +32,9 @@ ANTHROPIC = {lib for lib in LIBRARIES if lib.startswith("anthropic_")}
 # (<lib>_responses: the same library's calls through OpenAI's Responses API, callplan.responses_plan.)
 RESPONSES = {lib for lib in LIBRARIES if lib.endswith("_responses")}
 SENDS_CACHED = {"traceloop", "openlit", "openinference", "langfuse", "vercel_ai", "vercel_ai_v7", "traceloop_rag",
-                "openinference_rag", "pydantic_ai", "strands", *ANTHROPIC, *RESPONSES}
+                "openinference_rag", "pydantic_ai", "strands", *ANTHROPIC, *(RESPONSES - {"litellm_responses"})}
 SENDS_REASONING = {"openinference", "langfuse", "vercel_ai", "openinference_rag", "pydantic_ai",  # traceloop: non-streamed only
-                   *(RESPONSES - {"vercel_ai_v7_responses"})}
+                   *(RESPONSES - {"vercel_ai_v7_responses", "litellm_responses"})}
 SENDS_TTFT = {"traceloop", "openlit", "openinference", "langfuse", "vercel_ai", "vercel_ai_v7", "pydantic_ai",
               "strands", "anthropic_openinference", "anthropic_openlit", "openinference_responses",
               "openlit_responses", "vercel_ai_v7_responses", "pydantic_ai_responses",

@@ -115,7 +115,10 @@ STRING_FIELDS: dict[str, tuple[Carrier, ...]] = {
     ),
 }
 # Operations spelled otherwise by a dialect, and the span-kind markers that name one.
-OPERATION_ALIASES = {"embedding": "embeddings", "completion": "text_completion", "generation": "chat"}
+# LiteLLM names a call through OpenAI's Responses API "responses": a chat call, as every other
+# library reads one.
+OPERATION_ALIASES = {"embedding": "embeddings", "completion": "text_completion", "generation": "chat",
+                     "responses": "chat"}
 KIND_MARKERS = (  # (dialect, attribute, {its value: the operation})
     (OPENINFERENCE, "openinference.span.kind", {"LLM": "chat", "EMBEDDING": "embeddings"}),
     (LANGFUSE, "langfuse.observation.type", {"generation": "chat", "embedding": "embeddings"}),
