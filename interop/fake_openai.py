@@ -265,17 +265,24 @@ def make_handler(state: State):
                 return True
             return False
 
-        def _chat(self, body: dict, seq: int, t0: float) -> None:
+        def _begin(self, body: dict, seq: int, endpoint: str) -> tuple[dict, str, list[str], dict] | None:
+            """An OpenAI call's log entry, the model answering, the reply's chunks and the
+            usage (Chat Completions' shape); None once an error model has been answered."""
             model = str(body.get("model", ""))
-            stream = bool(body.get("stream"))
             text = _prompt_text(body)
-            entry = {"seq": seq, "path": self.path, "endpoint": "chat.completions",
-                     "label": _label(text), "request_model": model, "stream": stream}
+            entry = {"seq": seq, "path": self.path, "endpoint": endpoint, "label": _label(text),
+                     "request_model": model, "stream": bool(body.get("stream"))}
             if self._error(model, seq, entry):
-                return
-            resp_model = RESPONSE_MODELS.get(model, model)
+                return None
             chunks = _reply_chunks(text)
-            usage = _usage(state, text, len(chunks))
+            return entry, RESPONSE_MODELS.get(model, model), chunks, _usage(state, text, len(chunks))
+
+        def _chat(self, body: dict, seq: int, t0: float) -> None:
+            begun = self._begin(body, seq, "chat.completions")
+            if begun is None:
+                return
+            entry, resp_model, chunks, usage = begun
+            stream = entry["stream"]
             cid = f"chatcmpl-fake{seq:08d}"
             entry.update(response_model=resp_model, response_id=cid, status=200,
                          input_tokens=usage["prompt_tokens"],
@@ -327,16 +334,11 @@ def make_handler(state: State):
         def _responses(self, body: dict, seq: int, t0: float) -> None:
             """The Responses API: usage as it counts it (input_tokens with their cached part in
             input_tokens_details, output_tokens with their reasoning part)."""
-            model = str(body.get("model", ""))
-            stream = bool(body.get("stream"))
-            text = _prompt_text(body)
-            entry = {"seq": seq, "path": self.path, "endpoint": "responses",
-                     "label": _label(text), "request_model": model, "stream": stream}
-            if self._error(model, seq, entry):
+            begun = self._begin(body, seq, "responses")
+            if begun is None:
                 return
-            resp_model = RESPONSE_MODELS.get(model, model)
-            chunks = _reply_chunks(text)
-            counted = _usage(state, text, len(chunks))
+            entry, resp_model, chunks, counted = begun
+            stream = entry["stream"]
             usage = {"input_tokens": counted["prompt_tokens"],
                      "input_tokens_details": {"cached_tokens": counted["prompt_tokens_details"]["cached_tokens"]},
                      "output_tokens": counted["completion_tokens"],
