@@ -33,7 +33,8 @@ ANTHROPIC = {lib for lib in LIBRARIES if lib.startswith("anthropic_")}
 RESPONSES = {lib for lib in LIBRARIES if lib.endswith("_responses")}
 SENDS_CACHED = {"traceloop", "openlit", "openinference", "langfuse", "vercel_ai", "vercel_ai_v7", "traceloop_rag",
                 "openinference_rag", "pydantic_ai", "strands", *ANTHROPIC, *(RESPONSES - {"litellm_responses"})}
-SENDS_REASONING = {"openinference", "langfuse", "vercel_ai", "openinference_rag", "pydantic_ai",  # traceloop: non-streamed only
+# (traceloop: non-streamed only)
+SENDS_REASONING = {"openinference", "langfuse", "vercel_ai", "openinference_rag", "pydantic_ai",
                    *(RESPONSES - {"vercel_ai_v7_responses", "litellm_responses"})}
 SENDS_TTFT = {"traceloop", "openlit", "openinference", "langfuse", "vercel_ai", "vercel_ai_v7", "pydantic_ai",
               "strands", "anthropic_openinference", "anthropic_openlit", "openinference_responses",

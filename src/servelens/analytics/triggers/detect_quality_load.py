@@ -33,16 +33,15 @@ also leaves the recent busy hours below the week's quiet ones: that is quality_r
 not a load effect. So a slice fires only where its high side is also lower than the
 lookback's own quiet third (one-sided test at `quiet_alpha`; the drop's size is judged
 against the whole low side, not again here), where that holds `min_evaluations` results
-(evidence `quiet_day`): once a night has passed since
-such a change, the day's quiet hours hold it too, and the slice no longer fires, as when the
-low side was the day's alone.
+(evidence `quiet_day`): once a night has passed since such a change, the day's quiet hours
+hold it too, and the slice no longer fires, as when the low side was the day's alone.
 
 Above the mean, too. A path can give way as soon as the load passes its mean, hours before
 the day's peak: between two daily peaks the busy afternoon is the middle third, which the
 read above leaves out until the peak itself. So the recent buckets above the deployment's
 mean arrivals (the lookback's, or the week's where that is higher: after a quiet Sunday a
-Monday's first busy hours are busy against the week, not against the Sunday that fills
-most of the lookback) are read as well, where their mean load is `min_load_ratio` times the low
+Monday's first hours are busy against the week, not against the Sunday that fills most of
+the lookback) are read as well, where their mean load is `min_load_ratio` times the low
 side's; a slice fires when either read shows the drop. Recent here is the last `windows`
 windows, or where their buckets above the mean hold fewer than `min_evaluations` results
 (a small deployment, or a busy spell that has just ended), the fewest trailing windows up

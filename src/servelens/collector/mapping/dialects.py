@@ -159,7 +159,8 @@ TOKEN_FIELDS: dict[str, tuple[Carrier, ...]] = {
     "reasoning_tokens": (
         *_a(SEMCONV, "gen_ai.usage.reasoning.output_tokens", "gen_ai.usage.reasoning_tokens"),
         *_a(OPENINFERENCE, "llm.token_count.completion_details.reasoning"),
-        *_usage("completion_tokens_details.reasoning_tokens", "output_reasoning", "output_tokens_details.reasoning_tokens"),
+        *_usage("completion_tokens_details.reasoning_tokens", "output_reasoning",
+                "output_tokens_details.reasoning_tokens"),
         *_a(VERCEL, "ai.usage.reasoningTokens"),
         # Pydantic AI: the provider's own usage details, as the provider names them (OpenAI's)
         *_a(PYDANTIC_AI, "gen_ai.usage.details.reasoning_tokens"),
