@@ -2,8 +2,9 @@
 
 A full run places one trial per magnitude, day and onset hour, so a miss there is one
 draw. This reruns that trial (same fleet, kind, magnitude, day, hour and stream group) on
-`--seeds` seeds, the full run's own seed first, and prints each seed's delays per stream:
-how often the spot is seen, not whether one draw was.
+`--seeds` seeds, the full run's own seed first, and prints each seed's delays per stream
+(and any firing on a subject no changed stream holds): how often the spot is seen, not
+whether one draw was.
 
     python -m bench.trial_seeds --fleet two-peaks --kind p99_drift --day sat --hour 20 --seeds 12
 """
@@ -59,7 +60,8 @@ def main(argv: list[str] | None = None) -> int:
             for t in trials:
                 if t.delay is not None:
                     seen[t.stream].append(t.delay)
-            print(f"seed {seed}: " + ", ".join(f"{t.stream} {t.delay}" for t in trials), flush=True)
+            others = f"; fired on unchanged subjects {trials[0].others}" if trials[0].others else ""
+            print(f"seed {seed}: " + ", ".join(f"{t.stream} {t.delay}" for t in trials) + others, flush=True)
         print(f"{args.fleet} {args.kind} {change.short} @ {onset:%a %H:%M}, {len(seeds)} seeds:")
         for name, delays in seen.items():
             print(f"  {name}: {len(delays)}/{len(seeds)} detected, delays {sorted(delays)}")
