@@ -101,13 +101,15 @@ def _prompt_text(body: dict) -> str:
     if "messages" in body:
         return "\n".join(_text_of(m.get("content")) for m in body["messages"])
     inp = body.get("input", "")
-    if isinstance(inp, list):  # embeddings' strings, or the Responses API's input items
-        parts = [x if isinstance(x, str) else _text_of(x.get("content")) if isinstance(x, dict) and "content" in x
-                 else json.dumps(x) for x in inp]
-        return "\n".join([_text_of(body.get("instructions")), *parts] if body.get("instructions") else parts)
-    if body.get("instructions"):
-        return f"{_text_of(body['instructions'])}\n{inp}"
-    return str(inp)
+    # embeddings' input, or the Responses API's (a string or items), after its instructions
+    parts = [_input_text(x) for x in (inp if isinstance(inp, list) else [inp])]
+    return "\n".join([_text_of(body["instructions"]), *parts] if body.get("instructions") else parts)
+
+
+def _input_text(item) -> str:
+    if isinstance(item, dict) and "content" in item:  # a Responses API message item
+        return _text_of(item["content"])
+    return item if isinstance(item, str) else json.dumps(item)
 
 
 def _label(text: str) -> str | None:
