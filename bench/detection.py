@@ -684,8 +684,10 @@ def fleet_injections(store: Store, settings: Settings, fleet: Fleet, bases: list
     `offset`, so that quick runs spread them over the fleets), the trial days alternated,
     onsets cycled through the fleet's hours under load."""
     plan = fleets.changes()
+    order = [k for k in KINDS if k in plan]  # a kind's index is the full run's, whatever `kinds` holds
     out = []
-    for ki, kind in enumerate(kinds):
+    for kind in kinds:
+        ki = order.index(kind)
         for gi, group in enumerate(fleets.targets(fleet, kind)):
             for i in range(per_group):
                 change = plan[kind][(offset + i) % len(plan[kind])]
@@ -889,7 +891,8 @@ def run_fleets(args: argparse.Namespace, argv: list[str] | None) -> int:
     cleans: list[FleetClean] = []
     try:
         eng = Engine(scratch)
-        for fi, fleet in enumerate(chosen):
+        for fleet in chosen:
+            fi = list(fleets.FLEETS).index(fleet.name)  # the full run's seeds under --fleet too
             days = [fleets.TRIAL_DAY] if args.quick else [fleets.TRIAL_DAY, fleets.SATURDAY]
             t0 = time.perf_counter()
             bases = [base_history(eng, fleet, day, seed=base_seed(fi, d)) for d, day in enumerate(days)]

@@ -136,3 +136,35 @@ def test_a_slice_over_its_minimum_is_read_over_the_wider_span_too() -> None:
     # A slice with min_evaluations a window is read in the window only, at the full level.
     qa = next(r for r in rows if r["slice"] == {"task_type": "qa"})
     assert qa["pooled_windows"] is None and qa["n"] == 600 and "readings" not in qa["test"].details
+
+
+# --- the Benjamini-Hochberg family: each deployment's slices ---------------------------------
+
+def fleet_table(cells: dict[tuple[str, str], tuple[int, float]]) -> pl.DataFrame:
+    """{(deployment, task): (evaluations, pass rate)} -> a slice table."""
+    return pl.DataFrame([{"deployment": d, "task_type": t, "evaluations": n, "passed": round(n * rate)}
+                         for (d, t), (n, rate) in cells.items()],
+                        schema={"deployment": pl.String, "task_type": pl.String, "evaluations": pl.Int64,
+                                "passed": pl.Int64})
+
+
+def test_a_deployment_is_judged_against_its_own_slices_not_the_whole_fleets() -> None:
+    # Twelve deployments, each with a task of its own and the shared chat; one deployment's own
+    # task drops 9 points on 200 results: clear among its three slices, not among the fleet's 37.
+    # (Counts differ a little per cell: slices with equal counts would be taken as one set of rows.)
+    deployments = [f"d{i:02}" for i in range(12)]
+    base = fleet_table({**{(d, f"own-{d}"): (4000 + 10 * i, 0.85) for i, d in enumerate(deployments)},
+                        **{(d, "chat"): (4100 + 10 * i, 0.85) for i, d in enumerate(deployments)}})
+    current = fleet_table({**{(d, f"own-{d}"): (200 + i, 0.76 if d == "d03" else 0.85)
+                              for i, d in enumerate(deployments)},
+                           **{(d, "chat"): (240 + i, 0.85) for i, d in enumerate(deployments)}})
+    cfg = QualityRegression(keys=["deployment", "task_type"], min_evaluations=100, min_baseline=200, fdr=0.001)
+    rows = regressions(current, base, cfg)
+    own = next(r for r in rows if r["slice"] == {"task_type": "own-d03"})
+    assert own["family"] == "d03" and own["family_size"] == 3 and own["firing"]
+    assert next(r for r in rows if r["slice"] == {"task_type": "chat"})["family"] == ""  # over every deployment
+    assert sum(r["family_size"] == 3 for r in rows) == 36 and firing(rows) == [{"task_type": "own-d03"}]
+    # The same test over the fleet's slices as one family does not reach the level.
+    fleet = regressions(current, base, cfg.model_copy(update={"correct_per": "fleet"}))
+    assert firing(fleet) == [] and all(r["family_size"] == 37 for r in fleet)
+    assert cfg.fdr / 37 < own["test"].p_value < cfg.fdr / 3

@@ -13,7 +13,13 @@ The test is then the one-sided two-proportion z-test (Fisher's exact test when a
 the 2x2 table is small) of the window against the baseline's evaluations at that
 expected rate. For a single-cell slice this is the plain two-proportion test.
 
-Many slices, many tests: Benjamini-Hochberg at `fdr` across them. Slices holding the
+Many slices, many tests: Benjamini-Hochberg at `fdr` across them, one family per
+deployment (`correct_per`): the slices whose window results all come from one deployment,
+and one family for those over several. So the error level is per deployment, as the team
+that runs one reads its alerts: a deployment's regression is judged against its own few
+slices, not every slice a large fleet holds (a fleet of D deployments sees up to (D + 1)
+times `fdr` false alarms a window; BENCHMARKS.md, "Detection: a Benjamini-Hochberg family
+per deployment"). Slices holding the
 same results (on one service "task_type=search" and "deployment=search-api" may be one
 set of rows) are tested once, under the name of the first key, with the rest as aliases:
 perfectly correlated copies would weaken the correction.
@@ -82,10 +88,12 @@ def measure_all(current: pl.DataFrame, baseline: pl.DataFrame, keys: list[str],
                                                  pl.col("passed").sum().alias("base_passed"))
                 .filter(pl.col("base_n") > 0).with_columns((pl.col("base_passed") / pl.col("base_n")).alias("base_rate")))
         cell_rate = (pl.col("b_x") + SHRINK * pl.col("base_rate")) / (pl.col("b_n") + SHRINK)
+        deployments = ([pl.col(DEPLOYMENT).filter(pl.col("evaluations") > 0).unique().alias("deployments")]
+                       if DEPLOYMENT in keys else [])
         queries.append(cells.join(base, on=ks, how="inner")
                        .group_by(ks).agg(pl.col("evaluations").sum().alias("n"), pl.col("passed").sum(),
                                          pl.first("base_n", "base_passed", "base_rate"),
-                                         (pl.col("evaluations") * cell_rate).sum().alias("weighted"))
+                                         (pl.col("evaluations") * cell_rate).sum().alias("weighted"), *deployments)
                        .filter(pl.col("n") > 0))
     out = {}
     for ks, table in zip(key_sets, pl.collect_all(queries)):
@@ -93,8 +101,18 @@ def measure_all(current: pl.DataFrame, baseline: pl.DataFrame, keys: list[str],
             out[tuple((k, row[k]) for k in ks)] = {
                 "n": int(row["n"]), "passed": int(row["passed"]), "base_n": int(row["base_n"]),
                 "base_passed": int(row["base_passed"]), "base_rate": row["base_rate"],
-                "expected_rate": float(row["weighted"]) / int(row["n"])}
+                "expected_rate": float(row["weighted"]) / int(row["n"]),
+                "family": _family(row.get("deployments"))}
     return out
+
+
+DEPLOYMENT = "deployment"
+
+
+def _family(deployments: list[str] | None) -> str:
+    """The Benjamini-Hochberg family of a slice (module doc): the one deployment its window
+    results are from, "" for a slice over several (or where deployment is no key)."""
+    return deployments[0] if deployments is not None and len(deployments) == 1 else ""
 
 
 def key_sets(keys: list[str], pairs: bool) -> list[list[str]]:
@@ -277,9 +295,14 @@ def regressions(current: pl.DataFrame, baseline: pl.DataFrame, cfg: Any,
         if same is None or r["test"].p_value < same["test"].p_value:
             tested[key] = r  # a slice's stronger reading
     tested = list(tested.values())
-    fdr = stats.benjamini_hochberg([r["test"].p_value for r in tested], cfg.fdr)
-    for r, adjusted, rejected in zip(tested, fdr.adjusted, fdr.rejected):
-        r["adjusted"], r["candidate"] = adjusted, rejected and r["drop"] >= cfg.min_drop
+    families: dict[str, list[dict[str, Any]]] = {}
+    for r in tested:
+        families.setdefault(r["family"] if cfg.correct_per == DEPLOYMENT else "", []).append(r)
+    for family in families.values():
+        fdr = stats.benjamini_hochberg([r["test"].p_value for r in family], cfg.fdr)
+        for r, adjusted, rejected in zip(family, fdr.adjusted, fdr.rejected):
+            r["adjusted"], r["candidate"] = adjusted, rejected and r["drop"] >= cfg.min_drop
+            r["family_size"] = len(family)
     firing = {id(r) for r in explaining([r for r in tested if r["candidate"]], keys, cfg)}
     for r in tested:
         r["firing"] = id(r) in firing
@@ -300,6 +323,8 @@ class QualityRegression(TriggerKindConfig):
     # <= q only for exact p-values; pooled windows and mix-standardized baselines make
     # them a little optimistic (bench/detection.py measured 0.67 false alarms a week at 1e-3).
     fdr: float = Field(1e-4, gt=0, lt=1, description="Benjamini-Hochberg across slices, per window")
+    correct_per: Literal["deployment", "fleet"] = Field(
+        "deployment", description="the Benjamini-Hochberg family: each deployment's slices, or every slice")
     min_evaluations: int = Field(100, ge=1)
     min_baseline: int = Field(200, ge=1)
 
@@ -338,11 +363,13 @@ def quality_regression(store: StoreLike, settings: Settings, at: Evaluation) -> 
                    "baseline_evaluations": r["base_n"], "baseline_pass_rate": r["base_rate"],
                    "expected_pass_rate": r["expected_rate"], "delta": -r["drop"], "test": r["test"].evidence(),
                    "adjusted_p_value": r["adjusted"], "fdr": cfg.fdr, "slices_tested": len(tested),
+                   "family": r["family"] if cfg.correct_per == DEPLOYMENT else "",
+                   "family_slices": r["family_size"],
                    "aliases": r["aliases"], "explained_by": r.get("explained_by"),
                    "parent": r.get("parent"), "children": r.get("children"),
                    "pooled_windows": r["pooled_windows"] or cfg.windows,
                    # the smallest drop these counts could show (Fisher, at the BH level of one slice)
                    "detectable_drop": power.drop_floor(r["n"], r["base_n"], r["expected_rate"],
-                                                       cfg.fdr / max(len(tested), 1)) if r["firing"] else None}),
+                                                       cfg.fdr / r["family_size"]) if r["firing"] else None}),
         ))
     return findings
