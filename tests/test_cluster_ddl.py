@@ -323,6 +323,9 @@ def test_the_schema_runs_and_fills_through_the_distributed_tables(tmp_path):
     if any("rollup_arrivals_1m_local" in s for _, ss in migrations for s in ss):
         expected["rollup_arrivals_1m"] = 2
         checks["rollup_arrivals_1m"] = "SELECT sum(arraySum(Seconds.2)) FROM rollup_arrivals_1m"
+    if any("rollup_arrivals_1d_local" in s for _, ss in migrations for s in ss):
+        expected["rollup_arrivals_1d"] = 2
+        checks["rollup_arrivals_1d"] = "SELECT sum(Arrivals) FROM rollup_arrivals_1d"
     if any("rollup_spans_1h_local" in s for _, ss in migrations for s in ss):
         expected["rollup_spans_1h"] = 2
         checks["rollup_spans_1h"] = "SELECT sum(Spans) FROM rollup_spans_1h"

@@ -11,7 +11,7 @@ import pytest
 
 from servelens.analytics import rollup_tiers, span_hours
 from servelens.analytics.reports.registry import run
-from servelens.analytics.sources import rollups
+from servelens.analytics.sources import rollups, stored_run, traffic
 from servelens.core.migrate import migrate
 from servelens.core.store import Store
 from tests.analytics.test_rollups import END, START, WINDOWS, _migrate_before, _window, _write_spans
@@ -23,6 +23,12 @@ LATER = END + timedelta(days=1)  # every period of the data settled
 
 def _sums(store, tier: rollup_tiers.Tier, table: str | None = None) -> tuple:
     """Every measure of `table` (the tier's, or its source's) added up, its sketches merged."""
+    if isinstance(tier, rollup_tiers.ArrivalTier):  # the source's minutes summed as the tier's days are
+        rows = f"({traffic.day_arrivals_sql('1')})" if table else tier.table
+        names = ("arrivals", "arrivals_sq", "peak_second", "peak_minute", "first_minute", "last_minute") if table \
+            else tier.sums
+        return tuple(store.client().query(
+            "SELECT sum({}), sum({}), max({}), max({}), min({}), max({}) FROM {}".format(*names, rows)).result_rows[0])
     merged = [f"{merge.replace('MergeState', 'Merge')}({column})" for column, merge in tier.sketches]
     measures = ", ".join([f"sum({c})" for c in tier.sums] + merged)
     return tuple(store.client().query(f"SELECT {measures} FROM {table or tier.table}").result_rows[0])
@@ -127,7 +133,8 @@ def test_an_upgraded_store_keeps_what_the_views_wrote_and_writes_again_the_perio
     try:
         _migrate_before(store, tmp_path, 49)
         _write_spans(store, n=20_000)  # the views fill the tiers as they are written
-        before = {tier.table: _sums(store, tier) for tier in rollup_tiers.TIERS}
+        views = [tier for tier in rollup_tiers.TIERS if not isinstance(tier, rollup_tiers.ArrivalTier)]  # 0052's: none
+        before = {tier.table: _sums(store, tier) for tier in views}
         migrate(store.client())
         migrated_at = store.client().query(
             "SELECT min(applied_at) FROM servelens_migrations WHERE version = 49").first_row[0]
@@ -135,9 +142,46 @@ def test_an_upgraded_store_keeps_what_the_views_wrote_and_writes_again_the_perio
         # more requests in the six hours (and the day) the migration cut in two, after it
         _write_late(store, migrated_at.replace(hour=migrated_at.hour // 6 * 6, minute=0, second=0, microsecond=0),
                     300)
-        assert all(_close(_sums(store, tier), before[tier.table]) for tier in rollup_tiers.TIERS)  # no view now
+        assert all(_close(_sums(store, tier), before[tier.table]) for tier in views)  # no view now
         _fill(store, settings, now=migrated_at + timedelta(days=2))
         for tier in rollup_tiers.TIERS:  # neither lost nor counted twice
             assert _same(store, tier), tier.table
     finally:
         store.client().command("DROP DATABASE IF EXISTS tiers_upgrade")
+
+
+def test_the_arrival_days_of_the_periods_filled_before_their_migration_are_written_by_it(
+        make_settings, tmp_path, monkeypatch) -> None:
+    # A store whose tiers were filled up to the day before yesterday by a release before 0052:
+    # the migration writes the arrival days of that run, which readers take at once, and the
+    # tier job the later days; the workload's answers equal the raw rows' throughout.
+    settings = make_settings(store={"database": "arrivals_upgrade"})
+    exact = make_settings(store={"database": "arrivals_upgrade"}, analytics={"use_rollups": False})
+    store = Store(settings.store_url, settings.store.database)
+    arrivals = next(t for t in rollup_tiers.TIERS if isinstance(t, rollup_tiers.ArrivalTier))
+    try:
+        _migrate_before(store, tmp_path, 52)
+        _write_spans(store, n=20_000)
+        with monkeypatch.context() as m:
+            m.setattr(rollup_tiers, "TIERS", tuple(t for t in rollup_tiers.TIERS if t is not arrivals))
+            _fill(store, settings, now=END - timedelta(days=1))
+        migrate(store.client())
+        spans = rollups.filled_tiers(store)
+        lo, hi = spans[arrivals.table]
+        assert hi > lo and spans["rollup_workload_1d"] == (lo, hi)
+        client = store.client()
+        days = client.query(f"SELECT DISTINCT toUnixTimestamp(Day) FROM {arrivals.table} ORDER BY 1").result_rows
+        day = 86400 * rollups.NS
+        # the days whose last six hours the run holds: its whole days, and the one it starts in
+        first = stored_run(store, rollups.TIER_JOB, rollups.TIER_PERIOD_NS)[0] // day * day
+        assert [d * rollups.NS for (d,) in days] == list(range(first, hi, day)) and first <= lo
+
+        def answers(s) -> list:
+            return [run("workload", store, s, _window(*w, by="service"))["rows"] for w in WINDOWS[:2]]
+
+        want = [[_exact(r) for r in rows] for rows in answers(exact)]
+        assert [[_exact(r) for r in rows] for rows in answers(settings)] == want
+        _fill(store, settings)
+        assert _same(store, arrivals) and [[_exact(r) for r in rows] for rows in answers(settings)] == want
+    finally:
+        store.client().command("DROP DATABASE IF EXISTS arrivals_upgrade")

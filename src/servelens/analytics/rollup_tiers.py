@@ -5,7 +5,8 @@ written by views in the insert that writes llm_requests; long windows read their
 and day tiers instead (analytics/sources/rollups.py `pieces`). Views on the finer rollups
 wrote those tiers on every insert too, about a third of a lone request's insert and an
 eighth of a busy one's CPU (BENCHMARKS.md, "Rollup tiers from settled periods"), so they
-are filled here instead (migration 0049): one six-hour period at a time, after it has
+are filled here instead (migration 0049; the workload's arrival days, 0052, never had a
+view): one six-hour period at a time, after it has
 settled (`span_hours.settled`), each tier from the finer rollup its view read, and the
 day tiers with a day's last period. Periods go newest first, each next to those filled,
 so the filled periods are one unbroken run, recorded in analytics_results; readers take
@@ -28,7 +29,7 @@ from typing import Any
 
 from servelens.analytics import span_hours
 from servelens.analytics.leases import runner_id
-from servelens.analytics.sources import rollups, stored_run
+from servelens.analytics.sources import rollups, stored_run, traffic
 from servelens.core.config import Settings
 from servelens.core.store import StoreLike
 
@@ -73,6 +74,18 @@ class Tier:
         return f"{column} >= toDateTime({{lo_s:Int64}}) AND {column} < toDateTime({{hi_s:Int64}})"
 
 
+@dataclass(frozen=True)
+class ArrivalTier(Tier):
+    """rollup_arrivals_1d (migration 0052): its source holds each minute's per-second
+    arrivals, not sums, so a day's row adds up each minute's arrival sums
+    (sources/traffic.py `day_arrivals_sql`) instead of the source's columns."""
+
+    def insert_sql(self) -> str:
+        columns = (self.time, *self.dims, *self.sums)
+        minutes = "Minute >= toDateTime({lo_s:Int64}) AND Minute < toDateTime({hi_s:Int64})"  # the source's time
+        return f"INSERT INTO {self.table} ({', '.join(columns)}) {traffic.day_arrivals_sql(minutes)}"
+
+
 _SIX, _DAY = 21600, 86400
 TIERS = (
     Tier("rollup_requests_6h", "rollup_requests_1h", _SIX, "Minute",
@@ -89,6 +102,8 @@ TIERS = (
     Tier("rollup_workload_1d", "rollup_workload_1h", _DAY, "Hour", ("ServiceName",),
          ("Requests", "Batch", "InputSum", "OutputSum"),
          tuple((c, _TOKENS_DD) for c in ("Input", "Output"))),
+    ArrivalTier("rollup_arrivals_1d", "rollup_arrivals_1m", _DAY, "Day", ("ServiceName",),
+                ("Arrivals", "ArrivalsSq", "PeakSecond", "PeakMinute", "FirstMinute", "LastMinute"), ()),
 )
 
 

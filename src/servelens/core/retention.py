@@ -52,6 +52,7 @@ TTL_COLUMNS = {
     "rollup_context_1d": "toDate(Hour)",
     "rollup_context_all_1d": "toDate(Hour)",
     "rollup_arrivals_1m": "toDate(Minute)",
+    "rollup_arrivals_1d": "toDate(Day)",
     "rollup_workload_1h": "toDate(Hour)",
     "rollup_workload_1d": "toDate(Hour)",
     "prefix_keys_1d": "toDate(Day)",

@@ -89,7 +89,7 @@ TIER_JOB = "rollup_tiers"  # in analytics_results
 TIER_PERIOD_NS = 6 * 3600 * NS  # a period the job fills at a time
 TIER_GRAINS = {"rollup_requests_6h": 21600, "rollup_costs_6h": 21600, "rollup_costs_1d": 86400,
                "rollup_context_6h": 21600, "rollup_context_1d": 86400, "rollup_context_all_1d": 86400,
-               "rollup_workload_1d": 86400}
+               "rollup_workload_1d": 86400, "rollup_arrivals_1d": 86400}
 _TIERS: ContextVar[Mapping[str, tuple[int, int]]] = ContextVar("rollup_tiers_filled", default={})
 
 

@@ -6,7 +6,7 @@ filters on RetryAttempt except where a column says so. All values are bound serv
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 import polars as pl
 
@@ -28,8 +28,10 @@ def _scoped(settings: Settings, q: ReportQuery) -> tuple[str, str, dict[str, Any
 
 
 # migrations/0039: per service, the arrivals in each second of a minute, and per hour and
-# day the requests, batch requests, token sums and token sketches.
-_ARRIVAL_MINUTES = (("rollup_arrivals_1m", 60),)
+# day the requests, batch requests, token sums and token sketches; 0052: the arrival sums
+# per day (filled from settled periods: analytics/rollup_tiers.py).
+ARRIVAL_DAYS = "rollup_arrivals_1d"
+_ARRIVAL_GRAINS = ((ARRIVAL_DAYS, 86400), ("rollup_arrivals_1m", 60))
 _WORKLOAD_GRAINS = (("rollup_workload_1d", 86400), ("rollup_workload_1h", 3600))
 _PREFIX_DAYS = (("prefix_keys_1d", 86400),)  # migrations/0040
 # Grouping a month of prefix keys (19.6 M at 100 M requests) peaks about as high spilled
@@ -40,31 +42,58 @@ _WORKLOAD_DIMS = {"service": "ServiceName"}
 _TOKENS = f"quantilesDD({rollups.DD_ACCURACY}, 0.5, 0.99)"  # 0039's state
 
 
-def _arrivals_sql(seconds: str) -> str:
+def _minute_arrivals(seconds: str) -> str:
+    """Per group and clock minute, from `seconds`: rows of (key, minute, seconds),
+    `seconds` a (second of the minute, arrivals) map as sumMap gives it, a key's minute
+    perhaps in several rows: n = arrivals, n_sq = the sum of each second's arrivals
+    squared, peak = the busiest second's. A minute in several rows (the rollup's parts not
+    merged yet, a window's edge) is summed by arrayReduce('sumMap') alone: the sumMap
+    aggregate over every minute of a month took 3.5 s, this 0.44 s."""
+    return f"""
+        SELECT key, minute, groupArray(seconds) AS parts,
+               if(length(parts) = 1, parts[1], arrayReduce('sumMap', parts)) AS s, arraySum(s.2) AS n,
+               arraySum(c -> c * c, s.2) AS n_sq, arrayMax(s.2) AS peak
+        FROM ({seconds})
+        GROUP BY key, minute"""
+
+
+# The arrival sums of `_minute_arrivals`' rows, per group: what rollup_arrivals_1d holds
+# per day and what `_arrivals_sql` adds up over a window.
+_ARRIVAL_SUMS = """sum(n) AS arrivals, sum(n_sq) AS arrivals_sq, max(peak) AS peak_second, max(n) AS peak_minute,
+                   min(minute) AS first_minute, max(minute) AS last_minute"""
+
+
+def day_arrivals_sql(when: str) -> str:
+    """rollup_arrivals_1d's rows (Day, ServiceName, then its sums in their column order)
+    from rollup_arrivals_1m's minutes under `when`."""
+    minutes = f"SELECT ServiceName AS key, Minute AS minute, Seconds AS seconds FROM rollup_arrivals_1m WHERE {when}"
+    return f"""
+        SELECT toDateTime(intDiv(toUInt32(minute), 86400) * 86400) AS day, key, {_ARRIVAL_SUMS}
+        FROM ({_minute_arrivals(minutes)})
+        GROUP BY day, key"""
+
+
+def _arrivals_sql(seconds: Sequence[str], days: Sequence[str] = ()) -> str:
     """Per group, from per-second arrival counts c (clock seconds):
     arrivals = Σc, arrivals_sq = Σc², peak_second = max c, peak_minute = max per clock
     minute, active_minutes = the minutes from the first arrival's to the last's, both
-    counted. `seconds`: rows of (key, minute, seconds), `seconds` a (second of the minute,
-    arrivals) map as sumMap gives it; a key's minute may come in several rows.
+    counted. `seconds`: queries of (key, minute, seconds) rows (`_minute_arrivals`);
+    `days`: queries of rollup_arrivals_1d's sums as (key, arrivals, ..., last_minute), for
+    whole days none of `seconds` covers.
 
     Only seconds with arrivals exist here; the report adds the empty ones exactly from
     the window length, so ClickHouse never materialises a row per empty second. The
     seconds are counted inside each minute, not grouped by second: 30 days of 10 M
     requests held a hash table of every busy second, 2.0 s at a 1.3 GiB peak, 0.55 s and
-    0.1 GiB this way (BENCHMARKS.md, "Stage hours"). A minute in several rows (the
-    rollup's parts not merged yet, a window's edge) is summed by arrayReduce('sumMap')
-    alone: the sumMap aggregate over every minute of a month took 3.5 s, this 0.44 s.
+    0.1 GiB this way (BENCHMARKS.md, "Stage hours").
     """
+    parts = [f"SELECT key, {_ARRIVAL_SUMS} FROM ({_minute_arrivals(' UNION ALL '.join(seconds))}) GROUP BY key"
+             ] if seconds else []
     return f"""
-        SELECT key, sum(n) AS arrivals, sum(n_sq) AS arrivals_sq,
-               max(peak) AS peak_second, max(n) AS peak_minute,
-               intDiv(toUInt32(max(minute)) - toUInt32(min(minute)), 60) + 1 AS active_minutes
-        FROM (
-            SELECT key, minute, groupArray(seconds) AS parts,
-                   if(length(parts) = 1, parts[1], arrayReduce('sumMap', parts)) AS s, arraySum(s.2) AS n,
-                   arraySum(c -> c * c, s.2) AS n_sq, arrayMax(s.2) AS peak
-            FROM ({seconds})
-            GROUP BY key, minute)
+        SELECT key, sum(arrivals) AS arrivals, sum(arrivals_sq) AS arrivals_sq,
+               max(peak_second) AS peak_second, max(peak_minute) AS peak_minute,
+               intDiv(toUInt32(max(last_minute)) - toUInt32(min(first_minute)), 60) + 1 AS active_minutes
+        FROM ({' UNION ALL '.join([*parts, *days])})
         GROUP BY key"""
 
 
@@ -135,7 +164,7 @@ def workload_groups(store: StoreLike, settings: Settings, q: ReportQuery) -> pl.
             FROM llm_requests
             WHERE {where}
             GROUP BY key) AS r
-        LEFT JOIN ({_arrivals_sql(_raw_seconds(key_sql, where))}) AS a USING (key)"""
+        LEFT JOIN ({_arrivals_sql([_raw_seconds(key_sql, where)])}) AS a USING (key)"""
     return frame(store, sql, params)
 
 
@@ -158,11 +187,20 @@ def _rollup_workload(store: StoreLike, q: ReportQuery, key_sql: str, where: str,
                                 sum(toUInt64(InputTokens)) AS InputSum, sum(toUInt64(OutputTokens)) AS OutputSum,
                                 {state}(toFloat64(InputTokens)) AS Input, {state}(toFloat64(OutputTokens)) AS Output
                          FROM llm_requests WHERE {when} AND {where} GROUP BY key""", column="Hour")
-    seconds = rollups.piece_selects(
-        bounds["since_ns"], bounds["until_ns"], _ARRIVAL_MINUTES, params,
+    arrival_pieces = rollups.pieces(bounds["since_ns"], bounds["until_ns"], _ARRIVAL_GRAINS)
+    arrival_days = rollups.selects_of(
+        [p for p in arrival_pieces if p.table == ARRIVAL_DAYS], params,
+        lambda table, when: f"""SELECT toString({rollup_key}) AS key, Arrivals AS arrivals, ArrivalsSq AS arrivals_sq,
+                                       PeakSecond AS peak_second, PeakMinute AS peak_minute,
+                                       FirstMinute AS first_minute, LastMinute AS last_minute
+                                FROM {table} WHERE {when} AND {kept}""",
+        lambda when: "", column="Day", first=len(tokens))
+    seconds = rollups.selects_of(
+        [p for p in arrival_pieces if p.table != ARRIVAL_DAYS], params,
         lambda table, when: f"SELECT toString({rollup_key}) AS key, Minute AS minute, Seconds AS seconds "
                             f"FROM {table} WHERE {when} AND {kept}",
-        lambda when: _raw_seconds(f"toString({key_sql})", f"{when} AND {where}"), first=len(tokens))
+        lambda when: _raw_seconds(f"toString({key_sql})", f"{when} AND {where}"),
+        first=len(tokens) + len(arrival_days))
     days = rollups.pieces(bounds["since_ns"], bounds["until_ns"], _PREFIX_DAYS)
     if any(p.table for p in days):
         prefixes = rollups.selects_of(
@@ -172,7 +210,7 @@ def _rollup_workload(store: StoreLike, q: ReportQuery, key_sql: str, where: str,
             lambda when: f"""SELECT toString({key_sql}) AS key, PrefixKey, count() AS Requests,
                                     countIf(CachedInputTokens > 0) AS Cached
                              FROM llm_requests WHERE {when} AND {where} GROUP BY key, PrefixKey""",
-            column="Day", first=len(tokens) + len(seconds))
+            column="Day", first=len(tokens) + len(arrival_days) + len(seconds))
         reused_sql, spill = _reused_from_days(" UNION ALL ".join(prefixes)), _KEYS_SPILL
     else:  # no whole day: the raw rows' own count is the quicker (BENCHMARKS.md, "Shared prefixes from days")
         reused_sql, spill = (f"SELECT toString({key_sql}) AS key, {_reused(where)} AS reused FROM llm_requests "
@@ -180,7 +218,7 @@ def _rollup_workload(store: StoreLike, q: ReportQuery, key_sql: str, where: str,
     # The shared prefixes (a month's keys: most of the report's time) and the arrivals are
     # read beside the counts (BENCHMARKS.md, "A report's readings side by side").
     reused = beside(frame, store, reused_sql, params, spill)
-    arrivals = beside(frame, store, _arrivals_sql(" UNION ALL ".join(seconds)), params)
+    arrivals = beside(frame, store, _arrivals_sql(seconds, arrival_days), params)
     merge = _TOKENS.replace("(", "Merge(", 1)
     counts = frame(store, f"""
         SELECT toString(key) AS key, sum(Requests) AS requests, {merge}(Input) AS input_q,
