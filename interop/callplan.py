@@ -215,6 +215,19 @@ def consume_stream(stream) -> dict:
             "client_saw_usage": usage is not None}
 
 
+def consume_text_stream(stream) -> dict:
+    """Iterate a stream of text pieces (a framework's parsed stream); client-side
+    first-piece time (from the start of the call, as run_plan started it) and counts."""
+    t0 = _call_t0 or time.perf_counter()
+    first, n, text = None, 0, []
+    for piece in stream:
+        if first is None:
+            first = time.perf_counter() - t0
+        n += 1
+        text.append(piece)
+    return {"client_first_chunk_ms": round((first or 0) * 1000, 1), "chunks": n, "text": "".join(text)}
+
+
 def anthropic_call(client, call: Call) -> dict:
     """One plan call through Anthropic's SDK (`client`: anthropic.Anthropic): the system
     prompt apart, as the Messages API takes it; a stream with `create(stream=True)`."""

@@ -138,6 +138,24 @@ LIBS.update({
     ),
 })
 
+# LangChain's OpenAI integration under a library that instruments both LangChain and the
+# OpenAI SDK (each model call traced twice, inside the chain's spans), each in a venv of its own.
+LIBS.update({
+    "langchain_traceloop": (
+        ["traceloop-sdk", "opentelemetry-instrumentation-langchain", "opentelemetry-instrumentation-openai",
+         "langchain-core", "langchain-openai", "openai", "opentelemetry-sdk", "opentelemetry-api",
+         "opentelemetry-exporter-otlp-proto-http", "httpx", "httpx2"],
+        "Traceloop.set_association_properties({'tenant':..., 'user_id':..., 'session_id':...})",
+    ),
+    "langchain_openinference": (
+        ["openinference-instrumentation-langchain", "openinference-instrumentation-openai",
+         "openinference-instrumentation", "openinference-semantic-conventions", "langchain-core",
+         "langchain-openai", "openai", "opentelemetry-sdk", "opentelemetry-api",
+         "opentelemetry-exporter-otlp-proto-http", "httpx", "httpx2"],
+        "openinference.instrumentation using_metadata({'tenant':...}) + using_session + using_user",
+    ),
+})
+
 # The retrieval-augmented captures (callplan.rag_plan): a library's own script for them, in
 # that library's venv.
 # OpenLIT's Anthropic capture runs in its venv too (OpenLIT pins anthropic < 1, in it).

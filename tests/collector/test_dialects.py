@@ -32,11 +32,14 @@ ANTHROPIC = {lib for lib in LIBRARIES if lib.startswith("anthropic_")}
 # (<lib>_responses: the same library's calls through OpenAI's Responses API, callplan.responses_plan.)
 RESPONSES = {lib for lib in LIBRARIES if lib.endswith("_responses")}
 SENDS_CACHED = {"traceloop", "openlit", "openinference", "langfuse", "vercel_ai", "vercel_ai_v7", "traceloop_rag",
-                "openinference_rag", "pydantic_ai", "strands", *ANTHROPIC, *(RESPONSES - {"litellm_responses"})}
+                "openinference_rag", "pydantic_ai", "strands", "langchain_traceloop", "langchain_openinference",
+                *ANTHROPIC, *(RESPONSES - {"litellm_responses"})}
 # (traceloop: non-streamed only)
 SENDS_REASONING = {"openinference", "langfuse", "vercel_ai", "openinference_rag", "pydantic_ai",
-                   *(RESPONSES - {"vercel_ai_v7_responses", "litellm_responses"})}
+                   "langchain_openinference", *(RESPONSES - {"vercel_ai_v7_responses", "litellm_responses"})}
+# (langchain_openinference: its LangChain span, the one read, has none; its OpenAI SDK span has)
 SENDS_TTFT = {"traceloop", "openlit", "openinference", "langfuse", "vercel_ai", "vercel_ai_v7", "pydantic_ai",
+              "langchain_traceloop",
               "strands", "anthropic_openinference", "anthropic_openlit", "openinference_responses",
               "openlit_responses", "vercel_ai_v7_responses", "pydantic_ai_responses",
               "langfuse_responses"}
@@ -280,3 +283,23 @@ def _an_anthropic_call_costs_what_anthropic_bills_for_it(store: Store, library: 
         "since": (now - timedelta(days=2)).isoformat(), "until": (now + timedelta(hours=1)).isoformat(), "by": "model"})
     [row] = [r for r in report["rows"] if r["model"] == "claude-haiku-4-5-20251001"]
     assert row["cost_usd"] == pytest.approx(billed, abs=2e-6), (library, row)
+
+
+def test_a_call_a_detached_framework_span_traced_is_read_once_where_the_framework_traced_it(store) -> None:
+    # OpenInference's LangChain span and the OpenAI SDK's span of the same call, in two traces
+    # (langchain_openinference's capture): the LangChain one is the request. An SDK span of
+    # another call (other tokens, or another service) stays a request of its own.
+    lc, sdk = "openinference.instrumentation.langchain", "openinference.instrumentation.openai"
+    spans = [("t1", "s1", "svc", lc, 43, 13), ("t2", "s2", "svc", sdk, 43, 13),  # one call, twice
+             ("t3", "s3", "svc", sdk, 43, 14),  # another call of the service
+             ("t4", "s4", "other", sdk, 43, 13)]  # the same counts in another service
+    values = ", ".join(
+        f"(now64(9), '{t}', '{s}', '', 'ChatOpenAI', 'SPAN_KIND_INTERNAL', '{svc}', '{scope}', "
+        f"map('openinference.span.kind', 'LLM', 'llm.model_name', 'gpt-4o-mini', 'llm.token_count.prompt', '{i}', "
+        f"'llm.token_count.completion', '{o}', 'llm.invocation_parameters', '{{\"model\": \"gpt-4o-mini\"}}'), "
+        f"1000000, 'STATUS_CODE_OK', '')" for t, s, svc, scope, i, o in spans)
+    store.client().command("INSERT INTO otel_traces (Timestamp, TraceId, SpanId, ParentSpanId, SpanName, SpanKind, "
+                           f"ServiceName, ScopeName, SpanAttributes, Duration, StatusCode, StatusMessage) VALUES {values}")
+    rows = store.client().query("SELECT SpanId FROM llm_requests ORDER BY SpanId").result_rows
+    assert rows == [("s1",), ("s3",), ("s4",)]
+    assert sorted(dialects.requests(span_views(store))) == ["s1", "s3", "s4"]

@@ -226,6 +226,14 @@ STATUS_IN_MESSAGE = r"(?i)(?:error code|status_code):? ([1-5][0-9][0-9])\b"
 NAMED_CALL_SCOPES = ("openlit.instrumentation.",)
 NAMED_CALL = r"^(chat|text_completion|embeddings|generate_content) (\S+)$"
 
+# Instrumentations of a framework whose model spans are never made current: OpenInference's
+# LangChain tracer starts them from LangChain's callbacks and does not attach them (its
+# _tracer.py says why), so where the provider SDK's own instrumentation is on too (Phoenix's
+# auto_instrument), the SDK's span of the same call lies outside the framework's: the root
+# of a trace of its own, or under whatever span was current. Such a call is read once, as
+# the framework's span (in the app's trace, with its chain): detached_twins.
+DETACHED_SCOPES = ("openinference.instrumentation.langchain",)
+
 # Business units, span before resource: the semantic keys, declared once (core.keys).
 UNIT_KEYS = keys.UNIT_KEYS
 
@@ -285,11 +293,20 @@ def is_request(span: SpanView) -> bool:
 def requests(spans: Sequence[SpanView]) -> dict[str, dict[str, Any]]:
     """The requests among spans written together (one insert, as the view sees its block),
     by span id, with their fields: the spans is_request reads as requests but the outer
-    span of a call a span of the block repeats (wrapped_calls), each with what its trace's
-    other spans carry (trace_context)."""
+    span of a call a span of the block repeats (wrapped_calls) and the provider SDK's span
+    of a call a DETACHED_SCOPES span traced (the same service, request model and token
+    counts), each with what its trace's other spans carry (trace_context)."""
     context, inner = trace_context(spans), wrapped_calls(spans)
-    return {span.span_id: request_fields(span, context.get(span.trace, {})) for span in spans
-            if is_request(span) and _call_key(span, span.span_id) not in inner}
+    out = {span.span_id: (span, request_fields(span, context.get(span.trace, {}))) for span in spans
+           if is_request(span) and _call_key(span, span.span_id) not in inner}
+    twins = {_twin_key(span, fields) for span, fields in out.values() if span.scope_name in DETACHED_SCOPES}
+    return {sid: fields for sid, (span, fields) in out.items()
+            if span.scope_name in DETACHED_SCOPES or _twin_key(span, fields) not in twins}
+
+
+def _twin_key(span: SpanView, fields: Mapping[str, Any]) -> tuple[str, str, int, int]:
+    """detached_twins: a call as both of its spans read it, wherever their traces are."""
+    return span.service_name, fields["request_model"], fields["input_tokens"], fields["output_tokens"]
 
 
 def _call_key(span: SpanView, span_id: str) -> tuple[tuple[str, str], str, str, str]:
@@ -674,6 +691,18 @@ def sql_not_wrapper() -> str:
             f"      {children}))")
 
 
+def sql_not_detached_twin() -> str:
+    """NOT a provider SDK's span of a call a DETACHED_SCOPES span of the block traced
+    (requests' _twin_key). Only a block holding such spans reads further than its scope."""
+    scopes = ", ".join(map(_q, DETACHED_SCOPES))
+    key = (f"ServiceName, {select_sql()['RequestModel']}, {select_sql()['InputTokens']}, "
+           f"{select_sql()['OutputTokens']}")
+    return (f"(ScopeName IN ({scopes}) OR ({key}) NOT IN (\n"
+            f"      SELECT {key}\n"
+            f"      FROM (SELECT ServiceName, ScopeName, SpanName, StatusCode, SpanAttributes AS a FROM otel_traces)\n"
+            f"      WHERE ScopeName IN ({scopes}) AND {sql_is_request()}))")
+
+
 SQL_STREAMED = " OR ".join([
     *(f"lower(a[{_q(c.key)}]) = 'true'" for c in STREAM_FLAGS),
     f"hasAny(Events.Name, {_sql_array(map(_q, STREAM_EVENTS))})",
@@ -848,7 +877,7 @@ COLUMN_ORDER = (
 # The migration holding the current rendering of the view; a change to the table above
 # goes into a new migration (ADD COLUMN, DROP VIEW, the view) named here, rendered by
 # `python -m servelens.collector.mapping.dialects`.
-VIEW_MIGRATION = "0051_llm_requests_responses_usage.sql"
+VIEW_MIGRATION = "0053_llm_requests_detached_twins.sql"
 
 
 def llm_requests_view_sql() -> str:
@@ -861,7 +890,7 @@ def llm_requests_view_sql() -> str:
     return (f"CREATE MATERIALIZED VIEW IF NOT EXISTS llm_requests_mv TO llm_requests AS\nWITH\n    {with_text}\n"
             f"SELECT\n    {select_text}\nFROM otel_traces\n"
             f"LEFT ANY JOIN (\n    {sql_trace_context()}) AS {TRACE_JOIN} USING (TraceId, ServiceName)\n"
-            f"WHERE {sql_is_request()}\n  AND {sql_not_wrapper()};\n")
+            f"WHERE {sql_is_request()}\n  AND {sql_not_wrapper()}\n  AND {sql_not_detached_twin()};\n")
 
 
 def render_migration(path: Path) -> None:
