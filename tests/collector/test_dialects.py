@@ -37,9 +37,8 @@ SENDS_CACHED = {"traceloop", "openlit", "openinference", "langfuse", "vercel_ai"
 # (traceloop: non-streamed only)
 SENDS_REASONING = {"openinference", "langfuse", "vercel_ai", "openinference_rag", "pydantic_ai",
                    "langchain_openinference", *(RESPONSES - {"vercel_ai_v7_responses", "litellm_responses"})}
-# (langchain_openinference: its LangChain span, the one read, has none; its OpenAI SDK span has)
+# (the langchain_* captures: a LangChain span, the one read, holds none)
 SENDS_TTFT = {"traceloop", "openlit", "openinference", "langfuse", "vercel_ai", "vercel_ai_v7", "pydantic_ai",
-              "langchain_traceloop",
               "strands", "anthropic_openinference", "anthropic_openlit", "openinference_responses",
               "openlit_responses", "vercel_ai_v7_responses", "pydantic_ai_responses",
               "langfuse_responses"}

@@ -243,7 +243,10 @@ REQUEST_MARKERS = ("gen_ai.operation.name", "gen_ai.request.model", "gen_ai.usag
                    "gen_ai.usage.prompt_tokens", "llm.request.type", "gen_ai.latency.e2e")
 PIPELINE_OPERATIONS = ("retrieval", "execute_tool", "create_agent", "invoke_agent",
                        "agent_step",  # Vercel AI SDK 7: one step of an agent, around its model call
-                       "execute_event_loop_cycle")  # Strands Agents: one turn of the agent's loop
+                       "execute_event_loop_cycle",  # Strands Agents: one turn of the agent's loop
+                       # OpenLLMetry's own names (semconv_ai GenAICustomOperationName): a step of a
+                       # LangChain chain (its prompt template, its parser), a vector store query
+                       "execute_task", "vector_db_retrieve")
 # What a request without a tenant key of its own (TENANT_KEY_NAMES: the tenant's keys and
 # their JSON parents, _unit_lookup) takes from the other spans of its trace (trace_context):
 # each unit as those spans carry it (read as a request's own is, JSON parents included:
