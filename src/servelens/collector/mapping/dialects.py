@@ -231,8 +231,11 @@ NAMED_CALL = r"^(chat|text_completion|embeddings|generate_content) (\S+)$"
 # _tracer.py says why), so where the provider SDK's own instrumentation is on too (Phoenix's
 # auto_instrument), the SDK's span of the same call lies outside the framework's: the root
 # of a trace of its own, or under whatever span was current. Such a call is read once, as
-# the framework's span (in the app's trace, with its chain): detached_twins.
+# the framework's span (in the app's trace, with its chain): _is_twin.
 DETACHED_SCOPES = ("openinference.instrumentation.langchain",)
+DETACHED_FAMILY = "openinference.instrumentation."  # whose SDK instrumentations trace the twin
+# A call as both of its spans write it (OpenInference's keys), whichever trace each is in.
+TWIN_KEYS = ("llm.token_count.prompt", "llm.token_count.completion")
 
 # Business units, span before resource: the semantic keys, declared once (core.keys).
 UNIT_KEYS = keys.UNIT_KEYS
@@ -297,19 +300,23 @@ def requests(spans: Sequence[SpanView]) -> dict[str, dict[str, Any]]:
     """The requests among spans written together (one insert, as the view sees its block),
     by span id, with their fields: the spans is_request reads as requests but the outer
     span of a call a span of the block repeats (wrapped_calls) and the provider SDK's span
-    of a call a DETACHED_SCOPES span traced (the same service, request model and token
-    counts), each with what its trace's other spans carry (trace_context)."""
+    of a call a DETACHED_SCOPES span traced (_is_twin), each with what its trace's other
+    spans carry (trace_context)."""
     context, inner = trace_context(spans), wrapped_calls(spans)
-    out = {span.span_id: (span, request_fields(span, context.get(span.trace, {}))) for span in spans
-           if is_request(span) and _call_key(span, span.span_id) not in inner}
-    twins = {_twin_key(span, fields) for span, fields in out.values() if span.scope_name in DETACHED_SCOPES}
-    return {sid: fields for sid, (span, fields) in out.items()
-            if span.scope_name in DETACHED_SCOPES or _twin_key(span, fields) not in twins}
+    twins = {_twin_key(s) for s in spans if s.scope_name in DETACHED_SCOPES and is_request(s)}
+    return {span.span_id: request_fields(span, context.get(span.trace, {})) for span in spans
+            if is_request(span) and _call_key(span, span.span_id) not in inner and not _is_twin(span, twins)}
 
 
-def _twin_key(span: SpanView, fields: Mapping[str, Any]) -> tuple[str, str, int, int]:
-    """detached_twins: a call as both of its spans read it, wherever their traces are."""
-    return span.service_name, fields["request_model"], fields["input_tokens"], fields["output_tokens"]
+def _twin_key(span: SpanView) -> tuple[str, ...]:
+    return (span.service_name, *(span.attributes.get(k, "") for k in TWIN_KEYS))
+
+
+def _is_twin(span: SpanView, twins: set[tuple[str, ...]]) -> bool:
+    """The OpenInference SDK span of a call a DETACHED_SCOPES span traced: the same service
+    and token counts in one block (a failed call's: none on either)."""
+    return (span.scope_name.startswith(DETACHED_FAMILY) and span.scope_name not in DETACHED_SCOPES
+            and _twin_key(span) in twins)
 
 
 def _call_key(span: SpanView, span_id: str) -> tuple[tuple[str, str], str, str, str]:
@@ -695,15 +702,13 @@ def sql_not_wrapper() -> str:
 
 
 def sql_not_detached_twin() -> str:
-    """NOT a provider SDK's span of a call a DETACHED_SCOPES span of the block traced
-    (requests' _twin_key). Only a block holding such spans reads further than its scope."""
+    """NOT _is_twin: a block without DETACHED_SCOPES spans builds an empty set."""
     scopes = ", ".join(map(_q, DETACHED_SCOPES))
-    key = (f"ServiceName, {select_sql()['RequestModel']}, {select_sql()['InputTokens']}, "
-           f"{select_sql()['OutputTokens']}")
-    return (f"(ScopeName IN ({scopes}) OR ({key}) NOT IN (\n"
-            f"      SELECT {key}\n"
-            f"      FROM (SELECT ServiceName, ScopeName, SpanName, StatusCode, SpanAttributes AS a FROM otel_traces)\n"
-            f"      WHERE ScopeName IN ({scopes}) AND {sql_is_request()}))")
+    return (f"NOT (startsWith(ScopeName, {_q(DETACHED_FAMILY)}) AND ScopeName NOT IN ({scopes})\n"
+            f"       AND (ServiceName, {', '.join(f'a[{_q(k)}]' for k in TWIN_KEYS)}) IN (\n"
+            f"           SELECT ServiceName, {', '.join(f'a[{_q(k)}]' for k in TWIN_KEYS)}\n"
+            f"           FROM (SELECT ServiceName, ScopeName, SpanName, StatusCode, SpanAttributes AS a FROM otel_traces)\n"
+            f"           WHERE ScopeName IN ({scopes}) AND {sql_is_request()}))")
 
 
 SQL_STREAMED = " OR ".join([
