@@ -236,6 +236,7 @@ DETACHED_SCOPES = ("openinference.instrumentation.langchain",)
 DETACHED_FAMILY = "openinference.instrumentation."  # whose SDK instrumentations trace the twin
 # A call as both of its spans write it (OpenInference's keys), whichever trace each is in.
 TWIN_KEYS = ("llm.token_count.prompt", "llm.token_count.completion")
+_KIND = "openinference.span.kind"  # a DETACHED_SCOPES span of a model call: LLM
 
 # Business units, span before resource: the semantic keys, declared once (core.keys).
 UNIT_KEYS = keys.UNIT_KEYS
@@ -303,7 +304,7 @@ def requests(spans: Sequence[SpanView]) -> dict[str, dict[str, Any]]:
     of a call a DETACHED_SCOPES span traced (_is_twin), each with what its trace's other
     spans carry (trace_context)."""
     context, inner = trace_context(spans), wrapped_calls(spans)
-    twins = {_twin_key(s) for s in spans if s.scope_name in DETACHED_SCOPES and is_request(s)}
+    twins = {_twin_key(s) for s in spans if s.scope_name in DETACHED_SCOPES and s.attributes.get(_KIND) == "LLM"}
     return {span.span_id: request_fields(span, context.get(span.trace, {})) for span in spans
             if is_request(span) and _call_key(span, span.span_id) not in inner and not _is_twin(span, twins)}
 
@@ -707,8 +708,8 @@ def sql_not_detached_twin() -> str:
     return (f"NOT (startsWith(ScopeName, {_q(DETACHED_FAMILY)}) AND ScopeName NOT IN ({scopes})\n"
             f"       AND (ServiceName, {', '.join(f'a[{_q(k)}]' for k in TWIN_KEYS)}) IN (\n"
             f"           SELECT ServiceName, {', '.join(f'a[{_q(k)}]' for k in TWIN_KEYS)}\n"
-            f"           FROM (SELECT ServiceName, ScopeName, SpanName, StatusCode, SpanAttributes AS a FROM otel_traces)\n"
-            f"           WHERE ScopeName IN ({scopes}) AND {sql_is_request()}))")
+            f"           FROM (SELECT ServiceName, ScopeName, SpanAttributes AS a FROM otel_traces)\n"
+            f"           WHERE ScopeName IN ({scopes}) AND a[{_q(_KIND)}] = 'LLM'))")
 
 
 SQL_STREAMED = " OR ".join([

@@ -111,9 +111,5 @@ WHERE (mapContains(a, 'gen_ai.operation.name') OR mapContains(a, 'gen_ai.request
   AND NOT (startsWith(ScopeName, 'openinference.instrumentation.') AND ScopeName NOT IN ('openinference.instrumentation.langchain')
        AND (ServiceName, a['llm.token_count.prompt'], a['llm.token_count.completion']) IN (
            SELECT ServiceName, a['llm.token_count.prompt'], a['llm.token_count.completion']
-           FROM (SELECT ServiceName, ScopeName, SpanName, StatusCode, SpanAttributes AS a FROM otel_traces)
-           WHERE ScopeName IN ('openinference.instrumentation.langchain') AND (mapContains(a, 'gen_ai.operation.name') OR mapContains(a, 'gen_ai.request.model') OR mapContains(a, 'gen_ai.usage.input_tokens') OR mapContains(a, 'gen_ai.usage.prompt_tokens') OR mapContains(a, 'llm.request.type') OR mapContains(a, 'gen_ai.latency.e2e')
-       OR a['openinference.span.kind'] IN ('LLM', 'EMBEDDING') OR a['langfuse.observation.type'] IN ('generation', 'embedding')
-       OR a['ai.operationId'] IN ('ai.generateText.doGenerate', 'ai.streamText.doStream', 'ai.generateObject.doGenerate', 'ai.streamObject.doStream', 'ai.embed.doEmbed', 'ai.embedMany.doEmbed')
-       OR match(if(StatusCode = 'STATUS_CODE_ERROR' AND (startsWith(ScopeName, 'openlit.instrumentation.')), SpanName, ''), '^(chat|text_completion|embeddings|generate_content) (\\S+)$'))
-  AND a['gen_ai.operation.name'] NOT IN ('retrieval', 'execute_tool', 'create_agent', 'invoke_agent', 'agent_step', 'execute_event_loop_cycle', 'execute_task', 'vector_db_retrieve')));
+           FROM (SELECT ServiceName, ScopeName, SpanAttributes AS a FROM otel_traces)
+           WHERE ScopeName IN ('openinference.instrumentation.langchain') AND a['openinference.span.kind'] = 'LLM'));
