@@ -55,7 +55,7 @@ clean:
 # one venv per library under .interop/ (pinned by interop/requirements/<lib>.txt, needs
 # PyPI), a fake OpenAI server and an OTLP capture receiver on loopback; writes
 # tests/interop/captures/<lib>/. INTEROP_LIBS picks a subset (comma-separated).
-INTEROP_LIBS ?= openai_v2,traceloop,openlit,openinference,langfuse,litellm,pydantic_ai,strands,openai_agents,vercel_ai,openinference_rag,traceloop_rag,anthropic_openinference,anthropic_traceloop,anthropic_openlit
+INTEROP_LIBS ?= openai_v2,traceloop,openlit,openinference,langfuse,litellm,pydantic_ai,strands,openai_agents,vercel_ai,openinference_rag,traceloop_rag,anthropic_openinference,anthropic_traceloop,anthropic_openlit,langchain_traceloop,langchain_openinference
 .PHONY: interop-capture
 interop-capture:
 	$(PYTHON) interop/capture_all.py --libs $(INTEROP_LIBS)
