@@ -26,8 +26,8 @@ FIELDS_BEFORE = {
                           "points", "resolution", "windows"],
     "p99_drift": ["alpha", "critical_rise", "min_baseline", "min_requests", "min_rise", "p50_tolerance",
                   "recovery_alpha"],
-    "quality_regression": ["critical_drop", "fdr", "keys", "min_baseline", "min_drop", "min_evaluations", "pairs",
-                           "windows"],
+    "quality_regression": ["correct_per", "critical_drop", "fdr", "keys", "min_baseline", "min_drop",
+                           "min_evaluations", "pairs", "windows"],
     "new_workload_shape": ["alpha", "dimensions", "grown_ratio", "min_baseline", "min_count", "min_share", "pool_for_share",
                            "rare_share", "shift_alpha", "shift_margin", "shift_min_auc", "shift_min_baseline_minutes",
                            "shift_min_minutes"],
@@ -96,6 +96,7 @@ def test_every_kind_keeps_its_keys_and_defaults() -> None:
     assert (t.p99_drift.min_rise, t.p99_drift.alpha, t.p99_drift.min_baseline) == (0.3, 1e-3, 1000)
     assert (t.error_rate_spike.pool_for_rate, t.error_rate_spike.min_errors) == (0.05, 10)
     assert t.quality_regression.fdr == 1e-4 and t.quality_regression.keys[0] == "task_type"
+    assert t.quality_regression.correct_per == "deployment"
     assert t.new_workload_shape.min_baseline == 2000 and t.cost_anomaly.direction == "up"
     assert t.budget.forecast_after == 0.1 and t.model_inconsistency.routes == ["region"]
     assert [(r.burn_rate, r.severity) for r in t.slo_burn.rules] == [
