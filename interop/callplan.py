@@ -193,26 +193,17 @@ _call_t0 = 0.0
 
 def consume_stream(stream) -> dict:
     """Iterate an OpenAI-style chunk stream; client-side first-chunk time (from the
-    start of the call, as run_plan started it) and counts."""
-    t0 = _call_t0 or time.perf_counter()
-    first = None
-    n = 0
-    text = []
-    usage = None
-    for chunk in stream:
-        if first is None:
-            first = time.perf_counter() - t0
-        n += 1
-        choices = getattr(chunk, "choices", None) or []
-        for ch in choices:
-            delta = getattr(ch, "delta", None)
-            if delta is not None and getattr(delta, "content", None):
-                text.append(delta.content)
-        if getattr(chunk, "usage", None):
-            usage = chunk.usage
-    return {"client_first_chunk_ms": round((first or 0) * 1000, 1), "chunks": n,
-            "text": "".join(text),
-            "client_saw_usage": usage is not None}
+    start of the call, as run_plan started it) and counts (consume_text_stream)."""
+    usage = []
+
+    def pieces():
+        for chunk in stream:
+            if getattr(chunk, "usage", None):
+                usage.append(chunk.usage)
+            yield "".join(ch.delta.content for ch in getattr(chunk, "choices", None) or []
+                          if getattr(ch, "delta", None) is not None and getattr(ch.delta, "content", None))
+
+    return {**consume_text_stream(pieces()), "client_saw_usage": bool(usage)}
 
 
 def consume_text_stream(stream) -> dict:

@@ -297,7 +297,9 @@ def regressions(current: pl.DataFrame, baseline: pl.DataFrame, cfg: Any,
     tested = list(tested.values())
     families: dict[str, list[dict[str, Any]]] = {}
     for r in tested:
-        families.setdefault(r["family"] if cfg.correct_per == DEPLOYMENT else "", []).append(r)
+        if cfg.correct_per != DEPLOYMENT:
+            r["family"] = ""  # every slice in one family
+        families.setdefault(r["family"], []).append(r)
     for family in families.values():
         fdr = stats.benjamini_hochberg([r["test"].p_value for r in family], cfg.fdr)
         for r, adjusted, rejected in zip(family, fdr.adjusted, fdr.rejected):
@@ -363,7 +365,7 @@ def quality_regression(store: StoreLike, settings: Settings, at: Evaluation) -> 
                    "baseline_evaluations": r["base_n"], "baseline_pass_rate": r["base_rate"],
                    "expected_pass_rate": r["expected_rate"], "delta": -r["drop"], "test": r["test"].evidence(),
                    "adjusted_p_value": r["adjusted"], "fdr": cfg.fdr, "slices_tested": len(tested),
-                   "family": r["family"] if cfg.correct_per == DEPLOYMENT else "",
+                   "family": r["family"],
                    "family_slices": r["family_size"],
                    "aliases": r["aliases"], "explained_by": r.get("explained_by"),
                    "parent": r.get("parent"), "children": r.get("children"),

@@ -705,9 +705,10 @@ def sql_not_wrapper() -> str:
 def sql_not_detached_twin() -> str:
     """NOT _is_twin: a block without DETACHED_SCOPES spans builds an empty set."""
     scopes = ", ".join(map(_q, DETACHED_SCOPES))
+    key = ", ".join(["ServiceName", *(f"a[{_q(k)}]" for k in TWIN_KEYS)])  # _twin_key
     return (f"NOT (startsWith(ScopeName, {_q(DETACHED_FAMILY)}) AND ScopeName NOT IN ({scopes})\n"
-            f"       AND (ServiceName, {', '.join(f'a[{_q(k)}]' for k in TWIN_KEYS)}) IN (\n"
-            f"           SELECT ServiceName, {', '.join(f'a[{_q(k)}]' for k in TWIN_KEYS)}\n"
+            f"       AND ({key}) IN (\n"
+            f"           SELECT {key}\n"
             f"           FROM (SELECT ServiceName, ScopeName, SpanAttributes AS a FROM otel_traces)\n"
             f"           WHERE ScopeName IN ({scopes}) AND a[{_q(_KIND)}] = 'LLM'))")
 
